@@ -2,10 +2,12 @@
 
 Layout (``n_tiles = ceil(F / tile)``, ``C = capacity``):
 
-* ``values  [M, n_tiles, C]`` the non-zeros of each (row, tile), in ascending column order; slots past
-  the row-tile's count hold 0.
-* ``indices [M, n_tiles, C]`` int16, the column of each value *inside its tile* (0 .. tile-1); padded
-  slots hold 0.  Local indices keep the format at 2 bytes per index whatever F is (tile <= 32768).
+* ``values  [M, n_tiles, C]`` the non-zeros of each (row, tile), in ascending column order.
+* ``indices [M, n_tiles, C]`` int16, the column of each value *inside its tile* (0 .. tile-1).  Local
+  indices keep the format at 2 bytes per index whatever F is (tile <= 32768).
+* Slots at or past ``min(count, C)`` are padding: :func:`pack_twell` writes zeros there, the gate
+  kernel leaves them unwritten (writing them would cost a memset of the whole container, as much
+  traffic as the non-zeros at 0.5 % density), so every reader masks slots by the count.
 * ``counts  [M, n_tiles]`` int32, the true number of non-zeros of the row-tile.  ``count > C`` marks an
   **overflow**: the first C non-zeros are in ``values`` and the whole row-tile is kept exactly by one
   of two fallbacks:
@@ -50,7 +52,7 @@ class TwellTensor:
     values: torch.Tensor
     indices: torch.Tensor
     counts: torch.Tensor
-    spill_slot: torch.Tensor
+    spill_slot: torch.Tensor | None
     spill_values: torch.Tensor | None
     n_cols: int
     tile: int
@@ -118,11 +120,6 @@ class TwellTensor:
         check_tensor(self.counts, "TwellTensor.counts", dtypes=(torch.int32,), device=v.device)
         if self.counts.shape != (m, nt):
             raise ValueError(f"TwellTensor.counts has shape {tuple(self.counts.shape)}, expected {(m, nt)}")
-        check_tensor(self.spill_slot, "TwellTensor.spill_slot", dtypes=(torch.int32,), device=v.device)
-        if self.spill_slot.shape != (m, nt):
-            raise ValueError(
-                f"TwellTensor.spill_slot has shape {tuple(self.spill_slot.shape)}, expected {(m, nt)}"
-            )
         if self.spill_values is None:
             if self.source is None and m > 0 and bool((self.counts > c).any()):
                 raise ValueError(
@@ -130,17 +127,38 @@ class TwellTensor:
                     "their values beyond the capacity would be lost"
                 )
         else:
+            if self.spill_slot is None:
+                raise ValueError("TwellTensor has spill_values but no spill_slot telling which row-tile owns each")
+            check_tensor(self.spill_slot, "TwellTensor.spill_slot", dtypes=(torch.int32,), device=v.device)
+            if self.spill_slot.shape != (m, nt):
+                raise ValueError(
+                    f"TwellTensor.spill_slot has shape {tuple(self.spill_slot.shape)}, expected {(m, nt)}"
+                )
             check_tensor(self.spill_values, "TwellTensor.spill_values", ndim=2, dtypes=(v.dtype,), device=v.device)
             if self.spill_values.shape[1] != self.tile:
                 raise ValueError(
                     f"TwellTensor.spill_values must have {self.tile} columns (one tile), "
                     f"got {tuple(self.spill_values.shape)}"
                 )
+            # A slot outside [0, S) would make to_dense index out of range or, for -1, silently
+            # read the last spilled row instead of this row-tile's.
+            slots = self.spill_slot[self.counts > c]
+            if slots.numel() > 0 and (bool((slots < 0).any()) or bool((slots >= self.spill_values.shape[0]).any())):
+                raise ValueError(
+                    f"TwellTensor.spill_slot of an overflowing row-tile must lie in [0, {self.spill_values.shape[0]})"
+                )
         if m > 0 and nt > 0:
             if bool((self.counts < 0).any()) or bool((self.counts > self.tile).any()):
                 raise ValueError(f"TwellTensor.counts must lie in [0, {self.tile}]")
-            if bool((self.indices < 0).any()) or bool((self.indices >= self.tile).any()):
-                raise ValueError(f"TwellTensor.indices must lie in [0, {self.tile})")
+            live = torch.arange(c, device=v.device).view(1, 1, -1) < self.counts.unsqueeze(-1)
+            # Widen before comparing: an int16 tensor compared with the Python int 32768 (tile = MAX_TILE)
+            # casts the scalar to int16, where it wraps to -32768, and every index would fail.
+            live_idx = self.indices[live].to(torch.int32)
+            if bool((live_idx < 0).any()) or bool((live_idx >= self.tile).any()):
+                raise ValueError(f"TwellTensor.indices of live slots must lie in [0, {self.tile})")
+            last = self.n_cols - (nt - 1) * self.tile  # width of the last, possibly partial, tile
+            if bool((self.counts[:, -1] > last).any()):
+                raise ValueError(f"TwellTensor.counts of the last tile must not exceed its width {last}")
         return self
 
     def entries(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -158,7 +176,7 @@ class TwellTensor:
         cols = t * self.tile + self.indices[r, t, s].long()
         vals = self.values[r, t, s]
         if bool(overflow.any()):
-            if self.spill_values is not None:
+            if self.spill_values is not None and self.spill_slot is not None:
                 tiles = self.spill_values[self.spill_slot[overflow].long()]
             elif self.source is not None:
                 tiles = _recompute_tiles(self, overflow)
@@ -248,7 +266,7 @@ def unpack_twell(t: TwellTensor) -> torch.Tensor:
 
     overflow = t.counts > c
     if bool(overflow.any()):
-        if t.spill_values is not None:
+        if t.spill_values is not None and t.spill_slot is not None:
             dense[overflow] = t.spill_values[t.spill_slot[overflow].long()]
         elif t.source is not None:
             dense[overflow] = _recompute_tiles(t, overflow)

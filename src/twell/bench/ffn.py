@@ -1,0 +1,192 @@
+"""``twell bench ffn``: the inference FFN sweep, dense vs TwELL, over token counts and densities.
+
+Per point it times (median of many reps, same process, same inputs): the dense PyTorch FFN with
+separate linears, the cuBLAS gate GEMM alone (the floor: the sparse FFN cannot beat it), the TwELL
+gate kernel alone, and the whole TwELL FFN; it checks the TwELL output against an fp32 dense
+reference and reports l0 as measured on the kernel's own output.  A fast but wrong point is
+reported as wrong (``ok = False``), a slow one as slow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from ..reference.inference import dense_gated_ffn
+from ..synthetic import SparsityProfile, synthetic_ffn_problem
+from ..tolerances import REL_TOL, rel_error
+from .environment import environment
+from .results import plot_speedup, write_results
+from .timing import time_ms
+
+DEFAULT_MS = (1, 16, 256, 1024, 4096, 16384, 131072)
+DEFAULT_DENSITIES = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+DEFAULT_SHAPES = ((2048, 5632), (4096, 14336))
+
+
+@dataclass
+class FfnSweep:
+    shapes: tuple[tuple[int, int], ...] = DEFAULT_SHAPES
+    ms: tuple[int, ...] = DEFAULT_MS
+    densities: tuple[float, ...] = DEFAULT_DENSITIES
+    extra_points: tuple[tuple[int, int, int, float], ...] = ((2048, 5632, 524288, 0.5),)
+    dtype: torch.dtype = torch.bfloat16
+    backend: str = "auto"
+    seed: int = 0
+    rep_ms: float = 100.0
+    tags: dict = field(default_factory=dict)
+
+
+def _dense_ffn(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.relu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+
+def _rows_for(x_all: torch.Tensor, m: int, seq_len: int, gen: torch.Generator) -> torch.Tensor:
+    """The first m tokens when m spans whole sequences; else m tokens from random positions.
+
+    Taking the first m < seq_len tokens would benchmark only the densest, earliest positions.
+    """
+    if m >= seq_len or m >= x_all.shape[0]:
+        return x_all[:m].contiguous()
+    idx = torch.randperm(x_all.shape[0], generator=gen, device=gen.device)[:m]
+    return x_all[idx].contiguous()
+
+
+def run_point(
+    problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct: float, cfg: FfnSweep, device: torch.device
+) -> dict:
+    wg, wu, wd = problem["w_gate"], problem["w_up"], problem["w_down"]
+    wd_t = wd.t().contiguous().t()  # Wd stored unit-major, as SparseGatedMLP keeps it
+    m, d = x.shape
+    f = wg.shape[0]
+    row: dict = {"d": d, "f": f, "m": m, "density_pct": density_pct, "target_l0": density_pct / 100 * f}
+    gate = ops.gate_twell(x, wg, backend=cfg.backend)
+    counts = gate.counts.to(torch.float64)
+    row_nnz = counts.sum(1)
+    row["l0"] = float(row_nnz.mean()) if m else 0.0
+    row["max_row_l0"] = float(row_nnz.max()) if m else 0.0
+    row["overflow_tile_frac"] = float((gate.counts > gate.capacity).float().mean()) if m else 0.0
+
+    out = ops.twell_gated_ffn(x, gate, wu, wd_t, backend=cfg.backend)
+    ref = dense_gated_ffn(x.float(), wg.float(), wu.float(), wd.float(), precision="fp32")
+    err = rel_error(out, ref)
+    dense_out = _dense_ffn(x, wg, wu, wd)
+    row["rel_err"] = err
+    row["dense_rel_err"] = rel_error(dense_out, ref)
+    row["ok"] = bool(err <= REL_TOL[cfg.dtype])
+    del ref, dense_out
+
+    row["dense_ms"] = time_ms(lambda: _dense_ffn(x, wg, wu, wd), device=device, rep_ms=cfg.rep_ms)
+    row["gate_cublas_ms"] = time_ms(lambda: F.linear(x, wg), device=device, rep_ms=cfg.rep_ms)
+    row["gate_twell_ms"] = time_ms(lambda: ops.gate_twell(x, wg, backend=cfg.backend), device=device, rep_ms=cfg.rep_ms)
+    row["twell_ms"] = time_ms(
+        lambda: ops.sparse_gated_ffn(x, wg, wu, wd_t, backend=cfg.backend), device=device, rep_ms=cfg.rep_ms
+    )
+    row["speedup"] = row["dense_ms"] / row["twell_ms"]
+    row["ceiling"] = row["dense_ms"] / row["gate_cublas_ms"]
+    row["gate_vs_cublas"] = row["gate_twell_ms"] / row["gate_cublas_ms"]
+    sparse_ms = row["twell_ms"] - row["gate_twell_ms"]
+    bytes_rows = row["l0"] * m * 2 * d * x.element_size()  # one Wu row + one Wd row per active pair
+    row["weight_row_TBps"] = bytes_rows / (sparse_ms * 1e-3) / 1e12 if sparse_ms > 0 else math.nan
+    row["ns_per_pair"] = sparse_ms * 1e6 / max(1.0, row["l0"] * m)
+    return row
+
+
+def run_sweep(cfg: FfnSweep, device: torch.device, log=print) -> list[dict]:
+    rows: list[dict] = []
+    points: list[tuple[int, int, tuple[int, ...], float]] = []
+    for d, f in cfg.shapes:
+        for dens in cfg.densities:
+            points.append((d, f, cfg.ms, dens))
+    for d, f, m, dens in cfg.extra_points:
+        points.append((d, f, (m,), dens))
+    for d, f, ms, dens in points:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(cfg.seed)
+        profile = SparsityProfile(mean_l0=dens / 100 * f)
+        m_max = max(ms)
+        try:
+            problem = synthetic_ffn_problem(m_max, d, f, profile, generator=gen, dtype=cfg.dtype, device=device)
+        except torch.OutOfMemoryError as exc:  # report, do not hide
+            log(f"d={d} f={f} M={m_max} density={dens}%: out of memory generating inputs ({exc})")
+            rows.append({"d": d, "f": f, "m": m_max, "density_pct": dens, "error": "out of memory"})
+            continue
+        for m in ms:
+            x = _rows_for(problem["x"], m, profile.seq_len, gen)
+            try:
+                row = run_point(problem, x, dens, cfg, device)
+            except torch.OutOfMemoryError:
+                row = {"d": d, "f": f, "m": m, "density_pct": dens, "error": "out of memory"}
+            row.update(cfg.tags)
+            rows.append(row)
+            log(format_row(row))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        del problem
+    return rows
+
+
+def format_row(r: dict) -> str:
+    if "error" in r:
+        return f"d={r['d']:5d} f={r['f']:6d} M={r['m']:7d} dens={r['density_pct']:5.2f}%  ERROR {r['error']}"
+    return (
+        f"d={r['d']:5d} f={r['f']:6d} M={r['m']:7d} dens={r['density_pct']:5.2f}% l0={r['l0']:7.1f} "
+        f"dense={r['dense_ms']:8.3f} gate(cuBLAS)={r['gate_cublas_ms']:7.3f} gate(twell)={r['gate_twell_ms']:7.3f} "
+        f"twell={r['twell_ms']:8.3f} speedup={r['speedup']:5.2f}x err={r['rel_err']:.1e} "
+        f"{'ok' if r['ok'] else 'WRONG'} ns/pair={r['ns_per_pair']:.2f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="twell bench ffn", description=__doc__)
+    p.add_argument("--ms", type=int, nargs="*", default=list(DEFAULT_MS), help="token counts M")
+    p.add_argument("--densities", type=float, nargs="*", default=list(DEFAULT_DENSITIES), help="percent active")
+    p.add_argument("--shape", type=str, nargs="*", default=[f"{d}x{f}" for d, f in DEFAULT_SHAPES],
+                   help="hidden x FFN sizes, e.g. 2048x5632")
+    p.add_argument("--no-extra", action="store_true", help="skip the M=524288 point")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
+    p.add_argument("--rep-ms", type=float, default=100.0)
+    p.add_argument("--out", type=Path, default=Path("bench-results"))
+    p.add_argument("--stem", default="ffn")
+    a = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    shapes = tuple(tuple(int(v) for v in s.lower().split("x")) for s in a.shape)
+    cfg = FfnSweep(
+        shapes=shapes,  # type: ignore[arg-type]
+        ms=tuple(a.ms),
+        densities=tuple(a.densities),
+        extra_points=() if a.no_extra else FfnSweep().extra_points,
+        dtype=getattr(torch, a.dtype),
+        backend=a.backend,
+        rep_ms=a.rep_ms,
+    )
+    meta = environment(device)
+    meta["sweep"] = {"ms": cfg.ms, "densities": cfg.densities, "shapes": cfg.shapes, "dtype": a.dtype}
+    rows = run_sweep(cfg, device)
+    paths = write_results(rows, meta, a.out, a.stem)
+    good = [r for r in rows if "error" not in r]
+    plot = plot_speedup([r for r in good if (r["d"], r["f"]) == shapes[0]], a.out / f"{a.stem}_speedup.png",
+                        title=f"TwELL FFN speedup, {meta['device']}, d={shapes[0][0]} F={shapes[0][1]}")
+    if plot:
+        paths.append(plot)
+    print("\n" + summary_table(good))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0 if all(r["ok"] for r in good) else 1
+
+
+def summary_table(rows: list[dict]) -> str:
+    lines = ["| d x F | M | density | l0 | dense ms | gate cuBLAS ms | twell ms | speedup | rel err |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['d']}x{r['f']} | {r['m']} | {r['density_pct']}% | {r['l0']:.1f} | {r['dense_ms']:.3f} | "
+            f"{r['gate_cublas_ms']:.3f} | {r['twell_ms']:.3f} | {r['speedup']:.2f}x | {r['rel_err']:.1e} |"
+        )
+    return "\n".join(lines)

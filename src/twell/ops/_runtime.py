@@ -1,0 +1,42 @@
+"""Which backend runs an op: Triton kernels on CUDA (or under the Triton interpreter), else PyTorch."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception:  # pragma: no cover - depends on the platform
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run on the CPU through ``TRITON_INTERPRET=1``."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """Map ``auto`` to a concrete backend and refuse combinations that cannot run."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "torch"
+    if backend == "triton":
+        if not triton_available():
+            raise RuntimeError("backend='triton' needs the triton package, which is not importable here")
+        if device.type != "cuda" and not interpreting():
+            raise ValueError(
+                f"backend='triton' needs CUDA tensors (got device {device}); on the CPU set TRITON_INTERPRET=1 "
+                "to run the kernels in Triton's interpreter, or use backend='torch'"
+            )
+    return backend

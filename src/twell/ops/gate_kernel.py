@@ -1,0 +1,164 @@
+"""Triton gate GEMM ``relu(x @ Wg^T)`` whose epilogue writes the TwELL container.
+
+One program computes one [BLOCK_M, TILE] output tile of the gate GEMM on tensor cores (fp32
+accumulation), rounds it to the input dtype (as a dense PyTorch linear would), applies ReLU and, per
+row, compacts the non-zeros of the tile into the row-tile's C slots with an exclusive prefix sum.  The
+dense gate activation never reaches memory.  A row-tile with more than C non-zeros writes its first C
+and its true count: the fused FFN kernel recomputes such row-tiles densely from x and Wg, so nothing
+is lost and no spill area has to be sized (which would need a host synchronisation).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._runtime import interpreting
+
+#: The interpreter casts fp32 -> bf16 by truncation (Triton 3.6; its "rtne" path rounds ties up and
+#: misses the carry), so under the interpreter bf16 rounding is done by hand, bit-exactly.
+_INTERPRET_BF16_FIX = tl.constexpr(interpreting())
+
+
+@triton.jit
+def round_to(x, dtype: tl.constexpr):
+    """Round fp32 ``x`` to ``dtype``, to nearest even, as the GPU's conversion (and PyTorch) does."""
+    if dtype == tl.float32:
+        return x
+    elif _INTERPRET_BF16_FIX and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True).to(dtype)
+    else:
+        return x.to(dtype)
+
+
+def _gate_configs() -> list[triton.Config]:
+    if interpreting():
+        # The interpreter cannot autotune several configs without a GPU (design.md, section 5).
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_K": 16, "GROUP_M": 4}, num_warps=4, num_stages=1)]
+    configs = []
+    for bm in (64, 128):
+        for bk in (64, 128):
+            for stages in (3, 4):
+                for warps in (4, 8):
+                    if bm == 64 and warps == 8:
+                        continue
+                    configs.append(
+                        triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps, num_stages=stages)
+                    )
+    return configs
+
+
+@triton.autotune(configs=_gate_configs(), key=["M_BUCKET", "F", "D", "TILE", "CAP"])
+@triton.jit
+def _gate_twell_kernel(
+    x_ptr,
+    w_ptr,
+    val_ptr,
+    idx_ptr,
+    cnt_ptr,
+    M,
+    F,
+    D,
+    M_BUCKET,
+    stride_xm,
+    stride_wf,
+    n_tiles,
+    TILE: tl.constexpr,
+    CAP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    # Grouped launch order: GROUP_M row blocks sweep all column tiles together, so their x rows and
+    # the Wg tiles stay in L2 (same trick as Triton's matmul tutorial).
+    num_pid_in_group = GROUP_M * n_tiles
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * TILE + tl.arange(0, TILE)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < F
+    x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * stride_wf + offs_k[:, None]
+
+    acc = tl.zeros((BLOCK_M, TILE), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        k_ok = offs_k < D - k0
+        a = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if DOT_FP32:
+            # fp32 inputs get true fp32 products (not tf32); the interpreter needs fp32 operands.
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    # Round to the storage dtype first (a dense linear returns that), then ReLU.  NaN is kept as a
+    # non-zero (g != g), matching torch.relu, which propagates NaN.
+    g = round_to(acc, val_ptr.dtype.element_ty)
+    act = tl.where((g > 0) | (g != g), g, 0.0).to(val_ptr.dtype.element_ty)
+    nz = (act != 0) & m_ok[:, None] & n_ok[None, :]
+    nz_i = nz.to(tl.int32)
+    count = tl.sum(nz_i, axis=1)
+    pos = tl.cumsum(nz_i, axis=1) - nz_i  # exclusive prefix sum: slot of each non-zero
+
+    row_tile = offs_m.to(tl.int64) * n_tiles + pid_n
+    tl.store(cnt_ptr + row_tile, count, mask=m_ok)
+    keep = nz & (pos < CAP)
+    slot = row_tile[:, None] * CAP + pos
+    local = tl.broadcast_to(tl.arange(0, TILE)[None, :], (BLOCK_M, TILE)).to(tl.int16)
+    tl.store(val_ptr + slot, act, mask=keep)
+    tl.store(idx_ptr + slot, local, mask=keep)
+
+
+def launch_gate_twell(
+    x: torch.Tensor, w: torch.Tensor, tile: int, capacity: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the gate kernel; x [M, d] and w [F, d] are validated, contiguous, same dtype/device.
+
+    Returns (values, indices, counts) of the TwELL container (padding slots unwritten).
+    """
+    m, d = x.shape
+    f = w.shape[0]
+    n_tiles = triton.cdiv(f, tile)
+    values = torch.empty((m, n_tiles, capacity), dtype=x.dtype, device=x.device)
+    indices = torch.empty((m, n_tiles, capacity), dtype=torch.int16, device=x.device)
+    counts = torch.empty((m, n_tiles), dtype=torch.int32, device=x.device)
+    if m == 0 or n_tiles == 0:
+        return values, indices, counts
+    # Autotune per power-of-two bucket of M: tile choice depends on M only through the grid size.
+    m_bucket = 1 << max(0, (m - 1).bit_length())
+
+    def grid(meta: dict) -> tuple[int]:
+        return (triton.cdiv(m, meta["BLOCK_M"]) * n_tiles,)
+
+    _gate_twell_kernel[grid](
+        x,
+        w,
+        values,
+        indices,
+        counts,
+        m,
+        f,
+        d,
+        m_bucket,
+        x.stride(0),
+        w.stride(0),
+        n_tiles,
+        TILE=tile,
+        CAP=capacity,
+        DOT_FP32=interpreting() or x.dtype == torch.float32,
+    )
+    return values, indices, counts

@@ -1,0 +1,199 @@
+"""Triton kernel: the FFN output from a TwELL gate, without the dense hidden state.
+
+For each token row, with ``a`` the row's active gate values (TwELL):
+    gated:     u_j = x . Wu[j],  h_j = a_j * u_j,  out = sum_j h_j * Wd[:, j]
+    non-gated: h_j = a_j,                          out = sum_j h_j * Wd[:, j]
+
+One program handles one row.  It flattens the row's non-overflowing row-tiles into one list of
+active units (an inclusive prefix sum over the per-tile counts maps list position -> tile, slot), and
+walks that list SB units at a time: SB rows of Wu and of Wd^T (unit-major) are gathered at once, so
+2 * SB weight rows are in flight per step rather than one dependent load after another.  x and the
+output row stay in registers in fp32.
+
+Overflowing row-tiles (count > C) are then done densely over the whole tile: gate values come from
+the spill area when the container has one, otherwise they are recomputed from x and Wg (fp32
+accumulation, rounded like the gate GEMM), so the result is exact at any density.
+
+Rounding ("match" precision) reproduces a dense PyTorch FFN in the input dtype: u and h are rounded
+to it before use; "fp32" keeps them in fp32.  The output is accumulated in fp32 and rounded once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .gate_kernel import round_to
+
+
+@triton.jit
+def _relu_keep_nan(g):
+    return tl.where((g > 0) | (g != g), g, 0.0)
+
+
+@triton.jit
+def _twell_ffn_row_kernel(
+    x_ptr,
+    wg_ptr,
+    wu_ptr,
+    wdt_ptr,
+    out_ptr,
+    val_ptr,
+    idx_ptr,
+    cnt_ptr,
+    spill_slot_ptr,
+    spill_ptr,
+    F,
+    D,
+    n_tiles,
+    stride_xm,
+    stride_om,
+    TILE: tl.constexpr,
+    CAP: tl.constexpr,
+    NT_PAD: tl.constexpr,
+    D_PAD: tl.constexpr,
+    SB: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_SPILL: tl.constexpr,
+    ROUND_HIDDEN: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    dtype = val_ptr.dtype.element_ty
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < D
+    x = tl.load(x_ptr + row * stride_xm + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    out = tl.zeros((D_PAD,), dtype=tl.float32)
+
+    tiles = tl.arange(0, NT_PAD)
+    cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=tiles < n_tiles, other=0)
+    ell = tl.where(cnt <= CAP, cnt, 0)  # overflowing tiles are handled densely below
+    incl = tl.cumsum(ell, axis=0)
+    excl = incl - ell
+    total = tl.sum(ell, axis=0)
+
+    for k0 in range(0, total, SB):
+        k = k0 + tl.arange(0, SB)
+        k_ok = k < total
+        # tile of list entry k = number of tiles whose inclusive end is <= k
+        t_k = tl.sum((incl[None, :] <= k[:, None]).to(tl.int32), axis=1)
+        base = tl.sum(tl.where(tiles[None, :] == t_k[:, None], excl[None, :], 0), axis=1)
+        slot = (row * n_tiles + t_k) * CAP + (k - base)
+        a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
+        col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
+        unit = t_k.to(tl.int64) * TILE + col
+        w_off = unit[:, None] * D + offs_d[None, :]
+        w_ok = k_ok[:, None] & d_ok[None, :]
+        if GATED:
+            wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+            u = tl.sum(wu * x[None, :], axis=1)
+            if ROUND_HIDDEN:
+                u = round_to(u, dtype).to(tl.float32)
+            h = a * u
+        else:
+            h = a
+        if ROUND_HIDDEN:
+            h = round_to(h, dtype).to(tl.float32)
+        wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        out += tl.sum(h[:, None] * wd, axis=0)
+
+    n_over = tl.sum((cnt > CAP).to(tl.int32), axis=0)
+    if n_over > 0:
+        for t in range(0, n_tiles):
+            c_t = tl.load(cnt_ptr + row * n_tiles + t)
+            if c_t > CAP:
+                for c0 in range(0, TILE, SB):
+                    unit = t * TILE + c0 + tl.arange(0, SB)
+                    u_ok = unit < F
+                    unit64 = unit.to(tl.int64)
+                    w_off = unit64[:, None] * D + offs_d[None, :]
+                    if HAS_SPILL:
+                        s_t = tl.load(spill_slot_ptr + row * n_tiles + t).to(tl.int64)
+                        a = tl.load(spill_ptr + s_t * TILE + c0 + tl.arange(0, SB), mask=u_ok, other=0.0)
+                        a = a.to(tl.float32)
+                    else:
+                        wg = tl.load(wg_ptr + w_off, mask=u_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+                        g = round_to(tl.sum(wg * x[None, :], axis=1), dtype).to(tl.float32)
+                        a = _relu_keep_nan(g)
+                    live = u_ok & (a != 0)
+                    w_ok = live[:, None] & d_ok[None, :]
+                    if GATED:
+                        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+                        u = tl.sum(wu * x[None, :], axis=1)
+                        if ROUND_HIDDEN:
+                            u = round_to(u, dtype).to(tl.float32)
+                        h = a * u
+                    else:
+                        h = a
+                    if ROUND_HIDDEN:
+                        h = round_to(h, dtype).to(tl.float32)
+                    h = tl.where(live, h, 0.0)
+                    wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+                    out += tl.sum(h[:, None] * wd, axis=0)
+
+    tl.store(out_ptr + row * stride_om + offs_d, round_to(out, out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def launch_twell_ffn(
+    x: torch.Tensor,
+    values: torch.Tensor,
+    indices: torch.Tensor,
+    counts: torch.Tensor,
+    spill_slot: torch.Tensor | None,
+    spill_values: torch.Tensor | None,
+    w_source: torch.Tensor | None,
+    w_up: torch.Tensor | None,
+    w_down_t: torch.Tensor,
+    *,
+    n_cols: int,
+    tile: int,
+    round_hidden: bool,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
+
+    ``w_source`` is the weight that produced the activation (Wg, or Wu for the non-gated FFN); it is
+    read only to recompute overflowing row-tiles of a container without a spill area.
+    ``w_up=None`` selects the non-gated FFN.
+    """
+    m, d = x.shape
+    n_tiles = counts.shape[1]
+    if m == 0:
+        return out
+    d_pad = _pow2(d)
+    # Two [SB, D_PAD] fp32 weight tiles per step: 8192 elements each keeps them at 32 registers a
+    # thread with 8 warps, leaving room for x and the output row (D_PAD / 256 registers each).
+    sb = max(1, min(16, 8192 // d_pad))
+    has_spill = spill_values is not None
+    dummy = values  # any pointer for unused arguments (their loads are compiled out)
+    _twell_ffn_row_kernel[(m,)](
+        x,
+        w_source if w_source is not None else dummy,
+        w_up if w_up is not None else dummy,
+        w_down_t,
+        out,
+        values,
+        indices,
+        counts,
+        spill_slot if has_spill else counts,
+        spill_values if has_spill else dummy,
+        n_cols,
+        d,
+        n_tiles,
+        x.stride(0),
+        out.stride(0),
+        TILE=tile,
+        CAP=values.shape[2],
+        NT_PAD=_pow2(n_tiles),
+        D_PAD=d_pad,
+        SB=sb,
+        GATED=w_up is not None,
+        HAS_SPILL=has_spill,
+        ROUND_HIDDEN=round_hidden,
+        num_warps=8 if d_pad >= 2048 else 4,
+    )
+    return out
