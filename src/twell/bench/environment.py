@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -11,6 +12,9 @@ import torch
 
 
 def git_commit() -> str:
+    """The commit that ran: ``TWELL_COMMIT`` when set (the GPU machine gets a copy without history), else git."""
+    if os.environ.get("TWELL_COMMIT"):
+        return os.environ["TWELL_COMMIT"]
     try:
         root = Path(__file__).resolve().parents[3]
         out = subprocess.run(

@@ -51,7 +51,8 @@ def _gate_configs() -> list[triton.Config]:
     return configs
 
 
-@triton.autotune(configs=_gate_configs(), key=["M_BUCKET", "F", "D", "TILE", "CAP"])
+@triton.autotune(configs=_gate_configs(), key=["M_BUCKET", "F", "D", "TILE", "CAP", "EPILOGUE"])
+@triton.heuristics({"EVEN_K": lambda a: a["D"] % a["BLOCK_K"] == 0})
 @triton.jit
 def _gate_twell_kernel(
     x_ptr,
@@ -72,7 +73,11 @@ def _gate_twell_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    EPILOGUE: tl.constexpr = 0,
 ):
+    """EPILOGUE 0 writes TwELL; 1 writes only the counts and 2 the dense activation into ``val_ptr``
+    viewed as [M, F] (diagnostics: they time the GEMM with a cheaper epilogue)."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     # Grouped launch order: GROUP_M row blocks sweep all column tiles together, so their x rows and
@@ -94,9 +99,13 @@ def _gate_twell_kernel(
 
     acc = tl.zeros((BLOCK_M, TILE), dtype=tl.float32)
     for k0 in range(0, D, BLOCK_K):
-        k_ok = offs_k < D - k0
-        a = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+        if EVEN_K:
+            a = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+            b = tl.load(w_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = offs_k < D - k0
+            a = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
         if DOT_FP32:
             # fp32 inputs get true fp32 products (not tf32); the interpreter needs fp32 operands.
             acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
@@ -109,6 +118,10 @@ def _gate_twell_kernel(
     # non-zero (g != g), matching torch.relu, which propagates NaN.
     g = round_to(acc, val_ptr.dtype.element_ty)
     act = tl.where((g > 0) | (g != g), g, 0.0).to(val_ptr.dtype.element_ty)
+    if EPILOGUE == 2:
+        dense_ptrs = val_ptr + offs_m.to(tl.int64)[:, None] * F + offs_n[None, :]
+        tl.store(dense_ptrs, act, mask=m_ok[:, None] & n_ok[None, :])
+        return
     nz = (act != 0) & m_ok[:, None] & n_ok[None, :]
     nz_i = nz.to(tl.int32)
     count = tl.sum(nz_i, axis=1)
@@ -116,6 +129,8 @@ def _gate_twell_kernel(
 
     row_tile = offs_m.to(tl.int64) * n_tiles + pid_n
     tl.store(cnt_ptr + row_tile, count, mask=m_ok)
+    if EPILOGUE == 1:
+        return
     keep = nz & (pos < CAP)
     slot = row_tile[:, None] * CAP + pos
     local = tl.broadcast_to(tl.arange(0, TILE)[None, :], (BLOCK_M, TILE)).to(tl.int16)
@@ -124,7 +139,7 @@ def _gate_twell_kernel(
 
 
 def launch_gate_twell(
-    x: torch.Tensor, w: torch.Tensor, tile: int, capacity: int
+    x: torch.Tensor, w: torch.Tensor, tile: int, capacity: int, *, epilogue: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the gate kernel; x [M, d] and w [F, d] are validated, contiguous, same dtype/device.
 
@@ -133,7 +148,10 @@ def launch_gate_twell(
     m, d = x.shape
     f = w.shape[0]
     n_tiles = triton.cdiv(f, tile)
-    values = torch.empty((m, n_tiles, capacity), dtype=x.dtype, device=x.device)
+    if epilogue == 2:
+        values = torch.empty((m, f), dtype=x.dtype, device=x.device)
+    else:
+        values = torch.empty((m, n_tiles, capacity), dtype=x.dtype, device=x.device)
     indices = torch.empty((m, n_tiles, capacity), dtype=torch.int16, device=x.device)
     counts = torch.empty((m, n_tiles), dtype=torch.int32, device=x.device)
     if m == 0 or n_tiles == 0:
@@ -160,5 +178,6 @@ def launch_gate_twell(
         TILE=tile,
         CAP=capacity,
         DOT_FP32=interpreting() or x.dtype == torch.float32,
+        EPILOGUE=epilogue,
     )
     return values, indices, counts

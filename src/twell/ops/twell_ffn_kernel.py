@@ -153,6 +153,8 @@ def launch_twell_ffn(
     tile: int,
     round_hidden: bool,
     out: torch.Tensor,
+    sb: int | None = None,
+    num_warps: int | None = None,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -167,7 +169,8 @@ def launch_twell_ffn(
     d_pad = _pow2(d)
     # Two [SB, D_PAD] fp32 weight tiles per step: 8192 elements each keeps them at 32 registers a
     # thread with 8 warps, leaving room for x and the output row (D_PAD / 256 registers each).
-    sb = max(1, min(16, 8192 // d_pad))
+    if sb is None:
+        sb = max(1, min(16, 8192 // d_pad))
     has_spill = spill_values is not None
     dummy = values  # any pointer for unused arguments (their loads are compiled out)
     _twell_ffn_row_kernel[(m,)](
@@ -194,6 +197,6 @@ def launch_twell_ffn(
         GATED=w_up is not None,
         HAS_SPILL=has_spill,
         ROUND_HIDDEN=round_hidden,
-        num_warps=8 if d_pad >= 2048 else 4,
+        num_warps=num_warps or (8 if d_pad >= 2048 else 4),
     )
     return out
