@@ -64,12 +64,13 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("impl", ["fused", "gemm+pack"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
-def test_gate_kernel_matches_reference_bitwise(case, dtype, device):
+def test_gate_kernel_matches_reference_bitwise(case, dtype, impl, device):
     m, d, f, tile, cap, frac = case
     p = make_problem(m, d, f, frac_pos=frac, seed=hash(case) % 1000, dtype=dtype, device=device)
-    kern = ops.gate_twell(p["x"], p["w_gate"], tile=tile, capacity=cap, backend="triton")
+    kern = ops.gate_twell(p["x"], p["w_gate"], tile=tile, capacity=cap, backend="triton", impl=impl)
     refc = ref.gate_twell(p["x"].cpu(), p["w_gate"].cpu(), tile=tile, capacity=cap)
     kern.validate()
     _assert_same_container(kern, refc)
@@ -147,6 +148,8 @@ def test_bad_inputs_are_refused(device):
         ops.gate_twell(p["x"], p["w_gate"][:, :8], backend="triton")
     with pytest.raises(TypeError, match="dtype"):
         ops.gate_twell(p["x"], p["w_gate"].half(), backend="triton")
+    with pytest.raises(ValueError, match="impl"):
+        ops.gate_twell(p["x"], p["w_gate"], tile=32, backend="triton", impl="cublas")
     with pytest.raises(ValueError, match="backend"):
         ops.gate_twell(p["x"], p["w_gate"], backend="cuda")
     gate = ops.gate_twell(p["x"], p["w_gate"], tile=32, backend="triton")

@@ -85,6 +85,9 @@ def run_point(
     row["dense_ms"] = time_ms(lambda: _dense_ffn(x, wg, wu, wd), device=device, rep_ms=cfg.rep_ms)
     row["gate_cublas_ms"] = time_ms(lambda: F.linear(x, wg), device=device, rep_ms=cfg.rep_ms)
     row["gate_twell_ms"] = time_ms(lambda: ops.gate_twell(x, wg, backend=cfg.backend), device=device, rep_ms=cfg.rep_ms)
+    if device.type == "cuda":  # the single-kernel gate (epilogue writes TwELL), for the record
+        row["gate_fused_ms"] = time_ms(lambda: ops.gate_twell(x, wg, backend=cfg.backend, impl="fused"),
+                                       device=device, rep_ms=cfg.rep_ms)
     row["twell_ms"] = time_ms(
         lambda: ops.sparse_gated_ffn(x, wg, wu, wd_t, backend=cfg.backend), device=device, rep_ms=cfg.rep_ms
     )

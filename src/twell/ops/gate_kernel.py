@@ -121,21 +121,82 @@ def _gate_twell_kernel(
     if EPILOGUE == 2:
         dense_ptrs = val_ptr + offs_m.to(tl.int64)[:, None] * F + offs_n[None, :]
         tl.store(dense_ptrs, act, mask=m_ok[:, None] & n_ok[None, :])
-        return
-    nz = (act != 0) & m_ok[:, None] & n_ok[None, :]
-    nz_i = nz.to(tl.int32)
-    count = tl.sum(nz_i, axis=1)
-    pos = tl.cumsum(nz_i, axis=1) - nz_i  # exclusive prefix sum: slot of each non-zero
+    else:
+        _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, BLOCK_M, TILE, CAP,
+                        EPILOGUE == 1, not DOT_FP32)
 
-    row_tile = offs_m.to(tl.int64) * n_tiles + pid_n
-    tl.store(cnt_ptr + row_tile, count, mask=m_ok)
-    if EPILOGUE == 1:
-        return
-    keep = nz & (pos < CAP)
-    slot = row_tile[:, None] * CAP + pos
-    local = tl.broadcast_to(tl.arange(0, TILE)[None, :], (BLOCK_M, TILE)).to(tl.int16)
-    tl.store(val_ptr + slot, act, mask=keep)
-    tl.store(idx_ptr + slot, local, mask=keep)
+
+@triton.jit
+def _twell_epilogue(
+    act,
+    pid_m,
+    pid_n,
+    m_ok,
+    n_ok,
+    val_ptr,
+    idx_ptr,
+    cnt_ptr,
+    n_tiles,
+    BLOCK_M: tl.constexpr,
+    TILE: tl.constexpr,
+    CAP: tl.constexpr,
+    COUNTS_ONLY: tl.constexpr,
+    PREFIX_DOT: tl.constexpr,
+):
+    """Write one activated [BLOCK_M, TILE] tile as TwELL: per row its count and its first CAP non-zeros.
+
+    The slot of each non-zero is the exclusive prefix count of non-zeros to its left.  On the GPU
+    (PREFIX_DOT) that prefix is a tensor-core product with a strictly upper-triangular matrix of ones,
+    exact in fp32 for counts <= TILE: it stays in the accumulator layout, where tl.cumsum along a row
+    of a wgmma accumulator cost ~3 ms of the 9.2 ms gate kernel at M=131072 (H200, scripts/kernel_variants.py).
+    """
+    nz = (act != 0) & m_ok[:, None] & n_ok[None, :]
+    count = tl.sum(nz.to(tl.int32), axis=1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(cnt_ptr + offs_m.to(tl.int64) * n_tiles + pid_n, count, mask=m_ok)
+    if not COUNTS_ONLY:
+        cols = tl.arange(0, TILE)
+        if PREFIX_DOT:
+            tri = (cols[:, None] < cols[None, :]).to(tl.float16)
+            pos = tl.dot(nz.to(tl.float16), tri, out_dtype=tl.float32).to(tl.int32)
+        else:
+            nz_i = nz.to(tl.int32)
+            pos = tl.cumsum(nz_i, axis=1) - nz_i
+        keep = nz & (pos < CAP)
+        # int64 base of the tile, int32 offsets inside it (BLOCK_M * n_tiles * CAP < 2**31)
+        base = (pid_m.to(tl.int64) * BLOCK_M * n_tiles + pid_n) * CAP
+        local = tl.arange(0, BLOCK_M)[:, None] * (n_tiles * CAP) + pos
+        tl.store(val_ptr + base + local, act, mask=keep)
+        tl.store(idx_ptr + base + local, tl.broadcast_to(cols[None, :], (BLOCK_M, TILE)).to(tl.int16), mask=keep)
+
+
+@triton.jit
+def _pack_twell_kernel(
+    g_ptr,
+    val_ptr,
+    idx_ptr,
+    cnt_ptr,
+    M,
+    F,
+    stride_gm,
+    n_tiles,
+    TILE: tl.constexpr,
+    CAP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    PREFIX_DOT: tl.constexpr,
+):
+    """Pack a dense pre-activation g [M, F] (from a cuBLAS GEMM) into TwELL, with the same epilogue."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * TILE + tl.arange(0, TILE)
+    m_ok = offs_m < M
+    n_ok = offs_n < F
+    g = tl.load(g_ptr + offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :],
+                mask=m_ok[:, None] & n_ok[None, :], other=0.0)
+    act = tl.where((g > 0) | (g != g), g, 0.0).to(val_ptr.dtype.element_ty)
+    _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, BLOCK_M, TILE, CAP,
+                    False, PREFIX_DOT)
 
 
 def launch_gate_twell(
@@ -179,5 +240,26 @@ def launch_gate_twell(
         CAP=capacity,
         DOT_FP32=interpreting() or x.dtype == torch.float32,
         EPILOGUE=epilogue,
+    )
+    return values, indices, counts
+
+
+def launch_pack_twell(g: torch.Tensor, tile: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pack a dense gate pre-activation g [M, F] (row-major) into TwELL; same outputs as the gate kernel."""
+    m, f = g.shape
+    n_tiles = triton.cdiv(f, tile)
+    values = torch.empty((m, n_tiles, capacity), dtype=g.dtype, device=g.device)
+    indices = torch.empty((m, n_tiles, capacity), dtype=torch.int16, device=g.device)
+    counts = torch.empty((m, n_tiles), dtype=torch.int32, device=g.device)
+    if m == 0 or n_tiles == 0:
+        return values, indices, counts
+    # 64 x 128 bf16 tile = 16 KB read per program: small enough for several programs per SM to keep
+    # the HBM stream busy; the pack is a pure streaming pass over g.
+    block_m = 16 if interpreting() else 64
+    _pack_twell_kernel[(triton.cdiv(m, block_m), n_tiles)](
+        g, values, indices, counts, m, f, g.stride(0), n_tiles,
+        TILE=tile, CAP=capacity, BLOCK_M=block_m,
+        PREFIX_DOT=not (interpreting() or g.dtype == torch.float32),
+        num_warps=4,
     )
     return values, indices, counts

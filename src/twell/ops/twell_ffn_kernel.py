@@ -167,10 +167,11 @@ def launch_twell_ffn(
     if m == 0:
         return out
     d_pad = _pow2(d)
-    # Two [SB, D_PAD] fp32 weight tiles per step: 8192 elements each keeps them at 32 registers a
-    # thread with 8 warps, leaving room for x and the output row (D_PAD / 256 registers each).
+    # Two [SB, D_PAD] fp32 weight tiles per step, SB * D_PAD <= 8192 (64 registers a thread at 4
+    # warps).  Measured on H200 at d=2048, M=131072, l0=28 (scripts/kernel_variants.py): 4 warps with
+    # SB=4 took 1.51 ns per active pair, SB=2 1.52, SB=8 1.91; 8 warps 2.17 (more programs per SM win).
     if sb is None:
-        sb = max(1, min(16, 8192 // d_pad))
+        sb = max(1, min(4, 8192 // d_pad))
     has_spill = spill_values is not None
     dummy = values  # any pointer for unused arguments (their loads are compiled out)
     _twell_ffn_row_kernel[(m,)](
@@ -197,6 +198,6 @@ def launch_twell_ffn(
         GATED=w_up is not None,
         HAS_SPILL=has_spill,
         ROUND_HIDDEN=round_hidden,
-        num_warps=num_warps or (8 if d_pad >= 2048 else 4),
+        num_warps=num_warps or 4,
     )
     return out

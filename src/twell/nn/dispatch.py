@@ -1,0 +1,134 @@
+"""When the sparse TwELL kernels beat the dense cuBLAS FFN: a per-call dispatch policy.
+
+The sparse path wins when the activation is sparse enough for the saved up/down-projection work to
+pay for the gate kernel's packing epilogue, and that break-even density depends on the token count:
+at small M every path is launch- or weight-bandwidth bound and dense GEMMs are hard to beat, at large
+M the FLOP saving dominates.  A :class:`DispatchPolicy` therefore holds a small table of rows
+``(min_tokens, max_density)`` sorted by ``min_tokens``; for a call with ``M`` tokens the row with the
+largest ``min_tokens <= M`` applies and the sparse path runs iff ``density <= max_density``.  Below the
+first row the dense path runs.  ``density`` is the layer's l0 (mean active units per token) divided by
+its intermediate size F.
+
+The thresholds are measurements, not guesses: they must come from ``twell bench ffn`` on the target
+GPU and dtype.  On devices the table was not measured for (by default everything but CUDA: on the CPU
+the pure-PyTorch sparse reference is slower than dense matmuls) the policy answers dense, unless
+``force`` is set, which applies the table everywhere (tests, the Triton interpreter, benchmarks).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_POLICY", "H200_BF16_TABLE", "DispatchPolicy", "DispatchTable"]
+
+#: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
+DispatchTable = tuple[tuple[int, float], ...]
+
+#: Break-even table for bf16 on one H200.  PLACEHOLDER until the lead fills it in: every value must
+#: come from ``twell bench ffn`` results on the GPU (per token-count bucket, the largest density at which
+#: the TwELL path was still faster than the dense cuBLAS path).  A ``max_density`` of 0.0 means
+#: "measured: sparse never won" in that bucket (only a completely inactive layer, where the sparse path
+#: does no FFN work at all, would take it).  Until then the policy is effectively always dense.
+H200_BF16_TABLE: DispatchTable = ((131072, 0.0),)
+
+
+def _check_table(table: object) -> DispatchTable:
+    """Normalise ``table`` to a tuple of ``(int, float)`` rows and check it; raise with the bad row named."""
+    if isinstance(table, (str, bytes)) or not hasattr(table, "__iter__"):
+        raise TypeError(f"table must be a sequence of (min_tokens, max_density) rows, got {type(table).__name__}")
+    rows: list[tuple[int, float]] = []
+    for i, row in enumerate(table):  # type: ignore[union-attr]
+        try:
+            min_tokens, max_density = row
+        except (TypeError, ValueError):
+            raise ValueError(f"table row {i} must be a pair (min_tokens, max_density), got {row!r}") from None
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int):
+            raise TypeError(f"table row {i}: min_tokens must be an int, got {type(min_tokens).__name__}")
+        if min_tokens < 0:
+            raise ValueError(f"table row {i}: min_tokens must be >= 0, got {min_tokens}")
+        if isinstance(max_density, bool) or not isinstance(max_density, (int, float)):
+            raise TypeError(f"table row {i}: max_density must be a float, got {type(max_density).__name__}")
+        if not 0.0 <= float(max_density) <= 1.0:  # also refuses NaN
+            raise ValueError(f"table row {i}: max_density must lie in [0, 1], got {max_density}")
+        if rows and min_tokens <= rows[-1][0]:
+            raise ValueError(
+                f"table rows must be sorted by strictly increasing min_tokens; row {i} has min_tokens={min_tokens} "
+                f"after {rows[-1][0]}"
+            )
+        rows.append((min_tokens, float(max_density)))
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
+class DispatchPolicy:
+    """Decides per call whether a sparse gated FFN runs the TwELL kernels or the dense path.
+
+    Attributes:
+        table: rows ``(min_tokens, max_density)`` sorted by strictly increasing ``min_tokens`` (see the
+            module docstring).  An empty table means always dense.
+        device_types: the device types the table was measured for; elsewhere the answer is dense.
+        force: apply the table on every device type (used by tests, the interpreter and benchmarks).
+
+    The policy is a frozen (hashable) value object so that many layers can share one instance and a
+    decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
+    """
+
+    table: DispatchTable = H200_BF16_TABLE
+    device_types: tuple[str, ...] = ("cuda",)
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "table", _check_table(self.table))
+        if isinstance(self.device_types, str) or not all(isinstance(t, str) for t in self.device_types):
+            raise TypeError(f"device_types must be a tuple of device type strings, got {self.device_types!r}")
+        object.__setattr__(self, "device_types", tuple(self.device_types))
+        if not isinstance(self.force, bool):
+            raise TypeError(f"force must be a bool, got {type(self.force).__name__}")
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def always_sparse(cls) -> DispatchPolicy:
+        """Sparse for every token count, density and device (``max_density = 1`` from M = 0)."""
+        return cls(table=((0, 1.0),), force=True)
+
+    @classmethod
+    def always_dense(cls) -> DispatchPolicy:
+        """Dense for every call (an empty table)."""
+        return cls(table=(), force=True)
+
+    # ------------------------------------------------------------------ decision
+    def max_density(self, n_tokens: int) -> float | None:
+        """The ``max_density`` of the row that applies to ``n_tokens``, or None below the first row."""
+        _check_tokens(n_tokens)
+        i = bisect.bisect_right([row[0] for row in self.table], n_tokens) - 1
+        return None if i < 0 else self.table[i][1]
+
+    def use_sparse(self, n_tokens: int, density: float, *, device_type: str = "cuda") -> bool:
+        """True iff the sparse path should run for ``n_tokens`` tokens at activation ``density`` (l0 / F).
+
+        ``device_type`` is the ``torch.device.type`` of the inputs; unless ``force`` is set, device types
+        outside ``device_types`` get the dense path.
+        """
+        _check_tokens(n_tokens)
+        if isinstance(density, bool) or not isinstance(density, (int, float)):
+            raise TypeError(f"density must be a float, got {type(density).__name__}")
+        if not 0.0 <= density <= 1.0:  # also refuses NaN
+            raise ValueError(f"density must lie in [0, 1] (l0 / intermediate_size), got {density}")
+        if not isinstance(device_type, str):
+            raise TypeError(f"device_type must be a str such as 'cuda' or 'cpu', got {type(device_type).__name__}")
+        if not self.force and device_type not in self.device_types:
+            return False
+        limit = self.max_density(n_tokens)
+        return limit is not None and density <= limit
+
+
+def _check_tokens(n_tokens: object) -> None:
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, int):
+        raise TypeError(f"n_tokens must be an int, got {type(n_tokens).__name__}")
+    if n_tokens < 0:
+        raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
+
+
+#: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another.
+DEFAULT_POLICY = DispatchPolicy(table=H200_BF16_TABLE)
