@@ -1,0 +1,6 @@
+"""``torch.nn`` layers built on the TwELL ops: the sparse ReLU-gated MLP and its dispatch policy."""
+
+from .dispatch import DEFAULT_POLICY, H200_BF16_TABLE, DispatchPolicy
+from .mlp import DenseReluGatedMLP, SparseGatedMLP
+
+__all__ = ["DEFAULT_POLICY", "H200_BF16_TABLE", "DenseReluGatedMLP", "DispatchPolicy", "SparseGatedMLP"]

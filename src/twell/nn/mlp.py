@@ -1,0 +1,384 @@
+"""``SparseGatedMLP``: a drop-in ReLU-gated MLP layer that runs the TwELL kernels when they pay off.
+
+The layer computes ``down_proj(relu(gate_proj(x)) * up_proj(x))`` with the parameter names and layouts
+of a Hugging Face Llama MLP (``gate_proj``/``up_proj`` are ``nn.Linear(hidden, inter)``, ``down_proj`` is
+``nn.Linear(inter, hidden)``, no biases), so state dicts interchange; only the activation differs
+(ReLU instead of SiLU, which is what makes the activation sparse).
+
+Three execution paths:
+
+* **training** (``module.training`` and grad mode on): the sparse autograd reference
+  :func:`twell.reference.training.gated_ffn_l1`, which also returns the L1 penalty (``last_l1``,
+  differentiable) and the l0 (``last_l0``).  The Triton training kernels will replace it; the call
+  lives only in :meth:`SparseGatedMLP._ffn_train`.
+* **sparse inference**: :func:`twell.ops.gate_twell` then :func:`twell.ops.twell_gated_ffn`.
+* **dense inference**: ``F.linear(F.relu(F.linear(x, Wg)) * F.linear(x, Wu), Wd)``, i.e. cuBLAS.
+
+Between the two inference paths a :class:`~twell.nn.dispatch.DispatchPolicy` decides from the token
+count and the layer's density l0 / F.  The decision must not cost a device-to-host synchronisation per
+call (that would stall the CPU's kernel queue every layer of every decode step), so it reads a host
+float ``_l0_estimate`` that is refreshed from the device-side ``last_l0`` only once every
+``l0_refresh_every`` inference calls.  The sparse path gets ``last_l0`` for free from the TwELL counts
+(a device-side reduction, every call); the dense path measures it (a ``count_nonzero`` of the gate
+activation) only on those refresh calls.  Before the first estimate the density is taken as 1, the
+worst case, which means dense under any table that is not "always sparse", and the call measures it.
+
+Inference with gradients required (eval mode but grad mode on and a parameter or the input requiring
+grad) takes the dense path whatever the policy says: the sparse inference ops have no backward, and
+falling back silently to wrong gradients is worse than being slower.  Run inference under
+``torch.no_grad()`` or ``torch.inference_mode()`` to get the sparse kernels.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._validation import FLOAT_DTYPES, check_positive_int, check_same_device, check_same_dtype, check_tensor
+from ..format.twell import DEFAULT_TILE, MAX_TILE
+from ..ops import gate_twell, twell_gated_ffn
+from ..ops._runtime import BACKENDS
+from ..ops.inference import PRECISIONS, TRITON_TILES
+from ..reference.training import gated_ffn_l1
+from .dispatch import DEFAULT_POLICY, DispatchPolicy
+
+__all__ = ["DenseReluGatedMLP", "SparseGatedMLP"]
+
+
+def _dense_ffn(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dense ReLU-gated FFN with plain ``F.linear`` (cuBLAS on the GPU); returns ``(out, relu(gate))``."""
+    a = F.relu(F.linear(x, w_gate))
+    return F.linear(a * F.linear(x, w_up), w_down), a
+
+
+def _check_sizes(hidden_size: object, intermediate_size: object) -> None:
+    check_positive_int(hidden_size, "hidden_size")
+    check_positive_int(intermediate_size, "intermediate_size")
+
+
+def _check_input(x: object, hidden_size: int, weight: torch.Tensor) -> torch.Tensor:
+    """x must be a [..., hidden_size] tensor with the weights' dtype and device."""
+    check_tensor(x, "x", dtypes=FLOAT_DTYPES)
+    assert isinstance(x, torch.Tensor)
+    if x.dim() == 0 or x.shape[-1] != hidden_size:
+        raise ValueError(
+            f"x has shape {tuple(x.shape)} but the layer needs [..., hidden_size] with hidden_size={hidden_size} "
+            f"(gate_proj.weight has shape {tuple(weight.shape)})"
+        )
+    if x.dtype != weight.dtype:
+        raise TypeError(
+            f"x has dtype {str(x.dtype).replace('torch.', '')} but the layer's weights are "
+            f"{str(weight.dtype).replace('torch.', '')}; cast x or the module (module.to(dtype))"
+        )
+    if x.device != weight.device:
+        raise ValueError(f"x is on {x.device} but the layer's weights are on {weight.device}; move one of them")
+    return x
+
+
+class DenseReluGatedMLP(nn.Module):
+    """The plain dense ReLU-gated MLP ``down_proj(relu(gate_proj(x)) * up_proj(x))``, Llama parameter names.
+
+    It is what :meth:`SparseGatedMLP.to_dense` returns: the same math as the sparse layer's dense
+    path (bit-identical on the same device), with no dispatch and no statistics, for export or
+    comparison.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        _check_sizes(hidden_size, intermediate_size)
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        kw: dict[str, Any] = {"bias": False, "device": device, "dtype": dtype}
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_input(x, self.hidden_size, self.gate_proj.weight)
+        return _dense_ffn(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)[0]
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, act=relu"
+
+
+class SparseGatedMLP(nn.Module):
+    """ReLU-gated MLP that dispatches between the TwELL kernels and the dense path (see the module docs).
+
+    Args:
+        hidden_size, intermediate_size: d and F.
+        backend: ``"auto"`` (Triton on CUDA, else PyTorch), ``"torch"`` or ``"triton"``; used by the sparse
+            inference path only.
+        tile, capacity: TwELL layout of the gate activation (``capacity`` None: the format's default, tile/8).
+        precision: ``"match"`` or ``"fp32"`` rounding of the sparse path (see :mod:`twell.ops.inference`);
+            the dense path is whatever cuBLAS computes in the input dtype.
+        policy: the :class:`DispatchPolicy`; None means :data:`DEFAULT_POLICY`.
+        l0_refresh_every: the host-side l0 estimate is refreshed (one device sync) every this many
+            inference calls.
+        device, dtype: of the parameters, as for ``nn.Linear``.
+
+    Attributes set by ``forward``: ``last_l0`` (float32 scalar tensor on the layer's device, no grad; the
+    mean number of active units per token, when measured) and ``last_l1`` (the differentiable L1 penalty
+    of the last training forward; None after an inference forward).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        backend: str = "auto",
+        tile: int = DEFAULT_TILE,
+        capacity: int | None = None,
+        precision: str = "match",
+        policy: DispatchPolicy | None = None,
+        l0_refresh_every: int = 64,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        _check_sizes(hidden_size, intermediate_size)
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+        check_positive_int(tile, "tile", maximum=MAX_TILE)
+        # "auto" runs Triton as soon as the layer is on a GPU, so its tile is checked as Triton's: the
+        # error then comes at construction, not at the first GPU call deep inside a model.
+        if backend != "torch" and tile not in TRITON_TILES:
+            raise ValueError(
+                f"tile={tile} is not one the Triton kernels take {TRITON_TILES} (backend={backend!r}); "
+                "pick one of those or use backend='torch'"
+            )
+        if capacity is not None:
+            check_positive_int(capacity, "capacity", maximum=tile)
+        if policy is None:
+            policy = DEFAULT_POLICY
+        if not isinstance(policy, DispatchPolicy):
+            raise TypeError(f"policy must be a twell.nn.DispatchPolicy or None, got {type(policy).__name__}")
+        check_positive_int(l0_refresh_every, "l0_refresh_every")
+
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.backend = backend
+        self.tile = tile
+        self.capacity = capacity
+        self.precision = precision
+        self.policy = policy
+        self.l0_refresh_every = l0_refresh_every
+
+        kw: dict[str, Any] = {"bias": False, "device": device, "dtype": dtype}
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+
+        # Wd^T [F, d] contiguous, the unit-major layout the kernels read.  A non-persistent buffer so that
+        # module.to() moves it and state dicts do not see it; _wd_key says which weight it was built from.
+        self.register_buffer("_wd_unit_major", None, persistent=False)
+        self._wd_key: tuple[Any, ...] | None = None
+
+        self.last_l0: torch.Tensor | None = None
+        self.last_l1: torch.Tensor | None = None
+        self._l0_estimate: float | None = None
+        self._infer_calls = 0
+
+    # ------------------------------------------------------------------ construction from weights
+    @classmethod
+    def from_weights(
+        cls, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, **kwargs: Any
+    ) -> SparseGatedMLP:
+        """A layer holding copies of ``w_gate [F, d]``, ``w_up [F, d]``, ``w_down [d, F]`` (their dtype/device).
+
+        ``kwargs`` are the constructor's keyword arguments except ``device``/``dtype``, which come from the
+        weights (convert afterwards with ``.to()``).
+        """
+        for key in ("device", "dtype"):
+            if key in kwargs:
+                raise TypeError(f"{key} is taken from the weights; convert the layer afterwards with .to()")
+        for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+            check_tensor(w, name, ndim=2, dtypes=FLOAT_DTYPES)
+        f, d = w_gate.shape
+        if tuple(w_up.shape) != (f, d):
+            raise ValueError(f"w_up has shape {tuple(w_up.shape)} but w_gate has {(f, d)}; both must be [F, d]")
+        if tuple(w_down.shape) != (d, f):
+            raise ValueError(
+                f"w_down has shape {tuple(w_down.shape)} but w_gate has {(f, d)}; w_down must be [d, F] = {(d, f)}"
+            )
+        dtype = check_same_dtype({"w_gate": w_gate, "w_up": w_up, "w_down": w_down})
+        device = check_same_device({"w_gate": w_gate, "w_up": w_up, "w_down": w_down})
+        layer = cls(d, f, device=device, dtype=dtype, **kwargs)
+        with torch.no_grad():
+            layer.gate_proj.weight.copy_(w_gate)
+            layer.up_proj.weight.copy_(w_up)
+            layer.down_proj.weight.copy_(w_down)
+        return layer
+
+    @classmethod
+    def from_dense(cls, mlp: nn.Module, **kwargs: Any) -> SparseGatedMLP:
+        """Copy the weights of any module with ``gate_proj``/``up_proj``/``down_proj`` Linear children.
+
+        Meant for Hugging Face ``LlamaMLP``-style modules.  The activation is replaced by ReLU: this is a
+        conversion of weights, and it only preserves the function for models trained (or fine-tuned)
+        with a ReLU gate.  Biases are refused since the sparse FFN has none.
+        """
+        weights = []
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            child = getattr(mlp, name, None)
+            if not isinstance(child, nn.Linear):
+                raise TypeError(
+                    f"from_dense needs a module with nn.Linear children gate_proj, up_proj and down_proj; "
+                    f"{type(mlp).__name__}.{name} is {type(child).__name__}"
+                )
+            if child.bias is not None:
+                raise ValueError(f"{type(mlp).__name__}.{name} has a bias: the sparse FFN has no biases")
+            weights.append(child.weight.detach())
+        w_gate, w_up, w_down = weights
+        if w_up.shape != w_gate.shape or w_down.shape != w_gate.t().shape:
+            raise ValueError(
+                f"{type(mlp).__name__} has inconsistent projections: gate_proj.weight {tuple(w_gate.shape)}, "
+                f"up_proj.weight {tuple(w_up.shape)}, down_proj.weight {tuple(w_down.shape)}; expected "
+                "[F, d], [F, d] and [d, F]"
+            )
+        return cls.from_weights(w_gate, w_up, w_down, **kwargs)
+
+    def to_dense(self) -> DenseReluGatedMLP:
+        """A :class:`DenseReluGatedMLP` with copies of the weights (same dtype and device)."""
+        w = self.gate_proj.weight
+        dense = DenseReluGatedMLP(self.hidden_size, self.intermediate_size, device=w.device, dtype=w.dtype)
+        dense.load_state_dict(self.state_dict())
+        return dense.train(self.training)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., hidden_size]`` -> ``[..., hidden_size]``; the path is chosen as the module docs say."""
+        _check_input(x, self.hidden_size, self.gate_proj.weight)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.hidden_size)
+        if self.training and torch.is_grad_enabled():
+            out = self._ffn_train(x2)
+        else:
+            self.last_l1 = None  # drop the previous training graph; l1_loss() now refers to nothing
+            out = self._ffn_infer(x2)
+        return out.reshape(*lead, self.hidden_size)
+
+    def _ffn_train(self, x: torch.Tensor) -> torch.Tensor:
+        """The one place the training FFN is called (the sparse autograd reference for now)."""
+        out, l1, l0 = gated_ffn_l1(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+        self.last_l1 = l1
+        self.last_l0 = l0.detach()
+        return out
+
+    def _needs_grad(self, x: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+
+    def _ffn_infer(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.shape[0]
+        if m == 0:
+            # Nothing to compute or measure; an empty batch must not drag the l0 estimate to 0.
+            return _dense_ffn(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)[0]
+        refresh = self._infer_calls % self.l0_refresh_every == 0
+        self._infer_calls += 1
+        if self._use_sparse(m, x.device.type) and not self._needs_grad(x):
+            out = self._ffn_sparse(x)
+        else:
+            out, a = _dense_ffn(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+            if refresh or self._l0_estimate is None:
+                self.last_l0 = self._measure_dense_l0(a)
+        if refresh or self._l0_estimate is None:
+            self._sync_l0_estimate()
+        return out
+
+    def _use_sparse(self, n_tokens: int, device_type: str) -> bool:
+        # Unknown density counts as 1 (fully dense): only an "always sparse" row says sparse then.
+        density = 1.0 if self._l0_estimate is None else min(1.0, max(0.0, self._l0_estimate / self.intermediate_size))
+        return self.policy.use_sparse(n_tokens, density, device_type=device_type)
+
+    def _ffn_sparse(self, x: torch.Tensor) -> torch.Tensor:
+        """gate_twell + twell_gated_ffn as two calls, so that the TwELL counts give l0 without a sync."""
+        gate = gate_twell(
+            x, self.gate_proj.weight.detach(), tile=self.tile, capacity=self.capacity, backend=self.backend
+        )
+        out = twell_gated_ffn(
+            x,
+            gate,
+            self.up_proj.weight.detach(),
+            self.w_down_unit_major().t(),
+            precision=self.precision,
+            backend=self.backend,
+        )
+        # counts are the true per-(row, tile) non-zero counts, overflowing tiles included.
+        self.last_l0 = (gate.counts.sum(dtype=torch.int64).to(torch.float64) / x.shape[0]).to(torch.float32)
+        return out
+
+    @staticmethod
+    def _measure_dense_l0(a: torch.Tensor) -> torch.Tensor:
+        """Mean active units per token of a dense activation, on its device (NaN counts as active)."""
+        with torch.no_grad():
+            return (torch.count_nonzero(a).to(torch.float64) / max(1, a.shape[0])).to(torch.float32)
+
+    def _sync_l0_estimate(self) -> None:
+        """The only device-to-host synchronisation of the inference path (every ``l0_refresh_every`` calls)."""
+        if self.last_l0 is not None:
+            self._l0_estimate = float(self.last_l0)
+
+    def reset_l0_estimate(self) -> None:
+        """Forget the density estimate (e.g. after loading other weights): the next call measures afresh."""
+        self._l0_estimate = None
+        self._infer_calls = 0
+
+    # ------------------------------------------------------------------ cached Wd^T
+    def w_down_unit_major(self) -> torch.Tensor:
+        """Contiguous ``down_proj.weight.t()`` ([F, d]), rebuilt only when the weight changes.
+
+        A change is detected from the Parameter's identity, storage pointer, shape, dtype and in-place
+        version counter (bumped by optimizer steps, ``copy_``, ``load_state_dict``), so the check costs a
+        few attribute reads and no device work.
+        """
+        w = self.down_proj.weight
+        key = (w.data_ptr(), w._version, tuple(w.shape), w.dtype, w.device)
+        cached = self._wd_unit_major
+        ref = self._wd_key[0] if self._wd_key is not None else None
+        if cached is None or ref is None or ref() is not w or self._wd_key[1:] != key:
+            with torch.no_grad():
+                self._wd_unit_major = w.detach().t().contiguous()
+            self._wd_key = (weakref.ref(w), *key)
+        return self._wd_unit_major
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / deepcopy without the derived state: the Wd^T cache and its key (a weakref, which
+        cannot be pickled) are rebuilt on demand, and ``last_l1`` (a non-leaf tensor holding the training
+        graph, which deepcopy refuses) belongs to the step that made it."""
+        state = super().__getstate__()
+        state["_buffers"] = {**state["_buffers"], "_wd_unit_major": None}
+        state["_wd_key"] = None
+        state["last_l1"] = None
+        return state
+
+    # ------------------------------------------------------------------ statistics and repr
+    def l1_loss(self) -> torch.Tensor:
+        """The differentiable L1 penalty (mean over tokens of ``sum_j |h_j|``) of the last training forward."""
+        if self.last_l1 is None:
+            raise RuntimeError(
+                "l1_loss() needs a forward in training mode with grad enabled first "
+                "(module.train(); no torch.no_grad()); the last forward, if any, was an inference forward"
+            )
+        return self.last_l1
+
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, act=relu, "
+            f"backend={self.backend!r}, tile={self.tile}, capacity={self.capacity}, precision={self.precision!r}, "
+            f"l0_refresh_every={self.l0_refresh_every}"
+        )
