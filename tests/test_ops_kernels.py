@@ -76,27 +76,31 @@ def test_gate_kernel_matches_reference_bitwise(case, dtype, impl, device):
     _assert_same_container(kern, refc)
 
 
+@pytest.mark.parametrize("method", ["row-gather", "block-union"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("precision", ["match", "fp32"])
-def test_gated_ffn_kernel_matches_reference(case, dtype, precision, device):
+def test_gated_ffn_kernel_matches_reference(case, dtype, precision, method, device):
     m, d, f, tile, cap, frac = case
     p = make_problem(m, d, f, frac_pos=frac, seed=1 + hash(case) % 1000, dtype=dtype, device=device)
-    out = ops.sparse_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=tile, capacity=cap,
-                               precision=precision, backend="triton")
+    out, counts = ops.sparse_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=tile, capacity=cap,
+                                       precision=precision, backend="triton", method=method, return_counts=True)
     cpu = {k: v.cpu() for k, v in p.items()}
     expect = ref.dense_gated_ffn(cpu["x"], cpu["w_gate"], cpu["w_up"], cpu["w_down"], precision=precision)
     assert out.dtype == dtype and out.shape == (m, d)
     assert rel_error(out, expect) <= REL_TOL[dtype]
+    gate = ref.gate_twell(cpu["x"], cpu["w_gate"], tile=tile, capacity=cap)
+    assert torch.equal(counts.cpu(), gate.counts)
     if frac == 0.0:
         assert torch.count_nonzero(out) == 0
 
 
+@pytest.mark.parametrize("method", ["row-gather", "block-union"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_relu_ffn_kernel_matches_reference(dtype, device):
+def test_relu_ffn_kernel_matches_reference(dtype, method, device):
     p = make_problem(9, 32, 160, frac_pos=0.08, seed=5, dtype=dtype, device=device)
     out = ops.sparse_relu_ffn(p["x"], p["w_gate"], p["w_down"], tile=32, capacity=2,
-                              backend="triton")
+                              backend="triton", method=method)
     cpu = {k: v.cpu() for k, v in p.items()}
     expect = ref.dense_relu_ffn(cpu["x"], cpu["w_gate"], cpu["w_down"])
     assert rel_error(out, expect) <= REL_TOL[dtype]
@@ -117,19 +121,24 @@ def test_kernel_reads_spill_area_of_packed_container(device):
     assert rel_error(out, expect) <= REL_TOL[dtype]
 
 
-def test_empty_rows_and_zero_tokens(device):
+@pytest.mark.parametrize("method", ["row-gather", "block-union"])
+def test_empty_rows_and_zero_tokens(method, device):
     p = make_problem(6, 16, 64, frac_pos=0.2, seed=3, dtype=torch.float32, device=device)
     p["x"][2] = 0.0  # an all-zero token: gate row exactly 0 -> empty row
-    out = ops.sparse_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=32, backend="triton")
+    out = ops.sparse_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=32, backend="triton",
+                               method=method)
     assert torch.count_nonzero(out[2]) == 0
-    empty = ops.sparse_gated_ffn(p["x"][:0], p["w_gate"], p["w_up"], p["w_down"], tile=32, backend="triton")
+    empty = ops.sparse_gated_ffn(p["x"][:0], p["w_gate"], p["w_up"], p["w_down"], tile=32, backend="triton",
+                                 method=method)
     assert empty.shape == (0, 16)
 
 
-def test_nan_propagates_like_dense(device):
+@pytest.mark.parametrize("method", ["row-gather", "block-union"])
+def test_nan_propagates_like_dense(method, device):
     p = make_problem(4, 16, 64, frac_pos=0.2, seed=4, dtype=torch.float32, device=device)
     p["x"][1, 3] = float("nan")
-    out = ops.sparse_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=32, backend="triton")
+    out = ops.sparse_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=32, backend="triton",
+                               method=method)
     cpu = {k: v.cpu() for k, v in p.items()}
     dense = ref.dense_gated_ffn(cpu["x"], cpu["w_gate"], cpu["w_up"], cpu["w_down"])
     assert torch.equal(torch.isnan(out.cpu()), torch.isnan(dense))
@@ -148,6 +157,10 @@ def test_bad_inputs_are_refused(device):
         ops.gate_twell(p["x"], p["w_gate"][:, :8], backend="triton")
     with pytest.raises(TypeError, match="dtype"):
         ops.gate_twell(p["x"], p["w_gate"].half(), backend="triton")
+    with pytest.raises(ValueError, match="method"):
+        ops.sparse_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], backend="triton", method="dense")
+    with pytest.raises(ValueError, match="w_down"):
+        ops.sparse_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"][:, :10], tile=32, backend="triton")
     with pytest.raises(ValueError, match="impl"):
         ops.gate_twell(p["x"], p["w_gate"], tile=32, backend="triton", impl="cublas")
     with pytest.raises(ValueError, match="backend"):

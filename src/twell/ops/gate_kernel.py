@@ -244,7 +244,9 @@ def launch_gate_twell(
     return values, indices, counts
 
 
-def launch_pack_twell(g: torch.Tensor, tile: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def launch_pack_twell(
+    g: torch.Tensor, tile: int, capacity: int, *, prefix_dot: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pack a dense gate pre-activation g [M, F] (row-major) into TwELL; same outputs as the gate kernel."""
     m, f = g.shape
     n_tiles = triton.cdiv(f, tile)
@@ -259,7 +261,7 @@ def launch_pack_twell(g: torch.Tensor, tile: int, capacity: int) -> tuple[torch.
     _pack_twell_kernel[(triton.cdiv(m, block_m), n_tiles)](
         g, values, indices, counts, m, f, g.stride(0), n_tiles,
         TILE=tile, CAP=capacity, BLOCK_M=block_m,
-        PREFIX_DOT=not (interpreting() or g.dtype == torch.float32),
+        PREFIX_DOT=(not (interpreting() or g.dtype == torch.float32)) if prefix_dot is None else prefix_dot,
         num_warps=4,
     )
     return values, indices, counts

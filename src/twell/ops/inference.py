@@ -35,6 +35,11 @@ PRECISIONS = ("match", "fp32")
 #: kernel's non-persistent Triton mainloop alone runs at 62 % of cuBLAS (6.83 vs 4.27 ms at M=131072,
 #: d=2048, F=5632), more than the ~0.4 ms the extra pass over the dense activation costs.
 GATE_IMPLS = ("auto", "fused", "gemm+pack")
+#: How the Triton backend computes the whole FFN.  "row-gather": gate -> TwELL, then one program per
+#: token gathers one Wu and one Wd row per active unit (ops.twell_gated_ffn).  "block-union": cuBLAS
+#: gate, then per block of 64 tokens the union of their active units goes through tensor-core GEMMs
+#: (ops/block_union_kernel.py), reading each weight row once per block.  "auto" = "block-union".
+FFN_METHODS = ("auto", "row-gather", "block-union")
 
 
 def _check_precision(precision: str) -> None:
@@ -222,10 +227,84 @@ def sparse_gated_ffn(
     backend: str = "auto",
     nan_policy: str = "propagate",
     impl: str = "auto",
-) -> torch.Tensor:
-    """The whole ReLU-gated FFN ``(relu(x Wg^T) * (x Wu^T)) Wd^T`` through TwELL."""
-    gate = gate_twell(x, w_gate, tile=tile, capacity=capacity, backend=backend, nan_policy=nan_policy, impl=impl)
-    return twell_gated_ffn(x, gate, w_up, w_down, precision=precision, backend=backend)
+    method: str = "auto",
+    return_counts: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The whole ReLU-gated FFN ``(relu(x Wg^T) * (x Wu^T)) Wd^T``, computing only active units.
+
+    ``method`` picks the Triton algorithm (see ``FFN_METHODS``); ``impl`` the gate of the row-gather
+    method.  With ``return_counts`` also returns the non-zeros per (row, column tile), [M, n_tiles]
+    int32, on the device (for l0 statistics without a host synchronisation).
+    """
+    return _sparse_ffn(x, w_gate, w_up, w_down, tile=tile, capacity=capacity, precision=precision,
+                       backend=backend, nan_policy=nan_policy, impl=impl, method=method,
+                       return_counts=return_counts)
+
+
+def _sparse_ffn(
+    x: torch.Tensor,
+    w_act: torch.Tensor,
+    w_up: torch.Tensor | None,
+    w_down: torch.Tensor,
+    *,
+    tile: int,
+    capacity: int | None,
+    precision: str,
+    backend: str,
+    nan_policy: str,
+    impl: str,
+    method: str,
+    return_counts: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if method not in FFN_METHODS:
+        raise ValueError(f"method must be one of {', '.join(FFN_METHODS)}; got {method!r}")
+    _check_precision(precision)
+    _check_x_w(x, w_act, "w_gate" if w_up is not None else "w_up")
+    device = check_same_device({"x": x, "w_act": w_act, "w_down": w_down})
+    use_triton = resolve_backend(backend, device) == "triton"
+    if method in ("auto", "block-union") and use_triton:
+        return _block_union_ffn(x, w_act, w_up, w_down, tile, precision, nan_policy, return_counts)
+    act = gate_twell(x, w_act, tile=tile, capacity=capacity, backend=backend, nan_policy=nan_policy, impl=impl)
+    if w_up is None:
+        out = twell_relu_ffn(x, act, w_down, precision=precision, backend=backend)
+    else:
+        out = twell_gated_ffn(x, act, w_up, w_down, precision=precision, backend=backend)
+    return (out, act.counts) if return_counts else out
+
+
+def _block_union_ffn(
+    x: torch.Tensor,
+    w_act: torch.Tensor,
+    w_up: torch.Tensor | None,
+    w_down: torch.Tensor,
+    tile: int,
+    precision: str,
+    nan_policy: str,
+    return_counts: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    from .block_union_kernel import launch_block_union_ffn
+
+    check_tensor(w_down, "w_down", ndim=2, dtypes=FLOAT_DTYPES)
+    named = {"x": x, "w_down": w_down, ("w_gate" if w_up is not None else "w_up"): w_act}
+    if w_up is not None:
+        _check_x_w(x, w_up, "w_up")
+        named["w_up"] = w_up
+        if w_up.shape[0] != w_act.shape[0]:
+            raise ValueError(f"w_up has shape {tuple(w_up.shape)} but w_gate has {tuple(w_act.shape)}")
+    if w_down.shape != (x.shape[1], w_act.shape[0]):
+        raise ValueError(f"w_down has shape {tuple(w_down.shape)}; expected [d, F] = {(x.shape[1], w_act.shape[0])}")
+    check_same_dtype(named)
+    _check_triton_dtype(x)
+    if tile not in TRITON_TILES:
+        raise ValueError(f"the Triton kernels take tile in {TRITON_TILES}, got {tile}")
+    check_finite(named, nan_policy)
+    x = x.contiguous()
+    g = torch.nn.functional.linear(x, w_act.contiguous())
+    out, counts = launch_block_union_ffn(
+        x, g, None if w_up is None else w_up.contiguous(), _unit_major(w_down),
+        round_hidden=precision == "match", tile=tile,
+    )
+    return (out, counts) if return_counts else out
 
 
 def sparse_relu_ffn(
@@ -239,7 +318,10 @@ def sparse_relu_ffn(
     backend: str = "auto",
     nan_policy: str = "propagate",
     impl: str = "auto",
-) -> torch.Tensor:
-    """The non-gated FFN ``relu(x Wu^T) Wd^T`` through TwELL (the gate kernel runs on Wu)."""
-    act = gate_twell(x, w_up, tile=tile, capacity=capacity, backend=backend, nan_policy=nan_policy, impl=impl)
-    return twell_relu_ffn(x, act, w_down, precision=precision, backend=backend)
+    method: str = "auto",
+    return_counts: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The non-gated FFN ``relu(x Wu^T) Wd^T``, computing only active units (same options as above)."""
+    return _sparse_ffn(x, w_up, None, w_down, tile=tile, capacity=capacity, precision=precision,
+                       backend=backend, nan_policy=nan_policy, impl=impl, method=method,
+                       return_counts=return_counts)
