@@ -309,10 +309,12 @@ def test_policy_device_types_and_constructors():
     assert DispatchPolicy(table=((0, 0.5),), force=True).use_sparse(10, 0.1, device_type="cpu")
     assert DispatchPolicy.always_sparse().use_sparse(0, 1.0, device_type="cpu")
     assert not DispatchPolicy.always_dense().use_sparse(10**9, 0.0, device_type="cuda")
-    # The default: CPU always dense; the placeholder table is dense for any non-zero density.
+    # The default: CPU always dense; on CUDA the measured H200 table.
     assert DEFAULT_POLICY.table == H200_BF16_TABLE
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.0, device_type="cpu")
-    assert not DEFAULT_POLICY.use_sparse(131071, 0.0) and not DEFAULT_POLICY.use_sparse(10**9, 1e-6)
+    assert not DEFAULT_POLICY.use_sparse(4095, 0.0)
+    assert DEFAULT_POLICY.use_sparse(4096, 0.003) and not DEFAULT_POLICY.use_sparse(4096, 0.004)
+    assert DEFAULT_POLICY.use_sparse(10**9, 0.006) and not DEFAULT_POLICY.use_sparse(10**9, 0.01)
     assert hash(DEFAULT_POLICY) == hash(DispatchPolicy())
     assert DispatchPolicy(table=[[1, 0.5]]).table == ((1, 0.5),)  # lists are normalised to tuples
 

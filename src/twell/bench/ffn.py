@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from ..nn import SparseGatedMLP
 from ..reference.inference import dense_gated_ffn
 from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from ..tolerances import REL_TOL, rel_error
@@ -35,7 +36,7 @@ class FfnSweep:
     shapes: tuple[tuple[int, int], ...] = DEFAULT_SHAPES
     ms: tuple[int, ...] = DEFAULT_MS
     densities: tuple[float, ...] = DEFAULT_DENSITIES
-    extra_points: tuple[tuple[int, int, int, float], ...] = ((2048, 5632, 524288, 0.5),)
+    extra_points: tuple[tuple[int, int, int, float], ...] = ()
     dtype: torch.dtype = torch.bfloat16
     backend: str = "auto"
     seed: int = 0
@@ -91,6 +92,14 @@ def run_point(
     row["twell_ms"] = time_ms(
         lambda: ops.sparse_gated_ffn(x, wg, wu, wd_t, backend=cfg.backend), device=device, rep_ms=cfg.rep_ms
     )
+    # What a user gets: SparseGatedMLP with the default dispatch policy (sparse or dense per call).
+    mlp = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend).eval()
+    with torch.no_grad():
+        mlp(x)  # first call measures l0 on the dense path and sets the estimate
+        row["dispatch_sparse"] = bool(mlp._use_sparse(m, x.device.type))
+        row["dispatch_ms"] = time_ms(lambda: mlp(x), device=device, rep_ms=cfg.rep_ms)
+    row["dispatch_speedup"] = row["dense_ms"] / row["dispatch_ms"]
+    row["method"] = "block-union" if m >= ops.inference.BLOCK_UNION_MIN_TOKENS else "row-gather"
     row["speedup"] = row["dense_ms"] / row["twell_ms"]
     row["ceiling"] = row["dense_ms"] / row["gate_cublas_ms"]
     row["gate_vs_cublas"] = row["gate_twell_ms"] / row["gate_cublas_ms"]
@@ -101,7 +110,7 @@ def run_point(
     return row
 
 
-def run_sweep(cfg: FfnSweep, device: torch.device, log=print) -> list[dict]:
+def run_sweep(cfg: FfnSweep, device: torch.device, log=print, on_row=None) -> list[dict]:
     rows: list[dict] = []
     points: list[tuple[int, int, tuple[int, ...], float]] = []
     for d, f in cfg.shapes:
@@ -129,6 +138,8 @@ def run_sweep(cfg: FfnSweep, device: torch.device, log=print) -> list[dict]:
             row.update(cfg.tags)
             rows.append(row)
             log(format_row(row))
+            if on_row is not None:  # results survive a run cut short by a time limit
+                on_row(rows)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         del problem
@@ -142,7 +153,8 @@ def format_row(r: dict) -> str:
         f"d={r['d']:5d} f={r['f']:6d} M={r['m']:7d} dens={r['density_pct']:5.2f}% l0={r['l0']:7.1f} "
         f"dense={r['dense_ms']:8.3f} gate(cuBLAS)={r['gate_cublas_ms']:7.3f} gate(twell)={r['gate_twell_ms']:7.3f} "
         f"twell={r['twell_ms']:8.3f} speedup={r['speedup']:5.2f}x err={r['rel_err']:.1e} "
-        f"{'ok' if r['ok'] else 'WRONG'} ns/pair={r['ns_per_pair']:.2f}"
+        f"{'ok' if r['ok'] else 'WRONG'} dispatched={r['dispatch_speedup']:.2f}x "
+        f"({'sparse' if r['dispatch_sparse'] else 'dense'})"
     )
 
 
@@ -152,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--densities", type=float, nargs="*", default=list(DEFAULT_DENSITIES), help="percent active")
     p.add_argument("--shape", type=str, nargs="*", default=[f"{d}x{f}" for d, f in DEFAULT_SHAPES],
                    help="hidden x FFN sizes, e.g. 2048x5632")
-    p.add_argument("--no-extra", action="store_true", help="skip the M=524288 point")
+    p.add_argument("--extra", type=str, nargs="*", default=["2048x5632:524288:0.5"],
+                   help="single points dxF:M:density_pct (default: the M=524288 point)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
     p.add_argument("--rep-ms", type=float, default=100.0)
@@ -165,14 +178,14 @@ def main(argv: list[str] | None = None) -> int:
         shapes=shapes,  # type: ignore[arg-type]
         ms=tuple(a.ms),
         densities=tuple(a.densities),
-        extra_points=() if a.no_extra else FfnSweep().extra_points,
+        extra_points=tuple(_parse_point(e) for e in a.extra),
         dtype=getattr(torch, a.dtype),
         backend=a.backend,
         rep_ms=a.rep_ms,
     )
     meta = environment(device)
     meta["sweep"] = {"ms": cfg.ms, "densities": cfg.densities, "shapes": cfg.shapes, "dtype": a.dtype}
-    rows = run_sweep(cfg, device)
+    rows = run_sweep(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, a.stem))
     paths = write_results(rows, meta, a.out, a.stem)
     good = [r for r in rows if "error" not in r]
     plot = plot_speedup([r for r in good if (r["d"], r["f"]) == shapes[0]], a.out / f"{a.stem}_speedup.png",
@@ -184,12 +197,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["ok"] for r in good) else 1
 
 
+def _parse_point(text: str) -> tuple[int, int, int, float]:
+    try:
+        shape, m, dens = text.split(":")
+        d, f = (int(v) for v in shape.lower().split("x"))
+        return d, f, int(m), float(dens)
+    except ValueError:
+        raise SystemExit(f"--extra takes points like 2048x5632:524288:0.5, got {text!r}") from None
+
+
 def summary_table(rows: list[dict]) -> str:
-    lines = ["| d x F | M | density | l0 | dense ms | gate cuBLAS ms | twell ms | speedup | rel err |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| d x F | M | density | l0 | dense ms | gate cuBLAS ms | twell ms | speedup | dispatched | rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['d']}x{r['f']} | {r['m']} | {r['density_pct']}% | {r['l0']:.1f} | {r['dense_ms']:.3f} | "
-            f"{r['gate_cublas_ms']:.3f} | {r['twell_ms']:.3f} | {r['speedup']:.2f}x | {r['rel_err']:.1e} |"
+            f"{r['gate_cublas_ms']:.3f} | {r['twell_ms']:.3f} | {r['speedup']:.2f}x | "
+            f"{r['dispatch_speedup']:.2f}x ({'sparse' if r['dispatch_sparse'] else 'dense'}) | {r['rel_err']:.1e} |"
         )
     return "\n".join(lines)

@@ -25,12 +25,12 @@ __all__ = ["DEFAULT_POLICY", "H200_BF16_TABLE", "DispatchPolicy", "DispatchTable
 #: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
 DispatchTable = tuple[tuple[int, float], ...]
 
-#: Break-even table for bf16 on one H200.  PLACEHOLDER until the lead fills it in: every value must
-#: come from ``twell bench ffn`` results on the GPU (per token-count bucket, the largest density at which
-#: the TwELL path was still faster than the dense cuBLAS path).  A ``max_density`` of 0.0 means
-#: "measured: sparse never won" in that bucket (only a completely inactive layer, where the sparse path
-#: does no FFN work at all, would take it).  Until then the policy is effectively always dense.
-H200_BF16_TABLE: DispatchTable = ((131072, 0.0),)
+#: Break-even table for bf16 on one H200, d=2048, F=5632, from ``twell bench ffn`` runs committed under
+#: bench_results/h200 (ffn_2048x5632.json, block_union_variants.log).  Below 4096 tokens the sparse path
+#: lost at every density (best: 1.09x at M=4096 with 14 active units of 5632, 0.84x at 28); from 4096
+#: tokens it won at 0.25 % density (1.09x); from 16384 tokens at 0.25 % (1.27x) and 0.5 % (1.01-1.08x)
+#: but not at 1 % (0.71-0.89x), so the threshold sits at 0.6 %, below the measured ~0.7 % crossing.
+H200_BF16_TABLE: DispatchTable = ((4096, 0.003), (16384, 0.006))
 
 
 def _check_table(table: object) -> DispatchTable:

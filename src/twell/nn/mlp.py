@@ -11,7 +11,7 @@ Three execution paths:
   :func:`twell.reference.training.gated_ffn_l1`, which also returns the L1 penalty (``last_l1``,
   differentiable) and the l0 (``last_l0``).  The Triton training kernels will replace it; the call
   lives only in :meth:`SparseGatedMLP._ffn_train`.
-* **sparse inference**: :func:`twell.ops.gate_twell` then :func:`twell.ops.twell_gated_ffn`.
+* **sparse inference**: :func:`twell.ops.sparse_gated_ffn` (method chosen by the op from M).
 * **dense inference**: ``F.linear(F.relu(F.linear(x, Wg)) * F.linear(x, Wu), Wd)``, i.e. cuBLAS.
 
 Between the two inference paths a :class:`~twell.nn.dispatch.DispatchPolicy` decides from the token
@@ -40,7 +40,7 @@ from torch import nn
 
 from .._validation import FLOAT_DTYPES, check_positive_int, check_same_device, check_same_dtype, check_tensor
 from ..format.twell import DEFAULT_TILE, MAX_TILE
-from ..ops import gate_twell, twell_gated_ffn
+from ..ops import sparse_gated_ffn
 from ..ops._runtime import BACKENDS
 from ..ops.inference import PRECISIONS, TRITON_TILES
 from ..reference.training import gated_ffn_l1
@@ -306,20 +306,19 @@ class SparseGatedMLP(nn.Module):
         return self.policy.use_sparse(n_tokens, density, device_type=device_type)
 
     def _ffn_sparse(self, x: torch.Tensor) -> torch.Tensor:
-        """gate_twell + twell_gated_ffn as two calls, so that the TwELL counts give l0 without a sync."""
-        gate = gate_twell(
-            x, self.gate_proj.weight.detach(), tile=self.tile, capacity=self.capacity, backend=self.backend
-        )
-        out = twell_gated_ffn(
+        """The sparse FFN; its per-(row, tile) non-zero counts give l0 without a host sync."""
+        out, counts = sparse_gated_ffn(
             x,
-            gate,
+            self.gate_proj.weight.detach(),
             self.up_proj.weight.detach(),
             self.w_down_unit_major().t(),
+            tile=self.tile,
+            capacity=self.capacity,
             precision=self.precision,
             backend=self.backend,
+            return_counts=True,
         )
-        # counts are the true per-(row, tile) non-zero counts, overflowing tiles included.
-        self.last_l0 = (gate.counts.sum(dtype=torch.int64).to(torch.float64) / x.shape[0]).to(torch.float32)
+        self.last_l0 = (counts.sum(dtype=torch.int64).to(torch.float64) / x.shape[0]).to(torch.float32)
         return out
 
     @staticmethod

@@ -261,7 +261,9 @@ def launch_pack_twell(
     _pack_twell_kernel[(triton.cdiv(m, block_m), n_tiles)](
         g, values, indices, counts, m, f, g.stride(0), n_tiles,
         TILE=tile, CAP=capacity, BLOCK_M=block_m,
-        PREFIX_DOT=(not (interpreting() or g.dtype == torch.float32)) if prefix_dot is None else prefix_dot,
+        # tl.cumsum on the blocked layout of a plain load beat the tensor-core prefix here: 2.13 vs 2.75 ms
+        # at M=131072, F=5632 (H200, bench_results/h200/block_union_variants.log).
+        PREFIX_DOT=False if prefix_dot is None else prefix_dot,
         num_warps=4,
     )
     return values, indices, counts

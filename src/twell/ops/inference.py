@@ -38,8 +38,12 @@ GATE_IMPLS = ("auto", "fused", "gemm+pack")
 #: How the Triton backend computes the whole FFN.  "row-gather": gate -> TwELL, then one program per
 #: token gathers one Wu and one Wd row per active unit (ops.twell_gated_ffn).  "block-union": cuBLAS
 #: gate, then per block of 64 tokens the union of their active units goes through tensor-core GEMMs
-#: (ops/block_union_kernel.py), reading each weight row once per block.  "auto" = "block-union".
+#: (ops/block_union_kernel.py), reading each weight row once per block.  "auto" takes block-union from
+#: BLOCK_UNION_MIN_TOKENS tokens on: on an H200 at d=2048, F=5632, 0.5 % density it took 7.34 ms for the
+#: FFN part vs 7.85 ms row-gather at M=131072 and 1.15 vs 1.15 ms at 16384, but lost at M=4096 (0.61 vs
+#: 0.45 ms) and below (bench_results/h200/block_union_variants.log).
 FFN_METHODS = ("auto", "row-gather", "block-union")
+BLOCK_UNION_MIN_TOKENS = 8192
 
 
 def _check_precision(precision: str) -> None:
@@ -262,7 +266,7 @@ def _sparse_ffn(
     _check_x_w(x, w_act, "w_gate" if w_up is not None else "w_up")
     device = check_same_device({"x": x, "w_act": w_act, "w_down": w_down})
     use_triton = resolve_backend(backend, device) == "triton"
-    if method in ("auto", "block-union") and use_triton:
+    if use_triton and (method == "block-union" or (method == "auto" and x.shape[0] >= BLOCK_UNION_MIN_TOKENS)):
         return _block_union_ffn(x, w_act, w_up, w_down, tile, precision, nan_policy, return_counts)
     act = gate_twell(x, w_act, tile=tile, capacity=capacity, backend=backend, nan_policy=nan_policy, impl=impl)
     if w_up is None:
