@@ -303,7 +303,7 @@ def test_policy_table_thresholds_and_boundaries():
 
 
 def test_policy_device_types_and_constructors():
-    p = DispatchPolicy(table=((0, 0.5),))
+    p = DispatchPolicy(table=((0, 0.5),), shapes=None)
     assert p.use_sparse(10, 0.1, device_type="cuda")
     assert not p.use_sparse(10, 0.1, device_type="cpu")  # CPU: dense unless forced
     assert DispatchPolicy(table=((0, 0.5),), force=True).use_sparse(10, 0.1, device_type="cpu")
@@ -312,9 +312,17 @@ def test_policy_device_types_and_constructors():
     # The default: CPU always dense; on CUDA the measured H200 table.
     assert DEFAULT_POLICY.table == H200_BF16_TABLE
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.0, device_type="cpu")
-    assert not DEFAULT_POLICY.use_sparse(4095, 0.0)
-    assert DEFAULT_POLICY.use_sparse(4096, 0.003) and not DEFAULT_POLICY.use_sparse(4096, 0.004)
-    assert DEFAULT_POLICY.use_sparse(10**9, 0.006) and not DEFAULT_POLICY.use_sparse(10**9, 0.01)
+    shape = (2048, 5632)
+    assert not DEFAULT_POLICY.use_sparse(4095, 0.0, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(4096, 0.003, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(4096, 0.004, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(10**9, 0.006, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(10**9, 0.01, shape=shape)
+    # shapes the table was not measured for, or an unknown shape, get the dense path
+    assert not DEFAULT_POLICY.use_sparse(10**9, 0.001, shape=(4096, 14336))
+    assert not DEFAULT_POLICY.use_sparse(10**9, 0.001)
+    with pytest.raises(TypeError, match="shapes"):
+        DispatchPolicy(shapes=("2048x5632",))
     assert hash(DEFAULT_POLICY) == hash(DispatchPolicy())
     assert DispatchPolicy(table=[[1, 0.5]]).table == ((1, 0.5),)  # lists are normalised to tuples
 

@@ -303,7 +303,9 @@ class SparseGatedMLP(nn.Module):
     def _use_sparse(self, n_tokens: int, device_type: str) -> bool:
         # Unknown density counts as 1 (fully dense): only an "always sparse" row says sparse then.
         density = 1.0 if self._l0_estimate is None else min(1.0, max(0.0, self._l0_estimate / self.intermediate_size))
-        return self.policy.use_sparse(n_tokens, density, device_type=device_type)
+        return self.policy.use_sparse(
+            n_tokens, density, device_type=device_type, shape=(self.hidden_size, self.intermediate_size)
+        )
 
     def _ffn_sparse(self, x: torch.Tensor) -> torch.Tensor:
         """The sparse FFN; its per-(row, tile) non-zero counts give l0 without a host sync."""
