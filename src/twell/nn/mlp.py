@@ -11,7 +11,8 @@ Three execution paths:
   :func:`twell.reference.training.gated_ffn_l1`, which also returns the L1 penalty (``last_l1``,
   differentiable) and the l0 (``last_l0``).  The Triton training kernels will replace it; the call
   lives only in :meth:`SparseGatedMLP._ffn_train`.
-* **sparse inference**: :func:`twell.ops.sparse_gated_ffn` (method chosen by the op from M).
+* **sparse inference**: ``torch.ops.twell.sparse_gated_ffn`` (= :func:`twell.ops.sparse_gated_ffn`, method
+  chosen from M), a registered custom op so ``torch.compile`` captures it.
 * **dense inference**: ``F.linear(F.relu(F.linear(x, Wg)) * F.linear(x, Wu), Wd)``, i.e. cuBLAS.
 
 Between the two inference paths a :class:`~twell.nn.dispatch.DispatchPolicy` decides from the token
@@ -38,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import ops as _ops  # noqa: F401 - registers torch.ops.twell.*
 from .._validation import FLOAT_DTYPES, check_positive_int, check_same_device, check_same_dtype, check_tensor
 from ..format.twell import DEFAULT_TILE, MAX_TILE
-from ..ops import sparse_gated_ffn
 from ..ops._runtime import BACKENDS
 from ..ops.inference import PRECISIONS, TRITON_TILES
 from ..reference.training import gated_ffn_l1
@@ -309,16 +310,17 @@ class SparseGatedMLP(nn.Module):
 
     def _ffn_sparse(self, x: torch.Tensor) -> torch.Tensor:
         """The sparse FFN; its per-(row, tile) non-zero counts give l0 without a host sync."""
-        out, counts = sparse_gated_ffn(
+        # Through the registered custom op, so torch.compile captures the layer without a graph break.
+        out, counts = torch.ops.twell.sparse_gated_ffn(
             x,
             self.gate_proj.weight.detach(),
             self.up_proj.weight.detach(),
             self.w_down_unit_major().t(),
-            tile=self.tile,
-            capacity=self.capacity,
-            precision=self.precision,
-            backend=self.backend,
-            return_counts=True,
+            self.tile,
+            self.capacity or 0,
+            self.precision,
+            "auto",
+            self.backend,
         )
         self.last_l0 = (counts.sum(dtype=torch.int64).to(torch.float64) / x.shape[0]).to(torch.float32)
         return out

@@ -1,5 +1,6 @@
 """Fused sparse ops: Triton kernels on CUDA, the pure-PyTorch reference elsewhere."""
 
+from . import custom_ops  # noqa: F401 - registers torch.ops.twell.sparse_gated_ffn
 from .inference import (
     PRECISIONS,
     gate_twell,
