@@ -33,6 +33,27 @@ def _relu_keep_nan(g):
 
 
 @triton.jit
+def _units_contribution(a, live, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype: tl.constexpr,
+                        GATED: tl.constexpr, ROUND_HIDDEN: tl.constexpr):
+    """sum_j h_j * Wd[:, j] over SB units ``unit`` with gate values ``a`` (fp32) where ``live``."""
+    w_off = unit[:, None] * D + offs_d[None, :]
+    w_ok = live[:, None] & d_ok[None, :]
+    if GATED:
+        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        u = tl.sum(wu * x[None, :], axis=1)
+        if ROUND_HIDDEN:
+            u = round_to(u, dtype).to(tl.float32)
+        h = a * u
+    else:
+        h = a
+    if ROUND_HIDDEN:
+        h = round_to(h, dtype).to(tl.float32)
+    h = tl.where(live, h, 0.0)
+    wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+    return tl.sum(h[:, None] * wd, axis=0)
+
+
+@triton.jit
 def _twell_ffn_row_kernel(
     x_ptr,
     wg_ptr,
@@ -82,20 +103,7 @@ def _twell_ffn_row_kernel(
         a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
         col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
         unit = t_k.to(tl.int64) * TILE + col
-        w_off = unit[:, None] * D + offs_d[None, :]
-        w_ok = k_ok[:, None] & d_ok[None, :]
-        if GATED:
-            wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-            u = tl.sum(wu * x[None, :], axis=1)
-            if ROUND_HIDDEN:
-                u = round_to(u, dtype).to(tl.float32)
-            h = a * u
-        else:
-            h = a
-        if ROUND_HIDDEN:
-            h = round_to(h, dtype).to(tl.float32)
-        wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        out += tl.sum(h[:, None] * wd, axis=0)
+        out += _units_contribution(a, k_ok, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED, ROUND_HIDDEN)
 
     n_over = tl.sum((cnt > CAP).to(tl.int32), axis=0)
     if n_over > 0:
@@ -106,30 +114,18 @@ def _twell_ffn_row_kernel(
                     unit = t * TILE + c0 + tl.arange(0, SB)
                     u_ok = unit < F
                     unit64 = unit.to(tl.int64)
-                    w_off = unit64[:, None] * D + offs_d[None, :]
                     if HAS_SPILL:
                         s_t = tl.load(spill_slot_ptr + row * n_tiles + t).to(tl.int64)
                         a = tl.load(spill_ptr + s_t * TILE + c0 + tl.arange(0, SB), mask=u_ok, other=0.0)
                         a = a.to(tl.float32)
                     else:
-                        wg = tl.load(wg_ptr + w_off, mask=u_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+                        wg = tl.load(wg_ptr + unit64[:, None] * D + offs_d[None, :], mask=u_ok[:, None] & d_ok[None, :],
+                                     other=0.0).to(tl.float32)
                         g = round_to(tl.sum(wg * x[None, :], axis=1), dtype).to(tl.float32)
                         a = _relu_keep_nan(g)
                     live = u_ok & (a != 0)
-                    w_ok = live[:, None] & d_ok[None, :]
-                    if GATED:
-                        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-                        u = tl.sum(wu * x[None, :], axis=1)
-                        if ROUND_HIDDEN:
-                            u = round_to(u, dtype).to(tl.float32)
-                        h = a * u
-                    else:
-                        h = a
-                    if ROUND_HIDDEN:
-                        h = round_to(h, dtype).to(tl.float32)
-                    h = tl.where(live, h, 0.0)
-                    wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-                    out += tl.sum(h[:, None] * wd, axis=0)
+                    out += _units_contribution(a, live, unit64, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED,
+                                               ROUND_HIDDEN)
 
     tl.store(out_ptr + row * stride_om + offs_d, round_to(out, out_ptr.dtype.element_ty), mask=d_ok)
 
