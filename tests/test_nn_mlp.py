@@ -464,3 +464,26 @@ def test_forward_refuses_bad_inputs():
         layer(torch.zeros(4, D, dtype=F64, device="meta"))
     with pytest.raises(ValueError, match="hidden_size"):
         DenseReluGatedMLP(D, FF, dtype=F64)(torch.zeros(2, 3, dtype=F64))
+
+
+@pytest.mark.parametrize("impl", ["dense", "sparse-reference"])
+def test_train_impls_agree_in_float64(impl):
+    torch.manual_seed(7)
+    mlp = SparseGatedMLP(16, 64, backend="torch", tile=32, train_impl=impl, dtype=torch.float64).train()
+    x = torch.randn(2, 5, 16, dtype=torch.float64, requires_grad=True)
+    out = mlp(x)
+    (out.sum() + 1e-3 * mlp.l1_loss()).backward()
+    ref_mlp = SparseGatedMLP(16, 64, backend="torch", tile=32, train_impl="dense", dtype=torch.float64).train()
+    ref_mlp.load_state_dict(mlp.state_dict())
+    x2 = x.detach().clone().requires_grad_(True)
+    ref = ref_mlp(x2)
+    (ref.sum() + 1e-3 * ref_mlp.l1_loss()).backward()
+    assert rel_error(out, ref) < 1e-10 and rel_error(x.grad, x2.grad) < 1e-10
+    for p, q in zip(mlp.parameters(), ref_mlp.parameters(), strict=True):
+        assert rel_error(p.grad, q.grad) < 1e-10
+    assert torch.allclose(mlp.last_l0, ref_mlp.last_l0)
+
+
+def test_bad_train_impl_is_refused():
+    with pytest.raises(ValueError, match="train_impl"):
+        SparseGatedMLP(16, 64, backend="torch", tile=32, train_impl="triton")

@@ -54,11 +54,11 @@ class DeadUnitTracker:
         self.total_tokens = 0
         self.monitor.add(self)
 
-    def observe(self, layer_index: int, active: torch.Tensor, seq_len: int | None) -> None:
-        fired = active.any(dim=0)
+    def observe(self, layer_index: int, gate: torch.Tensor, seq_len: int | None) -> None:
+        fired = ~(gate.amax(dim=0) <= 0)  # some token had g > 0 (or NaN, which amax propagates)
         prev = self._fired[layer_index]
         self._fired[layer_index] = fired if prev is None else prev | fired
-        self._tokens[layer_index] += active.shape[0]
+        self._tokens[layer_index] += gate.shape[0]
 
     def step(self) -> None:
         """Fold the observations made since the last call into the counters (collective under DDP).

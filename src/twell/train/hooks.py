@@ -8,9 +8,12 @@ FFN's forward FLOPs (+1/9 of its forward+backward), and nothing is kept beyond t
 A pattern entry is "active" when ``g > 0`` or ``g`` is NaN, exactly the TwELL / reference convention
 (``relu(NaN) = NaN != 0``).
 
-Consumers implement ``observe(layer_index, active, seq_len)`` with ``active`` a ``[M, F]`` bool tensor
-(tokens in row-major order of the layer input's leading dims) and ``seq_len`` the size of the input's
-second-to-last dimension when it has >= 3 dimensions (``[batch, seq, d]``), else None.
+Consumers implement ``observe(layer_index, gate, seq_len)`` with ``gate`` the ``[M, F]`` pre-activation
+``x Wg^T`` (tokens in row-major order of the layer input's leading dims; the active pattern is
+``active(gate)`` = ``~(gate <= 0)``, one comparison that is also True for NaN) and ``seq_len`` the size of
+the input's second-to-last dimension when it has >= 3 dimensions (``[batch, seq, d]``), else None.
+Handing over the pre-activation rather than a bool pattern lets the dead-unit tracker reduce it with one
+column max (``~(gate.amax(0) <= 0)``): measured 0.03 s -> ~0.005 s per layer at M=2048, F=352 on 2 cores.
 """
 
 from __future__ import annotations
@@ -23,18 +26,27 @@ from torch import nn
 from ..nn.mlp import SparseGatedMLP
 from .l1 import sparse_layers
 
-__all__ = ["GateMonitor", "PatternConsumer", "gate_pattern"]
+__all__ = ["GateMonitor", "PatternConsumer", "active", "gate_pattern", "gate_preactivation"]
 
 
 class PatternConsumer(Protocol):
-    def observe(self, layer_index: int, active: torch.Tensor, seq_len: int | None) -> None: ...
+    def observe(self, layer_index: int, gate: torch.Tensor, seq_len: int | None) -> None: ...
+
+
+def active(gate: torch.Tensor) -> torch.Tensor:
+    """The firing pattern of a gate pre-activation: ``relu(g) != 0``, i.e. ``g > 0`` or NaN."""
+    return ~(gate <= 0)
+
+
+def gate_preactivation(layer: SparseGatedMLP, x: torch.Tensor) -> torch.Tensor:
+    """``[M, F]`` gate pre-activation ``x Wg^T`` of ``layer`` for the tokens of ``x [..., d]``, no grad."""
+    with torch.no_grad():
+        return torch.nn.functional.linear(x.detach().reshape(-1, layer.hidden_size), layer.gate_proj.weight.detach())
 
 
 def gate_pattern(layer: SparseGatedMLP, x: torch.Tensor) -> torch.Tensor:
     """``[M, F]`` bool: which units of ``layer`` fire for the tokens of ``x [..., d]`` (NaN counts as firing)."""
-    with torch.no_grad():
-        g = torch.nn.functional.linear(x.detach().reshape(-1, layer.hidden_size), layer.gate_proj.weight.detach())
-        return (g > 0) | torch.isnan(g)
+    return active(gate_preactivation(layer, x))
 
 
 class GateMonitor:
@@ -72,9 +84,9 @@ class GateMonitor:
                 return
             x = inputs[0]
             seq_len = int(x.shape[-2]) if x.dim() >= 3 else None
-            active = gate_pattern(self.layers[index], x)
+            gate = gate_preactivation(self.layers[index], x)
             for c in consumers:
-                c.observe(index, active, seq_len)
+                c.observe(index, gate, seq_len)
 
         return hook
 
