@@ -244,3 +244,13 @@ def collect_sparsity(
     dtype = mlps[0].last_l1.dtype  # type: ignore[union-attr]
     l1_loss = torch.stack([m.last_l1.to(device=device, dtype=dtype) for m in mlps]).mean()  # type: ignore[union-attr]
     return l1_loss, layer_l0
+
+
+def set_twell_options(config: Any, hidden_act: object, options: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Check the ReLU activation and the twell options and set them on ``config`` before its parent's
+    ``__init__`` runs (plain attributes: the form both dataclass-style and ``__init__``-style transformers
+    5.x configs accept, written to config.json by ``to_dict``); drops a serialised ``model_type``."""
+    check_relu_act(hidden_act, type(config).__name__)
+    for key, value in normalise_twell_options(options).items():
+        setattr(config, key, value)
+    kwargs.pop("model_type", None)  # written by to_dict; the class attribute is the truth

@@ -19,7 +19,7 @@ from typing import Any
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
 
 from ..format.twell import DEFAULT_TILE
-from ._common import check_relu_act, normalise_twell_options, sparsify_layers, wrap_causal_lm_forward
+from ._common import set_twell_options, sparsify_layers, wrap_causal_lm_forward
 
 __all__ = ["TwellLlamaConfig", "TwellLlamaForCausalLM", "TwellLlamaModel"]
 
@@ -52,19 +52,14 @@ class TwellLlamaConfig(LlamaConfig):
         hidden_act: str = "relu",
         **kwargs: Any,
     ) -> None:
-        check_relu_act(hidden_act, type(self).__name__)
-        opts = normalise_twell_options(
-            {
-                "twell_backend": twell_backend,
-                "twell_tile": twell_tile,
-                "twell_capacity": twell_capacity,
-                "twell_precision": twell_precision,
-                "l1_coef": l1_coef,
-            }
-        )
-        for key, value in opts.items():
-            setattr(self, key, value)
-        kwargs.pop("model_type", None)  # written by to_dict; the class attribute is the truth
+        options = {
+            "twell_backend": twell_backend,
+            "twell_tile": twell_tile,
+            "twell_capacity": twell_capacity,
+            "twell_precision": twell_precision,
+            "l1_coef": l1_coef,
+        }
+        set_twell_options(self, hidden_act, options, kwargs)
         super().__init__(hidden_act=hidden_act, **kwargs)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 
 from ..format.twell import DEFAULT_TILE
-from ._common import check_relu_act, normalise_twell_options, sparsify_layers, wrap_causal_lm_forward
+from ._common import set_twell_options, sparsify_layers, wrap_causal_lm_forward
 from .llama import _check_config
 
 __all__ = ["TwellQwen2Config", "TwellQwen2ForCausalLM", "TwellQwen2Model"]
@@ -34,19 +34,14 @@ class TwellQwen2Config(Qwen2Config):
         hidden_act: str = "relu",
         **kwargs: Any,
     ) -> None:
-        check_relu_act(hidden_act, type(self).__name__)
-        opts = normalise_twell_options(
-            {
-                "twell_backend": twell_backend,
-                "twell_tile": twell_tile,
-                "twell_capacity": twell_capacity,
-                "twell_precision": twell_precision,
-                "l1_coef": l1_coef,
-            }
-        )
-        for key, value in opts.items():
-            setattr(self, key, value)
-        kwargs.pop("model_type", None)
+        options = {
+            "twell_backend": twell_backend,
+            "twell_tile": twell_tile,
+            "twell_capacity": twell_capacity,
+            "twell_precision": twell_precision,
+            "l1_coef": l1_coef,
+        }
+        set_twell_options(self, hidden_act, options, kwargs)
         super().__init__(hidden_act=hidden_act, **kwargs)
 
 
