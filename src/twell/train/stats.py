@@ -244,6 +244,13 @@ def _plt() -> Any:
     return plt
 
 
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
 def save_sparsity(report: dict[str, Any], out_dir: str | Path, *, prefix: str = "sparsity") -> list[Path]:
     """Write ``{prefix}.json`` and three plots (per-layer l0 and dead fraction, l0 by position, firing
     frequency histogram) into ``out_dir``; returns the written paths."""
@@ -264,10 +271,7 @@ def save_sparsity(report: dict[str, Any], out_dir: str | Path, *, prefix: str = 
     ax2.set_ylabel("dead fraction", color="tab:red")
     ax2.set_ylim(0, 1)
     ax.set_title(f"per-layer sparsity ({report['tokens']} tokens)")
-    fig.tight_layout()
-    paths.append(out / f"{prefix}_layers.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out / f"{prefix}_layers.png"))
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for lay in layers:
@@ -278,10 +282,7 @@ def save_sparsity(report: dict[str, Any], out_dir: str | Path, *, prefix: str = 
     ax.set_yscale("symlog", linthresh=1.0)
     ax.legend(fontsize=7)
     ax.set_title("l0 by position")
-    fig.tight_layout()
-    paths.append(out / f"{prefix}_positions.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out / f"{prefix}_positions.png"))
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for lay in layers:
@@ -293,10 +294,7 @@ def save_sparsity(report: dict[str, Any], out_dir: str | Path, *, prefix: str = 
     ax.set_ylabel("units")
     ax.legend(fontsize=7)
     ax.set_title("firing-frequency histogram")
-    fig.tight_layout()
-    paths.append(out / f"{prefix}_frequency.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    paths.append(_save(fig, out / f"{prefix}_frequency.png"))
     return paths
 
 
@@ -318,9 +316,6 @@ def plot_history(runs: dict[str, Sequence[dict[str, Any]]], path: str | Path) ->
         ax.set_xlabel("step", fontsize=8)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
-    fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
