@@ -21,6 +21,7 @@ from .._validation import (
 )
 from ..format.twell import DEFAULT_TILE, MAX_TILE, TwellTensor, default_capacity
 from ..reference import inference as ref
+from ..reference.inference import PRECISIONS, check_precision  # noqa: F401 - PRECISIONS re-exported
 from ._runtime import resolve_backend
 
 #: Dtypes the Triton kernels take (Triton has no float64 tensor-core dot).
@@ -28,7 +29,6 @@ TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Tile widths the Triton gate kernel takes: powers of two (tl.arange) from 16 (the smallest MMA
 #: N-tile) to 256 (a 128 x 256 fp32 accumulator already fills 128 registers a thread at 8 warps).
 TRITON_TILES = (16, 32, 64, 128, 256)
-PRECISIONS = ("match", "fp32")
 #: How the Triton backend builds the TwELL gate.  "fused": one Triton GEMM whose epilogue writes TwELL
 #: (the dense activation never reaches memory).  "gemm+pack": cuBLAS GEMM into a transient dense
 #: [M, F] tensor, then a streaming pack kernel.  "auto" picks "gemm+pack": on an H200 the fused
@@ -44,11 +44,6 @@ GATE_IMPLS = ("auto", "fused", "gemm+pack")
 #: 0.45 ms) and below (bench_results/h200/block_union_variants.log).
 FFN_METHODS = ("auto", "row-gather", "block-union")
 BLOCK_UNION_MIN_TOKENS = 8192
-
-
-def _check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
 
 
 def _check_x_w(x: torch.Tensor, w: torch.Tensor, w_name: str) -> None:
@@ -183,7 +178,7 @@ def twell_gated_ffn(
     backend: str = "auto",
 ) -> torch.Tensor:
     """``(gate * (x @ w_up.T)) @ w_down.T`` computed only at the gate's non-zeros."""
-    _check_precision(precision)
+    check_precision(precision)
     _check_x_w(x, w_up, "w_up")
     check_tensor(w_down, "w_down", ndim=2, dtypes=FLOAT_DTYPES)
     f = w_up.shape[0]
@@ -208,7 +203,7 @@ def twell_relu_ffn(
     backend: str = "auto",
 ) -> torch.Tensor:
     """``act @ w_down.T`` over the non-zeros of a TwELL activation (non-gated FFN second half)."""
-    _check_precision(precision)
+    check_precision(precision)
     check_tensor(x, "x", ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor(w_down, "w_down", ndim=2, dtypes=FLOAT_DTYPES)
     check_same_dtype({"x": x, "w_down": w_down})
@@ -262,7 +257,7 @@ def _sparse_ffn(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     if method not in FFN_METHODS:
         raise ValueError(f"method must be one of {', '.join(FFN_METHODS)}; got {method!r}")
-    _check_precision(precision)
+    check_precision(precision)
     _check_x_w(x, w_act, "w_gate" if w_up is not None else "w_up")
     device = check_same_device({"x": x, "w_act": w_act, "w_down": w_down})
     use_triton = resolve_backend(backend, device) == "triton"
