@@ -12,7 +12,7 @@ from torch import nn
 
 from twell.nn import DEFAULT_POLICY, H200_BF16_TABLE, DenseReluGatedMLP, DispatchPolicy, SparseGatedMLP
 from twell.reference.training import dense_gated_ffn_l1
-from twell.tolerances import REL_TOL, REL_TOL_TF32, rel_error
+from twell.tolerances import REL_TOL, REL_TOL_GRAD, REL_TOL_TF32, rel_error
 
 F64 = torch.float64
 D, FF = 32, 128  # hidden and intermediate sizes: tiny, so the Triton interpreter stays fast
@@ -486,4 +486,25 @@ def test_train_impls_agree_in_float64(impl):
 
 def test_bad_train_impl_is_refused():
     with pytest.raises(ValueError, match="train_impl"):
-        SparseGatedMLP(16, 64, backend="torch", tile=32, train_impl="triton")
+        SparseGatedMLP(16, 64, backend="torch", tile=32, train_impl="cuda")
+
+
+def test_triton_train_impl_matches_dense(device):
+    """train_impl="triton" (interpreter on the CPU) against dense autograd, float32, tiny shapes."""
+    gen = torch.Generator().manual_seed(3)
+    w = [(torch.randint(-8, 9, s, generator=gen).float() / 32) for s in ((64, 16), (64, 16), (16, 64))]
+    x = (torch.randint(-8, 9, (9, 16), generator=gen).float() / 8).to(device).requires_grad_(True)
+    grads = []
+    outs = []
+    for impl in ("triton", "dense"):
+        mlp = SparseGatedMLP.from_weights(*[t.to(device) for t in w], backend="auto", tile=32, train_impl=impl)
+        mlp.train()
+        xi = x.detach().clone().requires_grad_(True)
+        out = mlp(xi)
+        (out.square().sum() + 0.1 * mlp.l1_loss()).backward()
+        outs.append((out, mlp.last_l0))
+        grads.append([xi.grad] + [p.grad for p in mlp.parameters()])
+    assert rel_error(outs[0][0], outs[1][0]) <= REL_TOL[torch.float32]
+    assert torch.equal(outs[0][1].cpu(), outs[1][1].cpu())
+    for a, b in zip(grads[0], grads[1], strict=True):
+        assert rel_error(a, b) <= REL_TOL_GRAD[torch.float32]

@@ -44,11 +44,12 @@ from .._validation import FLOAT_DTYPES, check_positive_int, check_same_device, c
 from ..format.twell import DEFAULT_TILE, MAX_TILE
 from ..ops._runtime import BACKENDS
 from ..ops.inference import PRECISIONS, TRITON_TILES
+from ..ops.training import twell_gated_ffn_l1
 from ..reference.training import dense_gated_ffn_l1, gated_ffn_l1
 from .dispatch import DEFAULT_POLICY, DispatchPolicy
 
 #: Training FFN implementations (see ``SparseGatedMLP``'s ``train_impl``).
-TRAIN_IMPLS = ("auto", "dense", "sparse-reference")
+TRAIN_IMPLS = ("auto", "dense", "sparse-reference", "triton")
 
 __all__ = ["DenseReluGatedMLP", "SparseGatedMLP"]
 
@@ -134,9 +135,11 @@ class SparseGatedMLP(nn.Module):
         train_impl: how a training forward computes the FFN with its L1 term: ``"sparse-reference"`` (the
             sparse autograd reference, :class:`twell.reference.training.GatedFFNL1`, which saves only
             the active pairs), ``"dense"`` (plain dense autograd of the same function, same l1 and l0) or
-            ``"auto"``.  Until the Triton training kernels exist ``"auto"`` means dense: the pure-PyTorch
-            sparse reference gathers and scatters every active pair and was 8x slower than dense
-            autograd on 2 CPU cores (0.50 vs 0.06 s, one layer fwd+bwd, M=2048, d=128, F=352, l0=176).
+            ``"triton"`` (the sparse Triton training kernels, :func:`twell.ops.twell_gated_ffn_l1`: checked
+            against the reference under the interpreter, not yet timed on a GPU) or ``"auto"``.  Until the
+            Triton path is measured ``"auto"`` means dense: the pure-PyTorch sparse reference gathers and
+            scatters every active pair and was 8x slower than dense autograd on 2 CPU cores (0.50 vs
+            0.06 s, one layer fwd+bwd, M=2048, d=128, F=352, l0=176).
         device, dtype: of the parameters, as for ``nn.Linear``.
 
     Attributes set by ``forward``: ``last_l0`` (float32 scalar tensor on the layer's device, no grad; the
@@ -291,7 +294,7 @@ class SparseGatedMLP(nn.Module):
         """The one place the training FFN is called (see ``train_impl``)."""
         if self.train_impl not in TRAIN_IMPLS:
             raise ValueError(f"train_impl must be one of {', '.join(TRAIN_IMPLS)}; got {self.train_impl!r}")
-        fn = gated_ffn_l1 if self.train_impl == "sparse-reference" else dense_gated_ffn_l1
+        fn = {"sparse-reference": gated_ffn_l1, "triton": twell_gated_ffn_l1}.get(self.train_impl, dense_gated_ffn_l1)
         out, l1, l0 = fn(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
         self.last_l1 = l1
         self.last_l0 = l0.detach()

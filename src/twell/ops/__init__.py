@@ -9,6 +9,7 @@ from .inference import (
     twell_gated_ffn,
     twell_relu_ffn,
 )
+from .training import twell_gated_ffn_l1
 
 __all__ = [
     "PRECISIONS",
@@ -16,5 +17,6 @@ __all__ = [
     "sparse_gated_ffn",
     "sparse_relu_ffn",
     "twell_gated_ffn",
+    "twell_gated_ffn_l1",
     "twell_relu_ffn",
 ]
