@@ -24,12 +24,16 @@ def compiled() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_gate_kernels_use_wgmma(compiled):
-    assert compiled["gate_epilogue0"]["wgmma"]
-    assert compiled["gate_epilogue2"]["wgmma"]
+def test_tensor_core_kernels_use_wgmma(compiled):
+    for name in ("gate_epilogue0", "gate_epilogue2", "union_up", "union_down"):
+        assert compiled[name]["wgmma"], name
 
 
 def test_no_kernel_uses_local_memory(compiled):
-    assert set(compiled) == {"gate_epilogue0", "gate_epilogue2", "pack", "ffn_gated1_spill0", "ffn_gated0_spill1"}
+    assert set(compiled) == {
+        "gate_epilogue0", "gate_epilogue2", "pack", "ffn_gated1_spill0", "ffn_gated0_spill1",
+        "block_union", "union_up", "union_down",
+        "train_pack_rows", "train_forward_rows", "train_backward_rows", "train_unit_grads",
+    }
     spilled = [name for name, r in compiled.items() if r["local_memory"]]
     assert spilled == []

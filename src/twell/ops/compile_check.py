@@ -59,6 +59,50 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
                   "HAS_SPILL": spill, "ROUND_HIDDEN": True}
         ptx = _compile(_twell_ffn_row_kernel, ffn_sig, consts, target, num_warps=4)
         results[f"ffn_gated{int(gated)}_spill{int(spill)}"] = {"local_memory": ".local" in ptx}
+    from .block_union_kernel import _block_union_kernel, _union_down_kernel, _union_up_kernel
+
+    ptx = _compile(_block_union_kernel, {"g_ptr": "*bf16", "cnt_ptr": "*i32", "ucnt_ptr": "*i32", "ucols_ptr": "*i16",
+                                         "M": "i32", "F": "i32", "stride_gm": "i32", "n_tiles": "i32"},
+                   {"BLOCK_M": 64, "TILE": 128}, target, num_warps=4)
+    results["block_union"] = {"local_memory": ".local" in ptx}
+    up_sig = {"x_ptr": "*bf16", "wu_ptr": "*bf16", "g_ptr": "*bf16", "h_ptr": "*bf16", "ucnt_ptr": "*i32",
+              "ucols_ptr": "*i16", "M": "i32", "D": "i32", "stride_xm": "i32", "stride_gm": "i32", "stride_hm": "i32",
+              "n_tiles": "i32"}
+    up_consts = {"BLOCK_M": 64, "BLOCK_U": 64, "BLOCK_K": 64, "TILE": 128, "NT_PAD": 64, "ROUND_HIDDEN": True,
+                 "DOT_FP32": False}
+    ptx = _compile(_union_up_kernel, up_sig, up_consts, target, num_warps=4, num_stages=3)
+    results["union_up"] = {"wgmma": "wgmma.mma_async" in ptx, "local_memory": ".local" in ptx}
+    down_sig = {"h_ptr": "*bf16", "wdt_ptr": "*bf16", "out_ptr": "*bf16", "ucnt_ptr": "*i32", "ucols_ptr": "*i16",
+                "M": "i32", "D": "i32", "stride_hm": "i32", "stride_om": "i32", "n_tiles": "i32"}
+    ptx = _compile(_union_down_kernel, down_sig, {"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_U": 64, "TILE": 128,
+                                                  "NT_PAD": 64, "H_IS_GATE": False, "DOT_FP32": False},
+                   target, num_warps=4, num_stages=3)
+    results["union_down"] = {"wgmma": "wgmma.mma_async" in ptx, "local_memory": ".local" in ptx}
+
+    from .train_kernels import _backward_rows_kernel, _forward_rows_kernel, _pack_rows_kernel, _unit_grads_kernel
+
+    ptx = _compile(_pack_rows_kernel, {"g_ptr": "*bf16", "ids_ptr": "*i32", "val_ptr": "*bf16", "cnt_ptr": "*i32",
+                                       "F": "i32", "W": "i32", "stride_gm": "i32"}, {"BF": 8192}, target, num_warps=4)
+    results["train_pack_rows"] = {"local_memory": ".local" in ptx}
+    rows = {"D_PAD": 2048, "SB": 4}
+    fwd_sig = {"x_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16", "ids_ptr": "*i32",
+               "val_ptr": "*bf16", "cnt_ptr": "*i32", "u_ptr": "*fp32", "out_ptr": "*bf16", "l1_ptr": "*fp32",
+               "F": "i32", "D": "i32", "W": "i32", "stride_xm": "i32", "stride_om": "i32"}
+    ptx = _compile(_forward_rows_kernel, fwd_sig, rows, target, num_warps=4)
+    results["train_forward_rows"] = {"local_memory": ".local" in ptx}
+    bwd_sig = {"x_ptr": "*bf16", "go_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16",
+               "ids_ptr": "*i32", "val_ptr": "*bf16", "cnt_ptr": "*i32", "u_ptr": "*fp32", "gl1_ptr": "*fp32",
+               "dg_ptr": "*fp32", "du_ptr": "*fp32", "dx_ptr": "*bf16", "M": "i32", "F": "i32", "D": "i32",
+               "W": "i32", "stride_xm": "i32", "stride_gm": "i32", "stride_dxm": "i32"}
+    ptx = _compile(_backward_rows_kernel, bwd_sig, rows, target, num_warps=4)
+    results["train_backward_rows"] = {"local_memory": ".local" in ptx}
+    unit_sig = {"x_ptr": "*bf16", "go_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16",
+                "perm_ptr": "*i64", "start_ptr": "*i64", "val_ptr": "*bf16", "u_ptr": "*fp32", "dg_ptr": "*fp32",
+                "du_ptr": "*fp32", "ovl_ptr": "*i64", "nover_ptr": "*i64", "gl1_ptr": "*fp32", "pwd_ptr": "*fp32",
+                "pwg_ptr": "*fp32", "pwu_ptr": "*fp32", "M": "i32", "F": "i32", "D": "i32", "W": "i32", "K": "i32",
+                "stride_xm": "i32", "stride_gm": "i32"}
+    ptx = _compile(_unit_grads_kernel, unit_sig, rows, target, num_warps=4)
+    results["train_unit_grads"] = {"local_memory": ".local" in ptx}
     return results
 
 
