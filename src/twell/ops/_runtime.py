@@ -40,3 +40,8 @@ def resolve_backend(backend: str, device: torch.device) -> str:
                 "to run the kernels in Triton's interpreter, or use backend='torch'"
             )
     return backend
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (>= 1): block sizes of tl.arange must be powers of two."""
+    return 1 << max(0, (n - 1).bit_length())

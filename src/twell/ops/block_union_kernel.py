@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import interpreting
-from .gate_kernel import round_to
+from ._runtime import interpreting, next_pow2
+from .gate_kernel import relu_keep_nan, round_to
 
 
 @triton.jit
@@ -41,7 +41,7 @@ def _block_union_kernel(
     n_ok = pid_t * TILE + cols < F
     g = tl.load(g_ptr + rows.to(tl.int64)[:, None] * stride_gm + pid_t * TILE + cols[None, :],
                 mask=m_ok[:, None] & n_ok[None, :], other=0.0)
-    nz = ((g > 0) | (g != g)) & m_ok[:, None] & n_ok[None, :]
+    nz = (relu_keep_nan(g) != 0) & m_ok[:, None] & n_ok[None, :]
     nz_i = nz.to(tl.int32)
     tl.store(cnt_ptr + rows.to(tl.int64) * n_tiles + pid_t, tl.sum(nz_i, axis=1), mask=m_ok)
     union = tl.max(nz_i, axis=0)
@@ -103,7 +103,7 @@ def _union_up_kernel(
                 acc = tl.dot(a, b, acc)
         both = m_ok[:, None] & ok[None, :]
         g = tl.load(g_ptr + rows64[:, None] * stride_gm + unit[None, :], mask=both, other=0.0).to(tl.float32)
-        act = tl.where((g > 0) | (g != g), g, 0.0)
+        act = relu_keep_nan(g)
         u = acc
         if ROUND_HIDDEN:
             u = round_to(u, dtype).to(tl.float32)
@@ -134,7 +134,7 @@ def _union_down_kernel(
         both = m_ok[:, None] & ok[None, :]
         if H_IS_GATE:
             g = tl.load(h_ptr + rows64[:, None] * stride_hm + unit[None, :], mask=both, other=0.0)
-            a = tl.where((g > 0) | (g != g), g, 0.0).to(g.dtype)
+            a = relu_keep_nan(g).to(g.dtype)
         else:
             a = tl.load(h_ptr + rows64[:, None] * stride_hm + p[None, :], mask=both, other=0.0)
         b = tl.load(wdt_ptr + unit[:, None] * D + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
@@ -145,9 +145,6 @@ def _union_down_kernel(
     tl.store(out_ptr + rows64[:, None] * stride_om + offs_d[None, :], round_to(acc, out_ptr.dtype.element_ty),
              mask=m_ok[:, None] & d_ok[None, :])
 
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def launch_block_union_ffn(
@@ -185,7 +182,7 @@ def launch_block_union_ffn(
     _block_union_kernel[(n_blocks, n_tiles)](
         g, counts, ucnt, ucols, m, f, g.stride(0), n_tiles, BLOCK_M=block_m, TILE=tile, num_warps=4
     )
-    nt_pad = _pow2(n_tiles)
+    nt_pad = next_pow2(n_tiles)
     dot_fp32 = interp or x.dtype == torch.float32
     if interp:  # tiny tiles: the interpreter executes every dot element by element
         block_u = block_k = block_d = 16

@@ -34,6 +34,12 @@ def round_to(x, dtype: tl.constexpr):
         return x.to(dtype)
 
 
+@triton.jit
+def relu_keep_nan(g):
+    """ReLU that keeps NaN (as torch.relu does): a NaN gate counts as active and reaches the output."""
+    return tl.where((g > 0) | (g != g), g, 0.0)
+
+
 def _gate_configs() -> list[triton.Config]:
     if interpreting():
         # The interpreter cannot autotune several configs without a GPU (design.md, section 5).
@@ -117,7 +123,7 @@ def _gate_twell_kernel(
     # Round to the storage dtype first (a dense linear returns that), then ReLU.  NaN is kept as a
     # non-zero (g != g), matching torch.relu, which propagates NaN.
     g = round_to(acc, val_ptr.dtype.element_ty)
-    act = tl.where((g > 0) | (g != g), g, 0.0).to(val_ptr.dtype.element_ty)
+    act = relu_keep_nan(g).to(val_ptr.dtype.element_ty)
     if EPILOGUE == 2:
         dense_ptrs = val_ptr + offs_m.to(tl.int64)[:, None] * F + offs_n[None, :]
         tl.store(dense_ptrs, act, mask=m_ok[:, None] & n_ok[None, :])
@@ -194,7 +200,7 @@ def _pack_twell_kernel(
     n_ok = offs_n < F
     g = tl.load(g_ptr + offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :],
                 mask=m_ok[:, None] & n_ok[None, :], other=0.0)
-    act = tl.where((g > 0) | (g != g), g, 0.0).to(val_ptr.dtype.element_ty)
+    act = relu_keep_nan(g).to(val_ptr.dtype.element_ty)
     _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, BLOCK_M, TILE, CAP,
                     False, PREFIX_DOT)
 

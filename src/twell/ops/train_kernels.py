@@ -45,8 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import interpreting
-from .gate_kernel import round_to
+from ._runtime import interpreting, next_pow2
+from .gate_kernel import relu_keep_nan, round_to
 
 #: Sentinel-padded row-ELL chunk read per step of the pack kernel (units).
 _PACK_BLOCK = 1024
@@ -55,21 +55,11 @@ _PACK_BLOCK = 1024
 _NUM_WARPS = 4
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def default_block(d: int) -> int:
     """Rows gathered per step (SB): two or three [SB, D_PAD] fp32 tiles live at once, so SB * D_PAD
     <= 8192 keeps them at <= 64 registers a thread at 4 warps (the inference row kernel measured SB=4
     best at d=2048 on an H200).  The interpreter takes the same rule: it only affects speed."""
-    return max(1, min(16, 8192 // _pow2(d)))
-
-
-@triton.jit
-def _relu_keep_nan(g):
-    # torch.relu propagates NaN, and the reference counts a NaN gate as an active pair.
-    return tl.where((g > 0) | (g != g), g, 0.0)
+    return max(1, min(16, 8192 // next_pow2(d)))
 
 
 @triton.jit
@@ -96,7 +86,7 @@ def _pack_rows_kernel(g_ptr, ids_ptr, val_ptr, cnt_ptr, F, W, stride_gm, BF: tl.
         offs = f0 + tl.arange(0, BF)
         ok = offs < F
         g = tl.load(g_ptr + row * stride_gm + offs, mask=ok, other=0.0)
-        nz = ((g > 0) | (g != g)) & ok
+        nz = (relu_keep_nan(g) != 0) & ok
         nz_i = nz.to(tl.int32)
         pos = total + tl.cumsum(nz_i, axis=0) - nz_i  # exclusive prefix count over the whole row
         keep = nz & (pos < W)
@@ -124,7 +114,7 @@ def launch_pack_rows(g: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.T
     counts = torch.empty((m,), dtype=torch.int32, device=g.device)
     if m == 0:
         return ids, vals, counts
-    bf = min(_pow2(max(f, width)), 128 if interpreting() else _PACK_BLOCK)
+    bf = min(next_pow2(max(f, width)), 128 if interpreting() else _PACK_BLOCK)
     _pack_rows_kernel[(m,)](g, ids, vals, counts, f, width, g.stride(0), BF=bf, num_warps=4)
     return ids, vals, counts
 
@@ -167,7 +157,7 @@ def _forward_rows_kernel(
             w_off = unit[:, None] * D + offs_d[None, :]
             w_ok = u_ok[:, None] & d_ok[None, :]
             wg = tl.load(wg_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-            a = _relu_keep_nan(_gate_of(wg, x[None, :], dtype))
+            a = relu_keep_nan(_gate_of(wg, x[None, :], dtype))
             live = u_ok & (a != 0)
             wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
             u = tl.sum(wu * x[None, :], axis=1)
@@ -204,7 +194,7 @@ def launch_forward_rows(
     _forward_rows_kernel[(m,)](
         x, w_gate, w_up, w_down_t, ids, vals, counts, u, out, row_l1,
         f, d, width, x.stride(0), out.stride(0),
-        D_PAD=_pow2(d), SB=block or default_block(d), num_warps=_NUM_WARPS,
+        D_PAD=next_pow2(d), SB=block or default_block(d), num_warps=_NUM_WARPS,
     )
     return out, u, row_l1
 
@@ -252,7 +242,7 @@ def _backward_rows_kernel(
             w_off = unit[:, None] * D + offs_d[None, :]
             w_ok = u_ok[:, None] & d_ok[None, :]
             wg = tl.load(wg_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-            a = _relu_keep_nan(_gate_of(wg, x[None, :], dtype))
+            a = relu_keep_nan(_gate_of(wg, x[None, :], dtype))
             live = u_ok & (a != 0)
             wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
             u = tl.sum(wu * x[None, :], axis=1)
@@ -292,7 +282,7 @@ def launch_backward_rows(
     _backward_rows_kernel[(m,)](
         x, grad_out, w_gate, w_up, w_down_t, ids, vals, counts, u, grad_l1, dg, du, dx,
         m, f, d, width, x.stride(0), grad_out.stride(0), dx.stride(0),
-        D_PAD=_pow2(d), SB=block or default_block(d), num_warps=_NUM_WARPS,
+        D_PAD=next_pow2(d), SB=block or default_block(d), num_warps=_NUM_WARPS,
     )
     return dx, dg, du
 
@@ -356,7 +346,7 @@ def _unit_grads_kernel(
             r_ok = live[:, None] & d_ok[None, :]
             xr = tl.load(x_ptr + tok[:, None] * stride_xm + offs_d[None, :], mask=r_ok, other=0.0).to(tl.float32)
             gr = tl.load(go_ptr + tok[:, None] * stride_gm + offs_d[None, :], mask=r_ok, other=0.0).to(tl.float32)
-            a = _relu_keep_nan(_gate_of(xr, wg_j[None, :], dtype))
+            a = relu_keep_nan(_gate_of(xr, wg_j[None, :], dtype))
             act = live & (a != 0)
             u = tl.sum(xr * wu_j[None, :], axis=1)
             h = tl.where(act, a * u, 0.0)
@@ -407,6 +397,6 @@ def launch_unit_grads(
         x, grad_out, w_gate, w_up, w_down_t, perm, starts, vals, u, dg, du,
         overflow_rows, n_overflow, grad_l1, partials[0], partials[1], partials[2],
         m, f, d, width, splits, x.stride(0), grad_out.stride(0),
-        D_PAD=_pow2(d), SB=block or default_block(d), num_warps=_NUM_WARPS,
+        D_PAD=next_pow2(d), SB=block or default_block(d), num_warps=_NUM_WARPS,
     )
     return partials

@@ -24,12 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .gate_kernel import round_to
-
-
-@triton.jit
-def _relu_keep_nan(g):
-    return tl.where((g > 0) | (g != g), g, 0.0)
+from ._runtime import next_pow2
+from .gate_kernel import relu_keep_nan, round_to
 
 
 @triton.jit
@@ -122,16 +118,13 @@ def _twell_ffn_row_kernel(
                         wg = tl.load(wg_ptr + unit64[:, None] * D + offs_d[None, :], mask=u_ok[:, None] & d_ok[None, :],
                                      other=0.0).to(tl.float32)
                         g = round_to(tl.sum(wg * x[None, :], axis=1), dtype).to(tl.float32)
-                        a = _relu_keep_nan(g)
+                        a = relu_keep_nan(g)
                     live = u_ok & (a != 0)
                     out += _units_contribution(a, live, unit64, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED,
                                                ROUND_HIDDEN)
 
     tl.store(out_ptr + row * stride_om + offs_d, round_to(out, out_ptr.dtype.element_ty), mask=d_ok)
 
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 def launch_twell_ffn(
@@ -162,7 +155,7 @@ def launch_twell_ffn(
     n_tiles = counts.shape[1]
     if m == 0:
         return out
-    d_pad = _pow2(d)
+    d_pad = next_pow2(d)
     # Two [SB, D_PAD] fp32 weight tiles per step, SB * D_PAD <= 8192 (64 registers a thread at 4
     # warps).  Measured on H200 at d=2048, M=131072, l0=28 (scripts/kernel_variants.py): 4 warps with
     # SB=4 took 1.51 ns per active pair, SB=2 1.52, SB=8 1.91; 8 warps 2.17 (more programs per SM win).
@@ -188,7 +181,7 @@ def launch_twell_ffn(
         out.stride(0),
         TILE=tile,
         CAP=values.shape[2],
-        NT_PAD=_pow2(n_tiles),
+        NT_PAD=next_pow2(n_tiles),
         D_PAD=d_pad,
         SB=sb,
         GATED=w_up is not None,
