@@ -6,28 +6,16 @@ import dataclasses
 
 import pytest
 import torch
+from _helpers import assert_bitwise_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twell.format import TwellTensor, default_capacity, pack_twell, unpack_twell
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-_INT_VIEW = {
-    torch.float16: torch.int16,
-    torch.bfloat16: torch.int16,
-    torch.float32: torch.int32,
-    torch.float64: torch.int64,
-}
 
 
 # ---------------------------------------------------------------------------- helpers
-def assert_bitwise_equal(out: torch.Tensor, ref: torch.Tensor) -> None:
-    """Same dtype, shape and bit pattern (NaN payloads included)."""
-    assert out.dtype == ref.dtype
-    assert out.shape == ref.shape
-    assert torch.equal(out.contiguous().view(_INT_VIEW[out.dtype]), ref.contiguous().view(_INT_VIEW[ref.dtype]))
-
-
 def make_act(m: int, f: int, density: float, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
     """Gate pre-activation whose relu has non-zeros exactly where a Bernoulli(density) mask is set.
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch
+from _helpers import F64, make_inputs
 
 import twell.format.twell as twell_format
 from twell.format.twell import TwellTensor, pack_twell
@@ -27,48 +27,9 @@ from twell.reference import (
 from twell.reference import inference as inference_mod
 from twell.tolerances import REL_TOL, rel_error
 
-F64 = torch.float64
 DENSITIES = [0.0, 0.005, 0.05, 0.5, 1.0]
 
 
-def make_inputs(
-    m: int,
-    d: int,
-    f: int,
-    density: float,
-    seed: int,
-    dtype: torch.dtype = F64,
-    empty_rows: tuple[int, ...] = (),
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random (x, w_gate, w_up, w_down) whose gates are positive for about ``density`` of the pairs.
-
-    Column 0 of x is a constant 1, so column 0 of w_gate acts as a bias; it is set to minus a threshold
-    placed half-way between two consecutive sorted gate values, so the density is hit exactly (in
-    float64) and no gate is exactly 0.  Rows in ``empty_rows`` get x = e_0, so their gates all equal
-    the (negative, for density < ~50 %) bias: the row has no active unit.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, d, generator=gen, dtype=F64)
-    x[:, 0] = 1.0
-    for r in empty_rows:
-        x[r, 1:] = 0.0
-    w_gate = torch.randn(f, d, generator=gen, dtype=F64) / math.sqrt(d)
-    w_up = torch.randn(f, d, generator=gen, dtype=F64) / math.sqrt(d)
-    w_down = torch.randn(d, f, generator=gen, dtype=F64) / math.sqrt(f)
-    w_gate[:, 0] = 0.0
-    pre = (x @ w_gate.T).flatten().sort().values
-    n = pre.numel()
-    k = round((1.0 - density) * n)
-    if n == 0:
-        thr = 0.0
-    elif k <= 0:
-        thr = float(pre[0]) - 1.0
-    elif k >= n:
-        thr = float(pre[-1]) + 1.0
-    else:
-        thr = 0.5 * float(pre[k - 1] + pre[k])
-    w_gate[:, 0] = -thr
-    return tuple(t.to(dtype) for t in (x, w_gate, w_up, w_down))  # type: ignore[return-value]
 
 
 def masked_truth(x, w_gate, w_up, w_down):

@@ -2,44 +2,20 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+from _helpers import F64
+from _helpers import make_inputs as make_ffn_inputs
 
 from twell.reference import GatedFFNL1, dense_gated_ffn_l1, gated_ffn_l1
 from twell.tolerances import REL_TOL, REL_TOL_GRAD, rel_error
 
-F64 = torch.float64
 DENSITIES = [0.0, 0.005, 0.05, 0.5, 1.0]
 
 
 def make_inputs(m: int, d: int, f: int, density: float, seed: int, dtype: torch.dtype = F64) -> list[torch.Tensor]:
-    """Random (x, w_gate, w_up, w_down) with about ``density`` of the gates positive (leaf tensors).
-
-    Column 0 of x is 1, so column 0 of w_gate is a bias, set to minus a threshold half-way between two
-    consecutive sorted gate values: the density is exact in float64 and no gate is exactly 0.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, d, generator=gen, dtype=F64)
-    x[:, 0] = 1.0
-    w_gate = torch.randn(f, d, generator=gen, dtype=F64) / math.sqrt(d)
-    w_up = torch.randn(f, d, generator=gen, dtype=F64) / math.sqrt(d)
-    w_down = torch.randn(d, f, generator=gen, dtype=F64) / math.sqrt(f)
-    w_gate[:, 0] = 0.0
-    pre = (x @ w_gate.T).flatten().sort().values
-    n = pre.numel()
-    k = round((1.0 - density) * n)
-    if n == 0:
-        thr = 0.0
-    elif k <= 0:
-        thr = float(pre[0]) - 1.0
-    elif k >= n:
-        thr = float(pre[-1]) + 1.0
-    else:
-        thr = 0.5 * float(pre[k - 1] + pre[k])
-    w_gate[:, 0] = -thr
-    return [t.to(dtype).requires_grad_() for t in (x, w_gate, w_up, w_down)]
+    """The shared exact-density problem (``_helpers.make_inputs``) as leaf tensors requiring grad."""
+    return [t.requires_grad_() for t in make_ffn_inputs(m, d, f, density, seed, dtype)]
 
 
 def run(fn, inputs, seed=0, l1_weight=0.37):

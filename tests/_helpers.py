@@ -1,0 +1,63 @@
+"""Helpers shared by several test files (imported as ``_helpers``: pytest puts tests/ on sys.path)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+F64 = torch.float64
+#: Integer views for bit-pattern comparisons, by float dtype.
+INT_VIEW = {
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float32: torch.int32,
+    torch.float64: torch.int64,
+}
+
+
+def assert_bitwise_equal(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """Same dtype, shape and bit pattern (NaN payloads included)."""
+    assert out.dtype == ref.dtype
+    assert out.shape == ref.shape
+    assert torch.equal(out.contiguous().view(INT_VIEW[out.dtype]), ref.contiguous().view(INT_VIEW[ref.dtype]))
+
+
+def make_inputs(
+    m: int,
+    d: int,
+    f: int,
+    density: float,
+    seed: int,
+    dtype: torch.dtype = F64,
+    empty_rows: tuple[int, ...] = (),
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random (x, w_gate, w_up, w_down) whose gates are positive for about ``density`` of the pairs.
+
+    Column 0 of x is a constant 1, so column 0 of w_gate acts as a bias; it is set to minus a threshold
+    placed half-way between two consecutive sorted gate values, so the density is hit exactly (in
+    float64) and no gate is exactly 0.  Rows in ``empty_rows`` get x = e_0, so their gates all equal
+    the (negative, for density < ~50 %) bias: the row has no active unit.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, d, generator=gen, dtype=F64)
+    x[:, 0] = 1.0
+    for r in empty_rows:
+        x[r, 1:] = 0.0
+    w_gate = torch.randn(f, d, generator=gen, dtype=F64) / math.sqrt(d)
+    w_up = torch.randn(f, d, generator=gen, dtype=F64) / math.sqrt(d)
+    w_down = torch.randn(d, f, generator=gen, dtype=F64) / math.sqrt(f)
+    w_gate[:, 0] = 0.0
+    pre = (x @ w_gate.T).flatten().sort().values
+    n = pre.numel()
+    k = round((1.0 - density) * n)
+    if n == 0:
+        thr = 0.0
+    elif k <= 0:
+        thr = float(pre[0]) - 1.0
+    elif k >= n:
+        thr = float(pre[-1]) + 1.0
+    else:
+        thr = 0.5 * float(pre[k - 1] + pre[k])
+    w_gate[:, 0] = -thr
+    return tuple(t.to(dtype) for t in (x, w_gate, w_up, w_down))  # type: ignore[return-value]
