@@ -78,6 +78,36 @@ def _gate_of(p, q, dtype: tl.constexpr):
 
 # ------------------------------------------------------------------------------------------- pack
 @triton.jit
+def _dense_units(j0, x, offs_d, d_ok, wg_ptr, wu_ptr, F, D, dtype: tl.constexpr, SB: tl.constexpr):
+    """Units j0 .. j0+SB of an overflowing row, done densely: the gate is recomputed from x and Wg.
+
+    Returns the weight-row offsets and mask, the live units, their gate values a, u = x . Wu[j] and
+    the loaded Wg and Wu rows (the backward reuses them for dX)."""
+    unit = (j0 + tl.arange(0, SB)).to(tl.int64)
+    u_ok = unit < F
+    w_off = unit[:, None] * D + offs_d[None, :]
+    w_ok = u_ok[:, None] & d_ok[None, :]
+    wg = tl.load(wg_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+    a = relu_keep_nan(_gate_of(wg, x[None, :], dtype))
+    live = u_ok & (a != 0)
+    wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+    u = tl.sum(wu * x[None, :], axis=1)
+    return w_off, w_ok, live, a, u, wg, wu
+
+
+@triton.jit
+def _pair_grads(wd, go, a, u, live, gl1, M):
+    """dh = dOut . Wd[:, j] + grad_l1 * sign(h) / M;  du = dh * a;  dg = dh * u where the gate is > 0.
+
+    ``wd`` is [SB, D_PAD] and ``go`` [D_PAD] (SB units of one token), or the other way round (SB tokens
+    of one unit in the weight-gradient kernel)."""
+    dh = tl.sum(wd * go[None, :], axis=1) + gl1 * _sign(a * u) / M
+    du = tl.where(live, dh * a, 0.0)
+    dg = tl.where(live & (a > 0), dh * u, 0.0)
+    return du, dg
+
+
+@triton.jit
 def _pack_rows_kernel(g_ptr, ids_ptr, val_ptr, cnt_ptr, F, W, stride_gm, BF: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     base = row * W
@@ -152,15 +182,7 @@ def _forward_rows_kernel(
         l1 += tl.abs(h)
     if cnt > W:
         for j0 in range(0, F, SB):
-            unit = (j0 + tl.arange(0, SB)).to(tl.int64)
-            u_ok = unit < F
-            w_off = unit[:, None] * D + offs_d[None, :]
-            w_ok = u_ok[:, None] & d_ok[None, :]
-            wg = tl.load(wg_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-            a = relu_keep_nan(_gate_of(wg, x[None, :], dtype))
-            live = u_ok & (a != 0)
-            wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-            u = tl.sum(wu * x[None, :], axis=1)
+            w_off, w_ok, live, a, u, wg, wu = _dense_units(j0, x, offs_d, d_ok, wg_ptr, wu_ptr, F, D, dtype, SB)
             h = tl.where(live, a * u, 0.0)
             wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
             out += tl.sum(h[:, None] * wd, axis=0)
@@ -227,9 +249,7 @@ def _backward_rows_kernel(
         w_off = unit[:, None] * D + offs_d[None, :]
         w_ok = live[:, None] & d_ok[None, :]
         wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        dh = tl.sum(wd * go[None, :], axis=1) + gl1 * _sign(a * u) / M
-        du = tl.where(live, dh * a, 0.0)
-        dg = tl.where(live & (a > 0), dh * u, 0.0)
+        du, dg = _pair_grads(wd, go, a, u, live, gl1, M)
         tl.store(dg_ptr + slot, dg, mask=live)
         tl.store(du_ptr + slot, du, mask=live)
         wg = tl.load(wg_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
@@ -237,19 +257,9 @@ def _backward_rows_kernel(
         dx += tl.sum(dg[:, None] * wg + du[:, None] * wu, axis=0)
     if cnt > W:
         for j0 in range(0, F, SB):
-            unit = (j0 + tl.arange(0, SB)).to(tl.int64)
-            u_ok = unit < F
-            w_off = unit[:, None] * D + offs_d[None, :]
-            w_ok = u_ok[:, None] & d_ok[None, :]
-            wg = tl.load(wg_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-            a = relu_keep_nan(_gate_of(wg, x[None, :], dtype))
-            live = u_ok & (a != 0)
-            wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-            u = tl.sum(wu * x[None, :], axis=1)
+            w_off, w_ok, live, a, u, wg, wu = _dense_units(j0, x, offs_d, d_ok, wg_ptr, wu_ptr, F, D, dtype, SB)
             wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-            dh = tl.sum(wd * go[None, :], axis=1) + gl1 * _sign(a * u) / M
-            du = tl.where(live, dh * a, 0.0)
-            dg = tl.where(live & (a > 0), dh * u, 0.0)
+            du, dg = _pair_grads(wd, go, a, u, live, gl1, M)
             dx += tl.sum(dg[:, None] * wg + du[:, None] * wu, axis=0)
     tl.store(dx_ptr + row * stride_dxm + offs_d, round_to(dx, dx_ptr.dtype.element_ty), mask=d_ok)
 
@@ -350,9 +360,7 @@ def _unit_grads_kernel(
             act = live & (a != 0)
             u = tl.sum(xr * wu_j[None, :], axis=1)
             h = tl.where(act, a * u, 0.0)
-            dh = tl.sum(gr * wd_j[None, :], axis=1) + gl1 * _sign(a * u) / M
-            du = tl.where(act, dh * a, 0.0)
-            dg = tl.where(act & (a > 0), dh * u, 0.0)
+            du, dg = _pair_grads(gr, wd_j, a, u, act, gl1, M)
             acc_wd += tl.sum(h[:, None] * gr, axis=0)
             acc_wg += tl.sum(dg[:, None] * xr, axis=0)
             acc_wu += tl.sum(du[:, None] * xr, axis=0)
