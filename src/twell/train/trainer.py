@@ -29,6 +29,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -344,7 +345,9 @@ def train(
         model.train()
         t0 = time.perf_counter()
         bar = tqdm(range(start, config.steps), initial=start, total=config.steps, disable=not config.progress or rank,
-                   desc=f"train {config.preset}", dynamic_ncols=True)
+                   desc=f"train {config.preset}", dynamic_ncols=True,
+                   # in a log file every refresh is another line's worth of text: refresh every 10 s there
+                   mininterval=0.1 if sys.stderr.isatty() else 10.0)
         tokens_per_step = config.batch_size * config.seq_len * world
         for step in bar:
             lr = lr_at(step, config)
