@@ -78,6 +78,20 @@ def _gate_of(p, q, dtype: tl.constexpr):
 
 # ------------------------------------------------------------------------------------------- pack
 @triton.jit
+def _ell_slots(row, s0, n_ell, W, ids_ptr, val_ptr, offs_d, d_ok, D, SB: tl.constexpr):
+    """Slots s0 .. s0+SB of a row's ELL: which are live, their flat slot, gate value a, and the
+    offsets/mask of their units' weight rows."""
+    s = s0 + tl.arange(0, SB)
+    live = s < n_ell
+    slot = row * W + s
+    unit = tl.load(ids_ptr + slot, mask=live, other=0).to(tl.int64)
+    a = tl.load(val_ptr + slot, mask=live, other=0.0).to(tl.float32)
+    w_off = unit[:, None] * D + offs_d[None, :]
+    w_ok = live[:, None] & d_ok[None, :]
+    return live, slot, a, w_off, w_ok
+
+
+@triton.jit
 def _dense_units(j0, x, offs_d, d_ok, wg_ptr, wu_ptr, F, D, dtype: tl.constexpr, SB: tl.constexpr):
     """Units j0 .. j0+SB of an overflowing row, done densely: the gate is recomputed from x and Wg.
 
@@ -166,13 +180,7 @@ def _forward_rows_kernel(
     cnt = tl.load(cnt_ptr + row)
     n_ell = tl.where(cnt <= W, cnt, 0)
     for s0 in range(0, n_ell, SB):
-        s = s0 + tl.arange(0, SB)
-        live = s < n_ell
-        slot = row * W + s
-        unit = tl.load(ids_ptr + slot, mask=live, other=0).to(tl.int64)
-        a = tl.load(val_ptr + slot, mask=live, other=0.0).to(tl.float32)
-        w_off = unit[:, None] * D + offs_d[None, :]
-        w_ok = live[:, None] & d_ok[None, :]
+        live, slot, a, w_off, w_ok = _ell_slots(row, s0, n_ell, W, ids_ptr, val_ptr, offs_d, d_ok, D, SB)
         wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
         u = tl.sum(wu * x[None, :], axis=1)
         tl.store(u_ptr + slot, u, mask=live)
@@ -240,14 +248,8 @@ def _backward_rows_kernel(
     cnt = tl.load(cnt_ptr + row)
     n_ell = tl.where(cnt <= W, cnt, 0)
     for s0 in range(0, n_ell, SB):
-        s = s0 + tl.arange(0, SB)
-        live = s < n_ell
-        slot = row * W + s
-        unit = tl.load(ids_ptr + slot, mask=live, other=0).to(tl.int64)
-        a = tl.load(val_ptr + slot, mask=live, other=0.0).to(tl.float32)
+        live, slot, a, w_off, w_ok = _ell_slots(row, s0, n_ell, W, ids_ptr, val_ptr, offs_d, d_ok, D, SB)
         u = tl.load(u_ptr + slot, mask=live, other=0.0)
-        w_off = unit[:, None] * D + offs_d[None, :]
-        w_ok = live[:, None] & d_ok[None, :]
         wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
         du, dg = _pair_grads(wd, go, a, u, live, gl1, M)
         tl.store(dg_ptr + slot, dg, mask=live)
