@@ -82,12 +82,16 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``twell bench NAME`` -> module of twell.bench whose ``main(argv)`` runs it.
+_BENCHES = {"ffn": "ffn", "train-ffn": "train_ffn", "model": "model"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="twell", description="Sparse-activation FFNs on GPUs (TwELL format).")
     sub = parser.add_subparsers(dest="command", required=True)
-    bench = sub.add_parser("bench", help="benchmarks (twell bench ffn --help)")
-    bench.add_argument("which", choices=["ffn"])
+    bench = sub.add_parser("bench", help="benchmarks: ffn, train-ffn, model (twell bench ffn --help)")
+    bench.add_argument("which", choices=sorted(_BENCHES))
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     sub.add_parser("info", help="versions, device and backends")
     demo = sub.add_parser("demo", help="train a tiny model with and without L1 on the stdlib source (CPU, no download)")
@@ -101,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     _add_train_args(train_p)
     args = parser.parse_args(argv)
     if args.command == "bench":
-        from .bench import ffn
+        import importlib
 
-        return ffn.main(args.rest)
+        return importlib.import_module(f".bench.{_BENCHES[args.which]}", __package__).main(args.rest)
     if args.command == "info":
         import torch
 
