@@ -251,7 +251,13 @@ def launch_gate_twell(
 
 
 def launch_pack_twell(
-    g: torch.Tensor, tile: int, capacity: int, *, prefix_dot: bool | None = None
+    g: torch.Tensor,
+    tile: int,
+    capacity: int,
+    *,
+    prefix_dot: bool | None = None,
+    block_m: int | None = None,
+    num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pack a dense gate pre-activation g [M, F] (row-major) into TwELL; same outputs as the gate kernel."""
     m, f = g.shape
@@ -263,13 +269,14 @@ def launch_pack_twell(
         return values, indices, counts
     # 64 x 128 bf16 tile = 16 KB read per program: small enough for several programs per SM to keep
     # the HBM stream busy; the pack is a pure streaming pass over g.
-    block_m = 16 if interpreting() else 64
+    if block_m is None:
+        block_m = 16 if interpreting() else 64
     _pack_twell_kernel[(triton.cdiv(m, block_m), n_tiles)](
         g, values, indices, counts, m, f, g.stride(0), n_tiles,
         TILE=tile, CAP=capacity, BLOCK_M=block_m,
         # tl.cumsum on the blocked layout of a plain load beat the tensor-core prefix here: 2.13 vs 2.75 ms
         # at M=131072, F=5632 (H200, bench_results/h200/block_union_variants.log).
         PREFIX_DOT=False if prefix_dot is None else prefix_dot,
-        num_warps=4,
+        num_warps=num_warps,
     )
     return values, indices, counts
