@@ -1,9 +1,11 @@
 """Fused sparse ops: Triton kernels on CUDA, the pure-PyTorch reference elsewhere."""
 
 from . import custom_ops  # noqa: F401 - registers torch.ops.twell.sparse_gated_ffn
+from .hot_cold_plan import HotColdPlan, build_hot_cold_plan, choose_hot_units, unit_frequency
 from .inference import (
     PRECISIONS,
     gate_twell,
+    hot_cold_gated_ffn,
     sparse_gated_ffn,
     sparse_relu_ffn,
     twell_gated_ffn,
@@ -13,10 +15,15 @@ from .training import twell_gated_ffn_l1
 
 __all__ = [
     "PRECISIONS",
+    "HotColdPlan",
+    "build_hot_cold_plan",
+    "choose_hot_units",
     "gate_twell",
+    "hot_cold_gated_ffn",
     "sparse_gated_ffn",
     "sparse_relu_ffn",
     "twell_gated_ffn",
     "twell_gated_ffn_l1",
     "twell_relu_ffn",
+    "unit_frequency",
 ]

@@ -23,6 +23,7 @@ from ..format.twell import DEFAULT_TILE, MAX_TILE, TwellTensor, default_capacity
 from ..reference import inference as ref
 from ..reference.inference import PRECISIONS, check_precision  # noqa: F401 - PRECISIONS re-exported
 from ._runtime import resolve_backend
+from .hot_cold_plan import HotColdPlan
 
 #: Dtypes the Triton kernels take (Triton has no float64 tensor-core dot).
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -283,6 +284,25 @@ def _block_union_ffn(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     from .block_union_kernel import launch_block_union_ffn
 
+    _check_dense_gate_inputs(x, w_act, w_up, w_down, tile, nan_policy)
+    x = x.contiguous()
+    g = torch.nn.functional.linear(x, w_act.contiguous())
+    out, counts = launch_block_union_ffn(
+        x, g, None if w_up is None else w_up.contiguous(), _unit_major(w_down),
+        round_hidden=precision == "match", tile=tile,
+    )
+    return (out, counts) if return_counts else out
+
+
+def _check_dense_gate_inputs(
+    x: torch.Tensor,
+    w_act: torch.Tensor,
+    w_up: torch.Tensor | None,
+    w_down: torch.Tensor,
+    tile: int,
+    nan_policy: str,
+) -> None:
+    """Checks of the methods whose gate is a cuBLAS GEMM (block-union, hot-cold) on the Triton backend."""
     check_tensor(w_down, "w_down", ndim=2, dtypes=FLOAT_DTYPES)
     named = {"x": x, "w_down": w_down, ("w_gate" if w_up is not None else "w_up"): w_act}
     if w_up is not None:
@@ -297,11 +317,51 @@ def _block_union_ffn(
     if tile not in TRITON_TILES:
         raise ValueError(f"the Triton kernels take tile in {TRITON_TILES}, got {tile}")
     check_finite(named, nan_policy)
-    x = x.contiguous()
-    g = torch.nn.functional.linear(x, w_act.contiguous())
-    out, counts = launch_block_union_ffn(
-        x, g, None if w_up is None else w_up.contiguous(), _unit_major(w_down),
-        round_hidden=precision == "match", tile=tile,
+
+
+def hot_cold_gated_ffn(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    plan: HotColdPlan,
+    *,
+    tile: int = DEFAULT_TILE,
+    capacity: int | None = None,
+    backend: str = "auto",
+    nan_policy: str = "propagate",
+    return_counts: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """The ReLU-gated FFN with the hot/cold split of ``plan`` (``twell.ops.hot_cold``): hot units densely,
+    cold units through TwELL.  Same values as the dense FFN in the input dtype ("match" precision).
+
+    With ``return_counts`` also returns the non-zeros per (row, tile of cold columns, then of hot units),
+    int32 [M, ceil((F - H) / tile) + ceil(H / tile)]: each row sums to its l0.
+    """
+    if not isinstance(plan, HotColdPlan):
+        raise TypeError(f"plan must be a HotColdPlan (twell.ops.build_hot_cold_plan), got {type(plan).__name__}")
+    _check_x_w(x, w_gate, "w_gate")
+    check_positive_int(tile, "tile", maximum=MAX_TILE)
+    if capacity is None:
+        capacity = default_capacity(tile)
+    check_positive_int(capacity, "capacity", maximum=tile)
+    if plan.n_units != w_gate.shape[0] or plan.w_gemm.shape[1] != x.shape[1]:
+        raise ValueError(
+            f"the plan is for F={plan.n_units}, d={plan.w_gemm.shape[1]} but the weights have F={w_gate.shape[0]}, "
+            f"d={x.shape[1]}"
+        )
+    device = check_same_device({"x": x, "w_gate": w_gate, "plan.w_gemm": plan.w_gemm})
+    if resolve_backend(backend, device) == "torch":
+        check_finite({"x": x, "w_gate": w_gate, "w_up": w_up, "w_down": w_down}, nan_policy)
+        out, counts = ref.hot_cold_gated_ffn(x, w_gate, w_up, w_down, plan.hot, plan.cold, tile=tile)
+        return (out, counts) if return_counts else out
+    _check_dense_gate_inputs(x, w_gate, w_up, w_down, tile, nan_policy)
+    check_same_dtype({"x": x, "plan.w_gemm": plan.w_gemm, "plan.w_down_hot_t": plan.w_down_hot_t})
+    from .hot_cold import launch_hot_cold_ffn
+
+    out, counts = launch_hot_cold_ffn(
+        x.contiguous(), plan, w_gate.contiguous(), w_up.contiguous(), _unit_major(w_down), tile=tile,
+        capacity=capacity,
     )
     return (out, counts) if return_counts else out
 

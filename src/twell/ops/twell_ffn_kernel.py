@@ -61,11 +61,14 @@ def _twell_ffn_row_kernel(
     cnt_ptr,
     spill_slot_ptr,
     spill_ptr,
+    unit_map_ptr,
+    init_ptr,
     F,
     D,
     n_tiles,
     stride_xm,
     stride_om,
+    stride_im,
     TILE: tl.constexpr,
     CAP: tl.constexpr,
     NT_PAD: tl.constexpr,
@@ -74,13 +77,18 @@ def _twell_ffn_row_kernel(
     GATED: tl.constexpr,
     HAS_SPILL: tl.constexpr,
     ROUND_HIDDEN: tl.constexpr,
+    HAS_MAP: tl.constexpr,
+    HAS_INIT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = val_ptr.dtype.element_ty
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
     x = tl.load(x_ptr + row * stride_xm + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    out = tl.zeros((D_PAD,), dtype=tl.float32)
+    if HAS_INIT:
+        out = tl.load(init_ptr + row * stride_im + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    else:
+        out = tl.zeros((D_PAD,), dtype=tl.float32)
 
     tiles = tl.arange(0, NT_PAD)
     cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=tiles < n_tiles, other=0)
@@ -99,6 +107,8 @@ def _twell_ffn_row_kernel(
         a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
         col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
         unit = t_k.to(tl.int64) * TILE + col
+        if HAS_MAP:
+            unit = tl.load(unit_map_ptr + unit, mask=k_ok, other=0).to(tl.int64)
         out += _units_contribution(a, k_ok, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED, ROUND_HIDDEN)
 
     n_over = tl.sum((cnt > CAP).to(tl.int32), axis=0)
@@ -110,6 +120,8 @@ def _twell_ffn_row_kernel(
                     unit = t * TILE + c0 + tl.arange(0, SB)
                     u_ok = unit < F
                     unit64 = unit.to(tl.int64)
+                    if HAS_MAP:
+                        unit64 = tl.load(unit_map_ptr + unit64, mask=u_ok, other=0).to(tl.int64)
                     if HAS_SPILL:
                         s_t = tl.load(spill_slot_ptr + row * n_tiles + t).to(tl.int64)
                         a = tl.load(spill_ptr + s_t * TILE + c0 + tl.arange(0, SB), mask=u_ok, other=0.0)
@@ -142,6 +154,8 @@ def launch_twell_ffn(
     tile: int,
     round_hidden: bool,
     out: torch.Tensor,
+    unit_map: torch.Tensor | None = None,
+    init: torch.Tensor | None = None,
     sb: int | None = None,
     num_warps: int | None = None,
 ) -> torch.Tensor:
@@ -149,7 +163,9 @@ def launch_twell_ffn(
 
     ``w_source`` is the weight that produced the activation (Wg, or Wu for the non-gated FFN); it is
     read only to recompute overflowing row-tiles of a container without a spill area.
-    ``w_up=None`` selects the non-gated FFN.
+    ``w_up=None`` selects the non-gated FFN.  ``unit_map`` (int32 [n_cols]) maps the container's
+    columns to weight rows (the hot/cold split packs only the cold units); ``init`` ([M, d], any float
+    dtype) is added to the output before rounding (the hot units' fp32 partial sums).
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -174,11 +190,14 @@ def launch_twell_ffn(
         counts,
         spill_slot if has_spill else counts,
         spill_values if has_spill else dummy,
+        unit_map if unit_map is not None else counts,
+        init if init is not None else dummy,
         n_cols,
         d,
         n_tiles,
         x.stride(0),
         out.stride(0),
+        init.stride(0) if init is not None else 0,
         TILE=tile,
         CAP=values.shape[2],
         NT_PAD=next_pow2(n_tiles),
@@ -187,6 +206,8 @@ def launch_twell_ffn(
         GATED=w_up is not None,
         HAS_SPILL=has_spill,
         ROUND_HIDDEN=round_hidden,
+        HAS_MAP=unit_map is not None,
+        HAS_INIT=init is not None,
         num_warps=num_warps or 4,
     )
     return out

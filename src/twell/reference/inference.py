@@ -53,6 +53,8 @@ __all__ = [
     "dense_gated_ffn",
     "dense_relu_ffn",
     "gate_twell",
+    "hot_cold_gated_ffn",
+    "split_counts",
     "twell_gated_ffn",
     "twell_relu_ffn",
 ]
@@ -311,3 +313,35 @@ def twell_relu_ffn(
     out = torch.zeros((x.shape[0], x.shape[1]), dtype=acc, device=x.device)
     _scatter_scaled_rows(out, rows, a, w_down.T, cols)
     return out.to(x.dtype)
+
+
+def split_counts(g: torch.Tensor, hot: torch.Tensor, cold: torch.Tensor, tile: int) -> torch.Tensor:
+    """Non-zeros of ``relu(g)`` per (row, tile of the cold columns) then per (row, tile of the hot units).
+
+    The count layout of the hot/cold split (``twell.ops.hot_cold_gated_ffn``); each row sums to its l0.
+    """
+    nz = (g > 0) | g.isnan()
+    parts = []
+    for ids in (cold, hot):
+        sel = nz[:, ids.long()]
+        n_tiles = -(-sel.shape[1] // tile)
+        pad = n_tiles * tile - sel.shape[1]
+        sel = torch.nn.functional.pad(sel.to(torch.int32), (0, pad))
+        parts.append(sel.view(sel.shape[0], n_tiles, tile).sum(2, dtype=torch.int32))
+    return torch.cat(parts, 1)
+
+
+def hot_cold_gated_ffn(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    hot: torch.Tensor,
+    cold: torch.Tensor,
+    *,
+    tile: int = DEFAULT_TILE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of the hot/cold split: the dense "match" FFN (the split changes no value) and its counts."""
+    _check_gated_weights(x, w_gate, w_up, w_down)
+    g = _matmul_nt(x, w_gate, _acc_dtype(x.dtype)).to(x.dtype)
+    return dense_gated_ffn(x, w_gate, w_up, w_down, precision="match"), split_counts(g, hot, cold, tile)

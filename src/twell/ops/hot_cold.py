@@ -1,0 +1,103 @@
+"""The hot/cold split of the sparse gated FFN: frequent units densely, the rest through TwELL.
+
+Unit firing frequencies are heavy-tailed: in the synthetic profile at l0 = 28 of 5632 the 384 most
+frequent units carry ~70 % of the (token, unit) pairs.  A pair costs the row-gather kernel ~1.5 ns
+(two 4 KB weight rows at d=2048), while a unit done densely for every token costs ~18 ps per token
+(its share of a larger GEMM plus a small down GEMM; H200, bench_results/h200/hot_cold_probe.log).
+So units firing on more than ~1 % of the tokens are cheaper dense.  With H hot units:
+
+    gu    = x @ [Wg[hot]; Wg[cold]; Wu[hot]]^T        one cuBLAS GEMM, [M, F + H]
+    h_hot = round(relu(gu[:, :H]) * gu[:, F:])        _hot_hidden_kernel, [M, H] (+ per-row counts)
+    acc   = h_hot @ Wd[:, hot]^T                      cuBLAS, fp32 output (no intermediate rounding)
+    TwELL = pack(gu[:, H:F])                          the cold units only (launch_pack_twell)
+    out   = round(acc + sum over cold pairs)          row-gather kernel, cold column -> unit map
+
+The result is the same function as the dense FFN at any density: every unit is either hot (computed
+densely) or cold (all of its non-zeros are in the TwELL container, overflow included); the choice of
+hot units only moves time.  Rounding matches a dense PyTorch FFN in the input dtype (u and h rounded,
+the output accumulated in fp32 and rounded once).
+
+The plan (``twell.ops.hot_cold_plan``) costs one extra copy of Wg (reordered) plus H rows of Wu and
+Wd^T: about 1.3x the gate weight.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .gate_kernel import launch_pack_twell, relu_keep_nan, round_to
+from .hot_cold_plan import HotColdPlan
+from .twell_ffn_kernel import launch_twell_ffn
+
+
+@triton.jit
+def _hot_hidden_kernel(
+    gu_ptr, h_ptr, cnt_ptr, M, H, F, stride_gm, n_hot_tiles,
+    BLOCK_M: tl.constexpr, TILE: tl.constexpr,
+):
+    """h[:, tile] = round(relu(g_hot) * u_hot) and the per-row non-zero count of the tile."""
+    pid_m = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_t * TILE + tl.arange(0, TILE)
+    m_ok = rows < M
+    c_ok = cols < H
+    ok = m_ok[:, None] & c_ok[None, :]
+    base = gu_ptr + rows.to(tl.int64)[:, None] * stride_gm + cols[None, :]
+    g = tl.load(base, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(base + F, mask=ok, other=0.0).to(tl.float32)
+    act = relu_keep_nan(g)
+    h = round_to(act * u, h_ptr.dtype.element_ty)
+    tl.store(h_ptr + rows.to(tl.int64)[:, None] * H + cols[None, :], h, mask=ok)
+    nz = ((act != 0) & ok).to(tl.int32)
+    tl.store(cnt_ptr + rows.to(tl.int64) * n_hot_tiles + pid_t, tl.sum(nz, axis=1), mask=m_ok)
+
+
+def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
+    """h_hot @ Wd_hot^T accumulated and returned in fp32 (the output is rounded once, later)."""
+    if h_hot.is_cuda and h_hot.dtype in (torch.float16, torch.bfloat16):
+        return torch.mm(h_hot, w_down_hot_t, out_dtype=torch.float32)
+    return h_hot.float() @ w_down_hot_t.float()
+
+
+def launch_hot_cold_ffn(
+    x: torch.Tensor,
+    plan: HotColdPlan,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down_t: torch.Tensor,
+    *,
+    tile: int,
+    capacity: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [M, d], counts [M, n_cold_tiles + n_hot_tiles]) for validated, contiguous inputs.
+
+    ``counts`` holds the non-zeros per (row, tile of cold columns) then per (row, tile of hot units):
+    each row sums to its l0.
+    """
+    m, d = x.shape
+    f, n_hot = plan.n_units, plan.n_hot
+    n_cold = f - n_hot
+    n_hot_tiles = triton.cdiv(n_hot, tile)
+    gu = torch.nn.functional.linear(x, plan.w_gemm)
+    h_hot = torch.empty((m, n_hot), dtype=x.dtype, device=x.device)
+    hot_counts = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=x.device)
+    init = None
+    if n_hot and m:
+        block_m = 32
+        _hot_hidden_kernel[(triton.cdiv(m, block_m), n_hot_tiles)](
+            gu, h_hot, hot_counts, m, n_hot, f, gu.stride(0), n_hot_tiles, BLOCK_M=block_m, TILE=tile, num_warps=4
+        )
+        init = _hot_partial(h_hot, plan.w_down_hot_t)
+    values, indices, counts = launch_pack_twell(gu[:, n_hot:f], tile, capacity)
+    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    if n_cold:
+        launch_twell_ffn(x, values, indices, counts, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile,
+                         round_hidden=True, out=out, unit_map=plan.cold, init=init)
+    elif init is not None:
+        out.copy_(init)
+    else:
+        out.zero_()
+    return out, torch.cat([counts, hot_counts], 1)

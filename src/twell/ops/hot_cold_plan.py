@@ -1,0 +1,105 @@
+"""The plan of the hot/cold split: which units are hot, and the weight copies it needs.
+
+Kept free of Triton so that ``twell.ops`` imports on machines without it; the kernels are in
+``twell.ops.hot_cold``, whose docstring explains the method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .._validation import check_tensor
+
+#: Units firing on at least this fraction of tokens are made hot by :func:`choose_hot_units`.  From
+#: the H200 probe at d=2048, F=5632, M=131072, l0=28: going from 384 to 512 hot units (frequencies
+#: ~1.0-0.7 %) still saved 0.03 ms, from 512 to 768 (~0.7-0.5 %) cost 0.08 ms; at l0=56 768 units
+#: still won.  0.6 % sits at that break-even.
+HOT_MIN_FREQUENCY = 0.006
+#: The hot count is rounded down to a multiple of this (GEMM and tile alignment of the [M, F + H] output).
+HOT_MULTIPLE = 64
+#: Tokens sampled by :func:`unit_frequency` (one [4096, F] GEMM: ~0.14 ms at d=2048, F=5632 on an H200).
+FREQUENCY_SAMPLE_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class HotColdPlan:
+    """Which units are hot, and the weight copies the split needs (built by :func:`build_hot_cold_plan`).
+
+    Attributes:
+        hot: int64 [H], the hot unit ids, increasing.
+        cold: int32 [F - H], the cold unit ids, increasing (TwELL column -> weight row).
+        w_gemm: [F + H, d], rows ``Wg[hot]``, ``Wg[cold]``, ``Wu[hot]``.
+        w_down_hot_t: [H, d], ``Wd[:, hot]^T`` contiguous.
+    """
+
+    hot: torch.Tensor
+    cold: torch.Tensor
+    w_gemm: torch.Tensor
+    w_down_hot_t: torch.Tensor
+
+    @property
+    def n_hot(self) -> int:
+        return int(self.hot.shape[0])
+
+    @property
+    def n_units(self) -> int:
+        return int(self.hot.shape[0] + self.cold.shape[0])
+
+
+def unit_frequency(x: torch.Tensor, w_gate: torch.Tensor, *, max_tokens: int = FREQUENCY_SAMPLE_TOKENS) -> torch.Tensor:
+    """Fraction of tokens on which each unit fires, from up to ``max_tokens`` evenly spaced rows of x; fp32 [F]."""
+    check_tensor(x, "x", ndim=2)
+    check_tensor(w_gate, "w_gate", ndim=2)
+    m = x.shape[0]
+    if m == 0:
+        return torch.zeros(w_gate.shape[0], dtype=torch.float32, device=x.device)
+    if m > max_tokens:
+        x = x[torch.linspace(0, m - 1, max_tokens, device=x.device).long()]
+    g = torch.nn.functional.linear(x, w_gate)
+    return ((g > 0) | g.isnan()).float().mean(0)
+
+
+def choose_hot_units(
+    frequency: torch.Tensor, *, min_frequency: float = HOT_MIN_FREQUENCY, multiple: int = HOT_MULTIPLE
+) -> torch.Tensor:
+    """Ids (int64, increasing) of the most frequent units with frequency >= ``min_frequency``.
+
+    The count is rounded down to a multiple of ``multiple``; an empty tensor means "no hot units".
+    One host synchronisation (the count decides tensor sizes): call it when refreshing a plan, not per step.
+    """
+    check_tensor(frequency, "frequency", ndim=1)
+    if multiple < 1:
+        raise ValueError(f"multiple must be >= 1, got {multiple}")
+    n = int((frequency >= min_frequency).sum())
+    n -= n % multiple
+    order = torch.argsort(frequency, descending=True, stable=True)
+    return order[:n].sort().values
+
+
+def build_hot_cold_plan(
+    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, hot: torch.Tensor
+) -> HotColdPlan:
+    """The plan for hot unit ids ``hot``; weights as ``nn.Linear`` stores them (Wg, Wu [F, d], Wd [d, F])."""
+    check_tensor(hot, "hot", ndim=1, dtypes=(torch.int32, torch.int64))
+    f, d = w_gate.shape
+    if w_up.shape != (f, d) or w_down.shape != (d, f):
+        raise ValueError(
+            f"weights must be w_gate, w_up [F, d] and w_down [d, F]; got {tuple(w_gate.shape)}, "
+            f"{tuple(w_up.shape)}, {tuple(w_down.shape)}"
+        )
+    hot = hot.to(device=w_gate.device, dtype=torch.int64)
+    is_hot = torch.zeros(f, dtype=torch.bool, device=w_gate.device)
+    if hot.numel():
+        if int(hot.min()) < 0 or int(hot.max()) >= f:
+            raise ValueError(f"hot unit ids must lie in [0, {f}), got range [{int(hot.min())}, {int(hot.max())}]")
+        is_hot[hot] = True
+        if int(is_hot.sum()) != hot.numel():
+            raise ValueError("hot unit ids must be unique")
+    hot = is_hot.nonzero().flatten()
+    cold = (~is_hot).nonzero().flatten()
+    with torch.no_grad():
+        w_gemm = torch.cat([w_gate[hot], w_gate[cold], w_up[hot]], 0).contiguous()
+        w_down_hot_t = w_down[:, hot].t().contiguous()
+    return HotColdPlan(hot=hot, cold=cold.to(torch.int32), w_gemm=w_gemm, w_down_hot_t=w_down_hot_t)
