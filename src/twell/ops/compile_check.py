@@ -48,17 +48,24 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
         results[f"gate_epilogue{epilogue}"] = {"wgmma": "wgmma.mma_async" in ptx, "local_memory": ".local" in ptx}
     pack_sig = {"g_ptr": "*bf16", "val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32", "M": "i32", "F": "i32",
                 "stride_gm": "i32", "n_tiles": "i32"}
-    ptx = _compile(_pack_twell_kernel, pack_sig, {"TILE": 128, "CAP": 16, "BLOCK_M": 64, "PREFIX_DOT": True},
-                   target, num_warps=4)
+    ptx = _compile(_pack_twell_kernel, pack_sig, {"TILE": 128, "CAP": 16, "BLOCK_M": 16, "PREFIX_DOT": False},
+                   target, num_warps=2)
     results["pack"] = {"local_memory": ".local" in ptx}
     ffn_sig = {n: "*bf16" for n in ("x_ptr", "wg_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr", "spill_ptr")}
-    ffn_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "spill_slot_ptr": "*i32", "F": "i32", "D": "i32",
-                    "n_tiles": "i32", "stride_xm": "i32", "stride_om": "i32"})
-    for gated, spill in ((True, False), (False, True)):
+    ffn_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "spill_slot_ptr": "*i32", "unit_map_ptr": "*i32",
+                    "init_ptr": "*fp32", "F": "i32", "D": "i32", "n_tiles": "i32", "stride_xm": "i32",
+                    "stride_om": "i32", "stride_im": "i32"})
+    for gated, spill, split in ((True, False, False), (False, True, False), (True, False, True)):
         consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "D_PAD": 2048, "SB": 4, "GATED": gated,
-                  "HAS_SPILL": spill, "ROUND_HIDDEN": True}
+                  "HAS_SPILL": spill, "ROUND_HIDDEN": True, "HAS_MAP": split, "HAS_INIT": split}
         ptx = _compile(_twell_ffn_row_kernel, ffn_sig, consts, target, num_warps=4)
-        results[f"ffn_gated{int(gated)}_spill{int(spill)}"] = {"local_memory": ".local" in ptx}
+        results[f"ffn_gated{int(gated)}_spill{int(spill)}_split{int(split)}"] = {"local_memory": ".local" in ptx}
+    from .hot_cold import _hot_hidden_kernel
+
+    ptx = _compile(_hot_hidden_kernel, {"gu_ptr": "*bf16", "h_ptr": "*bf16", "cnt_ptr": "*i32", "M": "i32", "H": "i32",
+                                        "F": "i32", "stride_gm": "i32", "n_hot_tiles": "i32"},
+                   {"BLOCK_M": 32, "TILE": 128}, target, num_warps=4)
+    results["hot_hidden"] = {"local_memory": ".local" in ptx}
     from .block_union_kernel import _block_union_kernel, _union_down_kernel, _union_up_kernel
 
     ptx = _compile(_block_union_kernel, {"g_ptr": "*bf16", "cnt_ptr": "*i32", "ucnt_ptr": "*i32", "ucols_ptr": "*i16",
