@@ -80,7 +80,12 @@ def run_point(
     dense_out = _dense_ffn(x, wg, wu, wd)
     row["rel_err"] = err
     row["dense_rel_err"] = rel_error(dense_out, ref)
-    row["ok"] = bool(err <= REL_TOL[cfg.dtype])
+    # The hot/cold split, hot units chosen from a 4096-token sample as SparseGatedMLP does.
+    hot = ops.choose_hot_units(ops.unit_frequency(x, wg))
+    plan = ops.build_hot_cold_plan(wg, wu, wd, hot)
+    row["n_hot"] = plan.n_hot
+    row["hotcold_rel_err"] = rel_error(ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, backend=cfg.backend), ref)
+    row["ok"] = bool(err <= REL_TOL[cfg.dtype] and row["hotcold_rel_err"] <= REL_TOL[cfg.dtype])
     del ref, dense_out
 
     row["dense_ms"] = time_ms(lambda: _dense_ffn(x, wg, wu, wd), device=device, rep_ms=cfg.rep_ms)
@@ -92,6 +97,9 @@ def run_point(
     row["twell_ms"] = time_ms(
         lambda: ops.sparse_gated_ffn(x, wg, wu, wd_t, backend=cfg.backend), device=device, rep_ms=cfg.rep_ms
     )
+    row["hotcold_ms"] = time_ms(lambda: ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, backend=cfg.backend),
+                                device=device, rep_ms=cfg.rep_ms)
+    row["hotcold_speedup"] = row["dense_ms"] / row["hotcold_ms"]
     # What a user gets: SparseGatedMLP with the default dispatch policy (sparse or dense per call).
     mlp = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend).eval()
     with torch.no_grad():
@@ -153,6 +161,7 @@ def format_row(r: dict) -> str:
         f"d={r['d']:5d} f={r['f']:6d} M={r['m']:7d} dens={r['density_pct']:5.2f}% l0={r['l0']:7.1f} "
         f"dense={r['dense_ms']:8.3f} gate(cuBLAS)={r['gate_cublas_ms']:7.3f} gate(twell)={r['gate_twell_ms']:7.3f} "
         f"twell={r['twell_ms']:8.3f} speedup={r['speedup']:5.2f}x err={r['rel_err']:.1e} "
+        f"hot-cold(H={r['n_hot']})={r['hotcold_ms']:8.3f} {r['hotcold_speedup']:5.2f}x err={r['hotcold_rel_err']:.1e} "
         f"{'ok' if r['ok'] else 'WRONG'} dispatched={r['dispatch_speedup']:.2f}x "
         f"({'sparse' if r['dispatch_sparse'] else 'dense'})"
     )
@@ -207,12 +216,15 @@ def _parse_point(text: str) -> tuple[int, int, int, float]:
 
 
 def summary_table(rows: list[dict]) -> str:
-    lines = ["| d x F | M | density | l0 | dense ms | gate cuBLAS ms | twell ms | speedup | dispatched | rel err |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| d x F | M | density | l0 | dense ms | gate cuBLAS ms | twell ms | speedup | hot-cold ms (H) | "
+             "hot-cold speedup | dispatched | rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['d']}x{r['f']} | {r['m']} | {r['density_pct']}% | {r['l0']:.1f} | {r['dense_ms']:.3f} | "
-            f"{r['gate_cublas_ms']:.3f} | {r['twell_ms']:.3f} | {r['speedup']:.2f}x | "
-            f"{r['dispatch_speedup']:.2f}x ({'sparse' if r['dispatch_sparse'] else 'dense'}) | {r['rel_err']:.1e} |"
+            f"{r['gate_cublas_ms']:.3f} | {r['twell_ms']:.3f} | {r['speedup']:.2f}x | {r['hotcold_ms']:.3f} "
+            f"({r['n_hot']}) | {r['hotcold_speedup']:.2f}x | "
+            f"{r['dispatch_speedup']:.2f}x ({'sparse' if r['dispatch_sparse'] else 'dense'}) | "
+            f"{max(r['rel_err'], r['hotcold_rel_err']):.1e} |"
         )
     return "\n".join(lines)
