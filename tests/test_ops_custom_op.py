@@ -44,3 +44,21 @@ def test_torch_compile_captures_the_op_without_graph_breaks(device):
     ref, ref_counts = ops.sparse_gated_ffn(x, wg, wu, wd, tile=32, return_counts=True)
     assert rel_error(out, ref * 2) <= REL_TOL[torch.float32]
     assert int(nnz) == int(ref_counts.sum())
+
+
+def _hot_cold_args(device):
+    x, wg, wu, wd = _problem(device)
+    plan = ops.build_hot_cold_plan(wg, wu, wd, torch.tensor([3, 10, 50, 95]))
+    return (x, wg, wu, wd, plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t, 32, 0, "auto"), plan
+
+
+def test_hot_cold_custom_op_matches_python_op_and_passes_opcheck(device):
+    args, plan = _hot_cold_args(device)
+    out, counts = torch.ops.twell.hot_cold_gated_ffn(*args)
+    x, wg, wu, wd = args[:4]
+    ref, ref_counts = ops.hot_cold_gated_ffn(x, wg, wu, wd, plan, tile=32, return_counts=True)
+    assert torch.equal(out, ref) and torch.equal(counts, ref_counts)
+    assert counts.shape == (12, 3 + 1)  # 92 cold columns -> 3 tiles of 32, 4 hot units -> 1 tile
+    assert rel_error(out, ops.sparse_gated_ffn(x, wg, wu, wd, tile=32)) <= REL_TOL[torch.float32]
+    torch.library.opcheck(torch.ops.twell.hot_cold_gated_ffn.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
