@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: the stages named in $STAGES (default: all), each under its own time
+# limit, so that one slow or failing stage leaves the others' results.  Everything lands under
+# $OUT/run/ and is packed into $OUT/results.tgz (the device tool returns at most 8 files), with each
+# stage's log tail printed last.
+#
+#   STAGES="tests ffn train-ffn model" OUT=/tmp/o TWELL_COMMIT=$(git rev-parse HEAD) bash scripts/gpu_all.sh
+#
+# Stage limits (seconds) come from T_<STAGE> (e.g. T_FFN=200); extra arguments per stage from
+# ARGS_<STAGE> (e.g. ARGS_FFN="--ms 4096 131072").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=src PYTHONUNBUFFERED=1
+OUT=${OUT:-out}
+RUN="$OUT/run"
+mkdir -p "$RUN"
+STAGES=${STAGES:-"tests ffn train-ffn model"}
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+  echo "commit ${TWELL_COMMIT:-unknown}"
+} > "$RUN/environment.txt" 2>&1
+
+run_stage() {  # name, default limit, command...
+  local name=$1 limit=$2
+  shift 2
+  local var="T_${name//-/_}"
+  var=${var^^}
+  limit=${!var:-$limit}
+  local start=$SECONDS
+  echo "== $name (limit ${limit}s)" | tee -a "$RUN/stages.txt"
+  timeout "$limit" "$@" > "$RUN/$name.log" 2>&1
+  local rc=$?
+  echo "== $name rc=$rc in $((SECONDS - start))s" | tee -a "$RUN/stages.txt"
+}
+
+for stage in $STAGES; do
+  case $stage in
+    tests) run_stage tests 150 python3 -m pytest tests -q -m gpu -p no:cacheprovider ${ARGS_TESTS:-} ;;
+    ffn) run_stage ffn 240 python3 -m twell.cli bench ffn --out "$RUN" --stem ffn ${ARGS_FFN:-} ;;
+    train-ffn) run_stage train-ffn 240 python3 -m twell.cli bench train-ffn --out "$RUN" --stem train_ffn ${ARGS_TRAIN_FFN:-} ;;
+    model) run_stage model 240 python3 -m twell.cli bench model --out "$RUN" ${ARGS_MODEL:-} ;;
+    probe) run_stage probe 200 python3 scripts/hot_cold_probe.py ;;
+    *) echo "unknown stage $stage" | tee -a "$RUN/stages.txt" ;;
+  esac
+done
+tar czf "$OUT/results.tgz" -C "$OUT" run
+for stage in $STAGES; do
+  echo "---------------- $stage"
+  tail -n 30 "$RUN/$stage.log" 2>/dev/null
+done
+cat "$RUN/stages.txt"

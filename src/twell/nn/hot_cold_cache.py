@@ -1,0 +1,54 @@
+"""A layer's hot/cold plan (``twell.ops.hot_cold``), kept current by ``SparseGatedMLP``.
+
+The hot units are re-chosen from a sample of the call's tokens on the layer's l0-refresh calls (the
+only calls that may synchronise with the host: the hot count sets tensor sizes); the plan's weight
+copies are rebuilt when a parameter changes (its version counter or storage moves), so an optimizer
+step or a ``load_state_dict`` between inference calls never leaves stale copies in use.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..ops.hot_cold_plan import HOT_MIN_FREQUENCY, HotColdPlan, build_hot_cold_plan, choose_hot_units, unit_frequency
+
+
+def _weights_key(*weights: torch.Tensor) -> tuple:
+    return tuple((w.data_ptr(), w._version, tuple(w.shape), w.dtype, w.device) for w in weights)
+
+
+class HotColdCache:
+    """Holds the current plan of one layer (None: no unit fires often enough to be worth a dense pass)."""
+
+    def __init__(self, min_frequency: float = HOT_MIN_FREQUENCY) -> None:
+        if not 0.0 < min_frequency <= 1.0:
+            raise ValueError(f"min_frequency must be in (0, 1], got {min_frequency}")
+        self.min_frequency = min_frequency
+        self._hot: torch.Tensor | None = None
+        self._plan: HotColdPlan | None = None
+        self._key: tuple | None = None
+
+    def refresh(self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> None:
+        """Re-choose the hot units from (a sample of) the tokens ``x``; synchronises with the host once."""
+        with torch.no_grad():
+            hot = choose_hot_units(unit_frequency(x, w_gate), min_frequency=self.min_frequency)
+        if self._hot is not None and self._hot.device == hot.device and torch.equal(self._hot, hot):
+            return
+        self._hot = hot
+        self._plan = None
+        self._key = None
+
+    def plan(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> HotColdPlan | None:
+        """The plan for the current weights (rebuilt if they changed), or None when there is no hot unit."""
+        if self._hot is None or self._hot.numel() == 0:
+            return None
+        key = _weights_key(w_gate, w_up, w_down)
+        if self._plan is None or key != self._key:
+            self._plan = build_hot_cold_plan(w_gate.detach(), w_up.detach(), w_down.detach(), self._hot)
+            self._key = key
+        return self._plan
+
+    def clear(self) -> None:
+        self._hot = None
+        self._plan = None
+        self._key = None
