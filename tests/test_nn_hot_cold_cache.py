@@ -1,0 +1,50 @@
+"""nn.HotColdCache: hot units re-chosen on refresh, plan rebuilt when the weights change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from twell.nn.hot_cold_cache import HotColdCache
+
+
+def _weights(f: int = 64, d: int = 8):
+    gen = torch.Generator().manual_seed(0)
+    wg = torch.randn(f, d, generator=gen)
+    wg[:, 0] = -3.0  # rare units ...
+    wg[:4, 0] = 3.0  # ... except units 0-3, which fire on nearly every token
+    return wg, torch.randn(f, d, generator=gen), torch.randn(d, f, generator=gen)
+
+
+def _tokens(m: int = 512, d: int = 8):
+    x = torch.randn(m, d, generator=torch.Generator().manual_seed(1))
+    x[:, 0] = 1.0
+    return x
+
+
+def test_refresh_chooses_frequent_units_and_plan_follows_weight_updates():
+    wg, wu, wd = _weights()
+    cache = HotColdCache(min_frequency=0.5)
+    assert cache.plan(wg, wu, wd) is None  # nothing chosen yet
+    cache.refresh(_tokens(), wg, wu, wd)
+    # 4 frequent units, rounded down to a multiple of 64 -> none: no plan
+    assert cache.plan(wg, wu, wd) is None
+    wg2 = torch.cat([wg, wg[:60]])  # 124 units, all made frequent: 124 rounds down to 64 hot
+    wg2[:, 0] = 3.0
+    wu2, wd2 = torch.cat([wu, wu[:60]]), torch.cat([wd, wd[:, :60]], 1)
+    cache.refresh(_tokens(), wg2, wu2, wd2)
+    plan = cache.plan(wg2, wu2, wd2)
+    assert plan is not None and plan.n_hot == 64 * (124 // 64)
+    assert cache.plan(wg2, wu2, wd2) is plan  # cached while the weights are unchanged
+    with torch.no_grad():
+        wu2.mul_(2.0)  # in-place update (an optimizer step) bumps the version counter
+    rebuilt = cache.plan(wg2, wu2, wd2)
+    assert rebuilt is not plan
+    assert torch.equal(rebuilt.w_gemm[-plan.n_hot:], wu2[rebuilt.hot])
+    cache.clear()
+    assert cache.plan(wg2, wu2, wd2) is None
+
+
+def test_bad_min_frequency():
+    with pytest.raises(ValueError, match="min_frequency"):
+        HotColdCache(min_frequency=0.0)
