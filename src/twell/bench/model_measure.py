@@ -1,0 +1,102 @@
+"""Timing and memory measurement for ``twell bench model``: interleaved variants, errors kept per variant.
+
+Whole-model calls take 0.1 to 2 s, so each call is timed by itself with the host clock between two device
+synchronisations (launch latency is microseconds against that), and the variants are interleaved
+(a, b, c, a, b, c, ...) so that clock or temperature drift during the run affects them alike.  A variant
+that raises is recorded with its error and dropped from the remaining rounds; the others go on.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Timings", "describe_error", "peak_memory", "synchronize", "time_interleaved"]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` plus the innermost frames, short enough for a JSON field."""
+    frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    tail = "".join(frames[-3:]).strip()
+    return f"{type(exc).__name__}: {exc}\n{tail[-1500:]}"
+
+
+def free_device_memory(device: torch.device) -> None:
+    """Return cached blocks after an out-of-memory error or between parts (peak figures stay comparable)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class Timings:
+    """Milliseconds per call of each variant, its last return value, and the error of each failed variant."""
+
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    last: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def median_ms(self, name: str) -> float | None:
+        values = self.samples.get(name)
+        return statistics.median(values) if values else None
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    *,
+    device: torch.device,
+    warmup: int,
+    reps: int,
+    on_call: Callable[[str, Any], None] | None = None,
+) -> Timings:
+    """``warmup`` untimed then ``reps`` timed rounds over ``fns`` in order; see the module docs.
+
+    ``on_call(name, result)`` runs after each call, outside the timed region (e.g. to release outputs).
+    """
+    out = Timings(samples={name: [] for name in fns})
+    for round_index in range(warmup + reps):
+        for name, fn in fns.items():
+            if name in out.errors:
+                continue
+            try:
+                synchronize(device)
+                t0 = time.perf_counter()
+                result = fn()
+                synchronize(device)
+                elapsed = (time.perf_counter() - t0) * 1e3
+            except Exception as exc:  # noqa: BLE001 - recorded, the other variants go on
+                out.errors[name] = describe_error(exc)
+                out.last.pop(name, None)
+                free_device_memory(device)
+                continue
+            if round_index >= warmup:
+                out.samples[name].append(elapsed)
+            out.last[name] = result
+            if on_call is not None:
+                on_call(name, result)
+    return out
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device) -> dict[str, float] | None:
+    """Peak allocated device memory of one call of ``fn``: ``peak_gb`` (absolute, 1e9 bytes, weights and
+    everything else alive included) and ``above_start_gb`` (peak minus what was allocated before the call).
+    None off CUDA (no allocator statistics)."""
+    if device.type != "cuda":
+        return None
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    start = torch.cuda.memory_allocated(device)
+    fn()
+    synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device)
+    return {"peak_gb": peak / 1e9, "above_start_gb": (peak - start) / 1e9}
