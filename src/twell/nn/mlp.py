@@ -8,9 +8,9 @@ of a Hugging Face Llama MLP (``gate_proj``/``up_proj`` are ``nn.Linear(hidden, i
 Three execution paths:
 
 * **training** (``module.training`` and grad mode on): the FFN with its L1 penalty (``last_l1``,
-  differentiable) and l0 (``last_l0``), through dense autograd or the sparse autograd reference
-  (``train_impl``).  The Triton training kernels will join them; the call lives only in
-  :meth:`SparseGatedMLP._ffn_train`.
+  differentiable) and l0 (``last_l0``), through dense autograd, the sparse autograd reference or the
+  Triton training op (``train_impl``; ``"auto"`` switches per layer between the last and dense autograd,
+  :mod:`twell.nn.train_dispatch`).  The call lives only in :meth:`SparseGatedMLP._ffn_train`.
 * **sparse inference**: ``torch.ops.twell.sparse_gated_ffn`` (= :func:`twell.ops.sparse_gated_ffn`, method
   chosen from M), a registered custom op so ``torch.compile`` captures it.
 * **dense inference**: ``F.linear(F.relu(F.linear(x, Wg)) * F.linear(x, Wu), Wd)``, i.e. cuBLAS.
@@ -47,6 +47,15 @@ from ..ops.inference import PRECISIONS, TRITON_TILES
 from ..ops.training import twell_gated_ffn_l1
 from ..reference.training import dense_gated_ffn_l1, gated_ffn_l1
 from .dispatch import DEFAULT_POLICY, DispatchPolicy
+from .train_dispatch import (
+    DEFAULT_TRAIN_POLICY,
+    TrainDispatchPolicy,
+    TrainSwitch,
+    autocast_dtype,
+    compute_dtype,
+    dense_train_ffn_l1,
+    sparse_train_fn,
+)
 
 #: Training FFN implementations (see ``SparseGatedMLP``'s ``train_impl``).
 TRAIN_IMPLS = ("auto", "dense", "sparse-reference", "triton")
@@ -67,8 +76,12 @@ def _check_sizes(hidden_size: object, intermediate_size: object) -> None:
     check_positive_int(intermediate_size, "intermediate_size")
 
 
-def _check_input(x: object, hidden_size: int, weight: torch.Tensor) -> torch.Tensor:
-    """x must be a [..., hidden_size] tensor with the weights' dtype and device."""
+def _check_input(x: object, hidden_size: int, weight: torch.Tensor, *, autocast_ok: bool = False) -> torch.Tensor:
+    """x must be a [..., hidden_size] tensor with the weights' dtype and device.
+
+    ``autocast_ok``: x may instead have the autocast dtype when autocast is on for its device (the
+    training path casts both to it).
+    """
     check_tensor(x, "x", dtypes=FLOAT_DTYPES)
     assert isinstance(x, torch.Tensor)
     if x.dim() == 0 or x.shape[-1] != hidden_size:
@@ -76,7 +89,8 @@ def _check_input(x: object, hidden_size: int, weight: torch.Tensor) -> torch.Ten
             f"x has shape {tuple(x.shape)} but the layer needs [..., hidden_size] with hidden_size={hidden_size} "
             f"(gate_proj.weight has shape {tuple(weight.shape)})"
         )
-    if x.dtype != weight.dtype:
+    autocast = autocast_ok and x.dtype == autocast_dtype(x.device.type)
+    if x.dtype != weight.dtype and not autocast:
         raise TypeError(
             f"x has dtype {str(x.dtype).replace('torch.', '')} but the layer's weights are "
             f"{str(weight.dtype).replace('torch.', '')}; cast x or the module (module.to(dtype))"
@@ -136,10 +150,16 @@ class SparseGatedMLP(nn.Module):
             sparse autograd reference, :class:`twell.reference.training.GatedFFNL1`, which saves only
             the active pairs), ``"dense"`` (plain dense autograd of the same function, same l1 and l0) or
             ``"triton"`` (the sparse Triton training kernels, :func:`twell.ops.twell_gated_ffn_l1`: checked
-            against the reference under the interpreter, not yet timed on a GPU) or ``"auto"``.  Until the
-            Triton path is measured ``"auto"`` means dense: the pure-PyTorch sparse reference gathers and
-            scatters every active pair and was 8x slower than dense autograd on 2 CPU cores (0.50 vs
-            0.06 s, one layer fwd+bwd, M=2048, d=128, F=352, l0=176).
+            against the reference under the interpreter, not yet timed on a GPU) or ``"auto"``: per layer
+            and call, the Triton op when ``train_policy`` says the layer's l0 is low enough for its token
+            count (on CUDA with Triton), else dense autograd in the compute dtype
+            (:func:`twell.nn.train_dispatch.dense_train_ffn_l1`).  The default policy's table is empty
+            until ``twell bench train-ffn`` has measured the crossings, so ``"auto"`` is dense for now.
+            Under autocast every path but that dense one (which autocasts by itself) runs on inputs and
+            weights cast to the autocast dtype, with autocast off inside, as an autocast ``F.linear`` would.
+        train_policy: the :class:`~twell.nn.train_dispatch.TrainDispatchPolicy` of ``"auto"``; None means
+            :data:`~twell.nn.train_dispatch.DEFAULT_TRAIN_POLICY`.  ``l0_refresh_every`` also sets how
+            many training calls pass between two host reads of l0.
         device, dtype: of the parameters, as for ``nn.Linear``.
 
     Attributes set by ``forward``: ``last_l0`` (float32 scalar tensor on the layer's device, no grad; the
@@ -159,6 +179,7 @@ class SparseGatedMLP(nn.Module):
         policy: DispatchPolicy | None = None,
         l0_refresh_every: int = 64,
         train_impl: str = "auto",
+        train_policy: TrainDispatchPolicy | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -185,6 +206,13 @@ class SparseGatedMLP(nn.Module):
         if not isinstance(policy, DispatchPolicy):
             raise TypeError(f"policy must be a twell.nn.DispatchPolicy or None, got {type(policy).__name__}")
         check_positive_int(l0_refresh_every, "l0_refresh_every")
+        if train_policy is None:
+            train_policy = DEFAULT_TRAIN_POLICY
+        if not isinstance(train_policy, TrainDispatchPolicy):
+            raise TypeError(
+                f"train_policy must be a twell.nn.train_dispatch.TrainDispatchPolicy or None, "
+                f"got {type(train_policy).__name__}"
+            )
 
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -195,6 +223,7 @@ class SparseGatedMLP(nn.Module):
         self.policy = policy
         self.l0_refresh_every = l0_refresh_every
         self.train_impl = train_impl
+        self.train_policy = train_policy
 
         kw: dict[str, Any] = {"bias": False, "device": device, "dtype": dtype}
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
@@ -210,6 +239,7 @@ class SparseGatedMLP(nn.Module):
         self.last_l1: torch.Tensor | None = None
         self._l0_estimate: float | None = None
         self._infer_calls = 0
+        self._train_switch = TrainSwitch()
 
     # ------------------------------------------------------------------ construction from weights
     @classmethod
@@ -280,10 +310,11 @@ class SparseGatedMLP(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., hidden_size]`` -> ``[..., hidden_size]``; the path is chosen as the module docs say."""
-        _check_input(x, self.hidden_size, self.gate_proj.weight)
+        train = self.training and torch.is_grad_enabled()
+        _check_input(x, self.hidden_size, self.gate_proj.weight, autocast_ok=train)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.hidden_size)
-        if self.training and torch.is_grad_enabled():
+        if train:
             out = self._ffn_train(x2)
         else:
             self.last_l1 = None  # drop the previous training graph; l1_loss() now refers to nothing
@@ -294,8 +325,25 @@ class SparseGatedMLP(nn.Module):
         """The one place the training FFN is called (see ``train_impl``)."""
         if self.train_impl not in TRAIN_IMPLS:
             raise ValueError(f"train_impl must be one of {', '.join(TRAIN_IMPLS)}; got {self.train_impl!r}")
-        fn = {"sparse-reference": gated_ffn_l1, "triton": twell_gated_ffn_l1}.get(self.train_impl, dense_gated_ffn_l1)
-        out, l1, l0 = fn(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+        weights = (self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+        if self.train_impl == "auto":
+            sparse = self._train_switch.choose(
+                self.train_policy, x.shape[0], device=x.device, shape=(self.hidden_size, self.intermediate_size),
+                dtype=compute_dtype(x), last_l0=self.last_l0, refresh_every=self.l0_refresh_every,
+            )
+            fn = sparse_train_fn(x.device) if sparse else dense_train_ffn_l1
+        else:
+            fns = {"sparse-reference": gated_ffn_l1, "triton": twell_gated_ffn_l1}
+            fn = fns.get(self.train_impl, dense_gated_ffn_l1)
+        dtype = autocast_dtype(x.device.type)
+        if fn is not dense_train_ffn_l1 and dtype is not None:
+            # The sparse autograd Functions and the oracle's dense twin take one dtype and are not
+            # autocast-aware: give them what an autocast F.linear computes with (the casts route the
+            # gradients back to the weights' dtype).
+            with torch.autocast(x.device.type, enabled=False):
+                out, l1, l0 = fn(x.to(dtype), *(w.to(dtype) for w in weights))
+        else:
+            out, l1, l0 = fn(x, *weights)
         self.last_l1 = l1
         self.last_l0 = l0.detach()
         return out
@@ -359,6 +407,7 @@ class SparseGatedMLP(nn.Module):
         """Forget the density estimate (e.g. after loading other weights): the next call measures afresh."""
         self._l0_estimate = None
         self._infer_calls = 0
+        self._train_switch.reset()
 
     # ------------------------------------------------------------------ cached Wd^T
     def w_down_unit_major(self) -> torch.Tensor:
