@@ -28,6 +28,11 @@ class HotColdCache:
         self._plan: HotColdPlan | None = None
         self._key: tuple | None = None
 
+    @property
+    def chosen(self) -> bool:
+        """Whether the hot units have been chosen at least once (since the last :meth:`clear`)."""
+        return self._hot is not None
+
     def refresh(self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> None:
         """Re-choose the hot units from (a sample of) the tokens ``x``; synchronises with the host once."""
         with torch.no_grad():

@@ -11,8 +11,9 @@ Three execution paths:
   differentiable) and l0 (``last_l0``), through dense autograd, the sparse autograd reference or the
   Triton training op (``train_impl``; ``"auto"`` switches per layer between the last and dense autograd,
   :mod:`twell.nn.train_dispatch`).  The call lives only in :meth:`SparseGatedMLP._ffn_train`.
-* **sparse inference**: ``torch.ops.twell.sparse_gated_ffn`` (= :func:`twell.ops.sparse_gated_ffn`, method
-  chosen from M), a registered custom op so ``torch.compile`` captures it.
+* **sparse inference**: ``torch.ops.twell.hot_cold_gated_ffn`` (frequent units dense, the rest through
+  TwELL; ``hot_cold``) or ``torch.ops.twell.sparse_gated_ffn`` (= :func:`twell.ops.sparse_gated_ffn`,
+  method chosen from M), registered custom ops so ``torch.compile`` captures them.
 * **dense inference**: ``F.linear(F.relu(F.linear(x, Wg)) * F.linear(x, Wu), Wd)``, i.e. cuBLAS.
 
 Between the two inference paths a :class:`~twell.nn.dispatch.DispatchPolicy` decides from the token
@@ -42,11 +43,12 @@ from torch import nn
 from .. import ops as _ops  # noqa: F401 - registers torch.ops.twell.*
 from .._validation import FLOAT_DTYPES, check_positive_int, check_same_device, check_same_dtype, check_tensor
 from ..format.twell import DEFAULT_TILE, MAX_TILE
-from ..ops._runtime import BACKENDS
+from ..ops._runtime import BACKENDS, resolve_backend
 from ..ops.inference import PRECISIONS, TRITON_TILES
 from ..ops.training import twell_gated_ffn_l1
 from ..reference.training import dense_gated_ffn_l1, gated_ffn_l1
 from .dispatch import DEFAULT_POLICY, DispatchPolicy
+from .hot_cold_cache import HotColdCache
 from .train_dispatch import (
     DEFAULT_TRAIN_POLICY,
     TrainDispatchPolicy,
@@ -160,6 +162,10 @@ class SparseGatedMLP(nn.Module):
         train_policy: the :class:`~twell.nn.train_dispatch.TrainDispatchPolicy` of ``"auto"``; None means
             :data:`~twell.nn.train_dispatch.DEFAULT_TRAIN_POLICY`.  ``l0_refresh_every`` also sets how
             many training calls pass between two host reads of l0.
+        hot_cold: on the Triton sparse inference path with ``precision="match"``, split the units: those
+            firing on >= 0.6 % of tokens (re-chosen from a 4096-token sample on l0-refresh calls) are
+            computed densely inside the gate GEMM, the rest through TwELL (:mod:`twell.ops.hot_cold`).
+            Costs a reordered copy of Wg plus the hot rows of Wu and Wd (~1.3x the gate weight).
         device, dtype: of the parameters, as for ``nn.Linear``.
 
     Attributes set by ``forward``: ``last_l0`` (float32 scalar tensor on the layer's device, no grad; the
@@ -180,6 +186,7 @@ class SparseGatedMLP(nn.Module):
         l0_refresh_every: int = 64,
         train_impl: str = "auto",
         train_policy: TrainDispatchPolicy | None = None,
+        hot_cold: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -224,6 +231,7 @@ class SparseGatedMLP(nn.Module):
         self.l0_refresh_every = l0_refresh_every
         self.train_impl = train_impl
         self.train_policy = train_policy
+        self.hot_cold = bool(hot_cold)
 
         kw: dict[str, Any] = {"bias": False, "device": device, "dtype": dtype}
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
@@ -240,6 +248,8 @@ class SparseGatedMLP(nn.Module):
         self._l0_estimate: float | None = None
         self._infer_calls = 0
         self._train_switch = TrainSwitch()
+        self._hot_cold = HotColdCache()
+        self._refresh_now = False  # set by _ffn_infer: this call may re-choose the hot units
 
     # ------------------------------------------------------------------ construction from weights
     @classmethod
@@ -359,6 +369,7 @@ class SparseGatedMLP(nn.Module):
         refresh = self._infer_calls % self.l0_refresh_every == 0
         self._infer_calls += 1
         if self._use_sparse(m, x.device.type) and not self._needs_grad(x):
+            self._refresh_now = refresh
             out = self._ffn_sparse(x)
         else:
             out, a = _dense_ffn(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
@@ -377,18 +388,24 @@ class SparseGatedMLP(nn.Module):
 
     def _ffn_sparse(self, x: torch.Tensor) -> torch.Tensor:
         """The sparse FFN; its per-(row, tile) non-zero counts give l0 without a host sync."""
-        # Through the registered custom op, so torch.compile captures the layer without a graph break.
-        out, counts = torch.ops.twell.sparse_gated_ffn(
-            x,
-            self.gate_proj.weight.detach(),
-            self.up_proj.weight.detach(),
-            self.w_down_unit_major().t(),
-            self.tile,
-            self.capacity or 0,
-            self.precision,
-            "auto",
-            self.backend,
-        )
+        wg, wu = self.gate_proj.weight.detach(), self.up_proj.weight.detach()
+        plan = None
+        if self.hot_cold and self.precision == "match" and resolve_backend(self.backend, x.device) == "triton":
+            # Hot units re-chosen on refresh calls only (the choice synchronises with the host).
+            if self._refresh_now or not self._hot_cold.chosen:
+                self._hot_cold.refresh(x, wg, wu, self.down_proj.weight.detach())
+            plan = self._hot_cold.plan(wg, wu, self.down_proj.weight.detach())
+        # Through registered custom ops, so torch.compile captures the layer without a graph break.
+        if plan is not None:
+            out, counts = torch.ops.twell.hot_cold_gated_ffn(
+                x, wg, wu, self.w_down_unit_major().t(), plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t,
+                self.tile, self.capacity or 0, self.backend,
+            )
+        else:
+            out, counts = torch.ops.twell.sparse_gated_ffn(
+                x, wg, wu, self.w_down_unit_major().t(), self.tile, self.capacity or 0, self.precision, "auto",
+                self.backend,
+            )
         self.last_l0 = (counts.sum(dtype=torch.int64).to(torch.float64) / x.shape[0]).to(torch.float32)
         return out
 
@@ -408,6 +425,7 @@ class SparseGatedMLP(nn.Module):
         self._l0_estimate = None
         self._infer_calls = 0
         self._train_switch.reset()
+        self._hot_cold.clear()
 
     # ------------------------------------------------------------------ cached Wd^T
     def w_down_unit_major(self) -> torch.Tensor:

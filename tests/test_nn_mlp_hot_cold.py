@@ -1,0 +1,69 @@
+"""SparseGatedMLP's hot/cold sparse path (Triton backend; the interpreter on the CPU)."""
+
+from __future__ import annotations
+
+import torch
+
+from twell.nn import DispatchPolicy, SparseGatedMLP
+from twell.reference.inference import dense_gated_ffn
+from twell.tolerances import REL_TOL, rel_error
+
+
+def _layer(**kw) -> SparseGatedMLP:
+    d, f = 32, 256
+    gen = torch.Generator().manual_seed(0)
+    wg = torch.randn(f, d, generator=gen) / d**0.5
+    wg[:, 0] = -2.5  # x[:, 0] = 1: a bias channel, rare units ...
+    wg[:64, 0] = 1.0  # ... but 64 frequent ones
+    wu = torch.randn(f, d, generator=gen) / d**0.5
+    wd = torch.randn(d, f, generator=gen) / f**0.5
+    policy = DispatchPolicy(table=((1, 1.0),), force=True)  # always sparse, on the CPU too
+    return SparseGatedMLP.from_weights(wg, wu, wd, backend="triton", tile=32, policy=policy, **kw).eval()
+
+
+def _x(m: int, seed: int) -> torch.Tensor:
+    x = torch.randn(m, 32, generator=torch.Generator().manual_seed(seed))
+    x[:, 0] = 1.0
+    return x
+
+
+def test_hot_units_chosen_on_refresh_and_output_exact():
+    layer = _layer(l0_refresh_every=2)
+    refreshes = []
+    original = layer._hot_cold.refresh
+    layer._hot_cold.refresh = lambda *a: (refreshes.append(1), original(*a))[1]
+    with torch.no_grad():
+        for i in range(4):
+            x = _x(40, seed=i)
+            out = layer(x)
+            want = dense_gated_ffn(x, layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
+            assert rel_error(out, want) <= REL_TOL[torch.float32]
+    assert len(refreshes) == 2  # calls 0 and 2
+    plan = layer._hot_cold.plan(layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
+    assert plan is not None and plan.n_hot == 64
+    assert set(plan.hot.tolist()) == set(range(64))
+    g = x @ layer.gate_proj.weight.T
+    assert abs(float(layer.last_l0) - float((g > 0).sum(1).float().mean())) < 1e-4
+
+
+def test_hot_cold_off_uses_the_plain_sparse_op():
+    layer = _layer(hot_cold=False)
+    with torch.no_grad():
+        x = _x(40, seed=5)
+        out = layer(x)
+    assert not layer._hot_cold.chosen
+    want = dense_gated_ffn(x, layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
+    assert rel_error(out, want) <= REL_TOL[torch.float32]
+
+
+def test_weight_update_rebuilds_the_plan():
+    layer = _layer()
+    with torch.no_grad():
+        layer(_x(40, seed=1))
+        plan = layer._hot_cold.plan(layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
+        layer.up_proj.weight.mul_(-1.0)
+        x = _x(40, seed=2)
+        out = layer(x)
+    want = dense_gated_ffn(x, layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
+    assert rel_error(out, want) <= REL_TOL[torch.float32]
+    assert layer._hot_cold.plan(layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight) is not plan
