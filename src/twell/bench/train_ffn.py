@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", type=str, nargs="+", default=[f"{DEFAULT_SHAPE[0]}x{DEFAULT_SHAPE[1]}"],
                    help="hidden x FFN sizes, e.g. 2048x5632")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    p.add_argument("--quick", action="store_true", help=f"M in {QUICK_MS}, densities {QUICK_DENSITIES} % "
+    p.add_argument("--quick", action="store_true", help=f"M in {QUICK_MS}, densities {QUICK_DENSITIES} %% "
                    "(unless --ms / --densities are given)")
     p.add_argument("--width", type=int, default=None,
                    help=f"row-ELL width W of the sparse op (default {DEFAULT_WIDTH})")
