@@ -8,6 +8,11 @@ Parts (``--parts``, default all three; they always run in this order):
 * ``train``: forward + backward + AdamW step, dense vs ``--train-impl`` (:mod:`twell.bench.model_train`).
   Last, because the Triton training kernels are the least tested code here.
 
+Each sparse variant runs under a dispatch policy (``--forward-policies``, ``--decode-policies``):
+``default`` (what a :class:`~twell.nn.SparseGatedMLP` user gets: the measured H200 table, so dense where
+the table says dense, e.g. at decode token counts) and ``always-sparse`` (the TwELL kernels in every layer
+and call).
+
 The model (:mod:`twell.bench.model_setup`) is a randomly initialised TwellLlama of a published shape,
 given realistic activation sparsity by the calibration of :mod:`twell.bench.model_sparsity` (read its
 docstring: the method is stored in the result JSON too).  The dense baseline is the same model with the
@@ -104,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-len", type=int, default=128)
     g.add_argument("--new-tokens", type=int, default=128)
     g.add_argument("--decode-reps", type=int, default=2)
-    g.add_argument("--decode-policies", type=_csv(str), default=("default",))
+    g.add_argument("--decode-policies", type=_csv(str), default=("default", "always-sparse"))
     g = p.add_argument_group("output and execution")
     g.add_argument("--out", type=Path, default=Path("bench-results"))
     g.add_argument("--stem", default=None, help="file name stem (default model_<preset>)")

@@ -38,7 +38,7 @@ class DecodeConfig:
     prompt_len: int = 128
     new_tokens: int = 128
     reps: int = 2
-    policies: tuple[str, ...] = ("default",)
+    policies: tuple[str, ...] = ("default", "always-sparse")
 
 
 def _generate(bench: BenchModel, name: str, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:

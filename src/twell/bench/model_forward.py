@@ -176,6 +176,7 @@ def forward_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             "peak_gb": mem.get("peak_gb"), "mJ_per_token": energy.get("mJ_per_token"), "l0_mean": l0,
             "sparse_layers": None if "sparse_layers" not in v else len(v["sparse_layers"]),
             "rel_err_vs_fp32": v.get("rel_err_vs_fp32"), "rel_l2_vs_dense": v.get("rel_l2_vs_dense"),
+            "max_rel_vs_dense": v.get("max_rel_vs_dense"),
             "ok": v.get("ok"), "error": (v.get("error") or "").split("\n")[0] or None,
         })
     return rows
