@@ -313,11 +313,11 @@ def test_policy_device_types_and_constructors():
     assert DEFAULT_POLICY.table == H200_BF16_TABLE
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.0, device_type="cpu")
     shape = (2048, 5632)
-    assert not DEFAULT_POLICY.use_sparse(4095, 0.0, shape=shape)
-    assert DEFAULT_POLICY.use_sparse(4096, 0.003, shape=shape)
-    assert not DEFAULT_POLICY.use_sparse(4096, 0.004, shape=shape)
-    assert DEFAULT_POLICY.use_sparse(10**9, 0.006, shape=shape)
-    assert not DEFAULT_POLICY.use_sparse(10**9, 0.01, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(16383, 0.0, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(16384, 0.05, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(16384, 0.051, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(10**9, 0.003, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(10**9, 0.1, shape=shape)
     # shapes the table was not measured for, or an unknown shape, get the dense path
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001, shape=(4096, 14336))
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001)

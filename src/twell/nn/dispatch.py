@@ -25,12 +25,13 @@ __all__ = ["DEFAULT_POLICY", "H200_BF16_TABLE", "DispatchPolicy", "DispatchTable
 #: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
 DispatchTable = tuple[tuple[int, float], ...]
 
-#: Break-even table for bf16 on one H200, d=2048, F=5632, from ``twell bench ffn`` runs committed under
-#: bench_results/h200 (ffn_2048x5632.json, block_union_variants.log).  Below 4096 tokens the sparse path
-#: lost at every density (best: 1.09x at M=4096 with 14 active units of 5632, 0.84x at 28); from 4096
-#: tokens it won at 0.25 % density (1.09x); from 16384 tokens at 0.25 % (1.27x) and 0.5 % (1.01-1.08x)
-#: but not at 1 % (0.71-0.89x), so the threshold sits at 0.6 %, below the measured ~0.7 % crossing.
-H200_BF16_TABLE: DispatchTable = ((4096, 0.003), (16384, 0.006))
+#: Break-even table for bf16 on one H200, d=2048, F=5632, with SparseGatedMLP's hot/cold sparse path,
+#: from bench_results/h200/ffn_hotcold.json (commit 3c34a03).  Through the module, M=4096 lost even at
+#: 0.25 % density (0.89x: its Python and launch overhead, ~0.1 ms, is a quarter of the 0.43 ms dense FFN;
+#: the op alone gave 1.21x); from 16384 tokens the hot/cold op won at every measured density up to 5 %
+#: (1.56x at 0.25 %, 1.40x at 0.5 %, 1.17x at 1 %, 1.15x at 2 %, 1.06x at 5 %; at 131072 tokens 1.60x to
+#: 1.10x), so the sparse path starts at 16384 tokens and up to 5 % density.
+H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 
 
 def _check_table(table: object) -> DispatchTable:
