@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--decode-batches", type=_csv(int), default=(1, 8, 64))
     g.add_argument("--prompt-len", type=int, default=128)
     g.add_argument("--new-tokens", type=int, default=128)
-    g.add_argument("--decode-reps", type=int, default=2)
+    g.add_argument("--decode-reps", type=int, default=3)
     g.add_argument("--decode-policies", type=_csv(str), default=("default", "always-sparse"))
     g = p.add_argument_group("output and execution")
     g.add_argument("--out", type=Path, default=Path("bench-results"))
