@@ -32,7 +32,7 @@ def test_tensor_core_kernels_use_wgmma(compiled):
 def test_no_kernel_uses_local_memory(compiled):
     assert set(compiled) == {
         "gate_epilogue0", "gate_epilogue2", "pack", "ffn_gated1_spill0_split0", "ffn_gated0_spill1_split0",
-        "ffn_gated1_spill0_split1", "hot_hidden", "block_union", "union_up", "union_down",
+        "ffn_gated1_spill0_split1", "hot_hidden", "pack_bitmap", "bitmap_ffn", "block_union", "union_up", "union_down",
         "train_pack_rows", "train_forward_rows", "train_backward_rows", "train_unit_grads",
     }
     spilled = [name for name, r in compiled.items() if r["local_memory"]]

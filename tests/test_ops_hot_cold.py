@@ -33,18 +33,24 @@ CASES = [
     (9, 32, 128, 32, 4, 0.08, 16),
     (5, 48, 200, 32, 4, 0.10, 24),  # partial tiles on both sides of the split, d not a multiple of 32
     (6, 32, 96, 16, 2, 0.40, 32),  # cold tiles overflow: dense recompute through the unit map
+    (7, 32, 160, 32, 2, 0.45, 32),  # overflow of TwELL slots at tile 32; the bitmap has none
     (4, 16, 64, 16, 4, 0.20, 0),  # no hot unit: plain TwELL path with the identity map
     (3, 16, 64, 16, 4, 0.20, 64),  # every unit hot: no cold column at all
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"m{c[0]}-d{c[1]}-f{c[2]}-t{c[3]}-h{c[6]}" for c in CASES])
+# the bitmap format takes tiles that are multiples of 32 (its refusal of others is tested below)
+FORMAT_CASES = [(c, fmt) for c in CASES for fmt in ("bitmap", "twell") if fmt == "twell" or c[3] % 32 == 0]
+
+
+@pytest.mark.parametrize(("case", "cold_format"), FORMAT_CASES,
+                         ids=[f"m{c[0]}-d{c[1]}-f{c[2]}-t{c[3]}-h{c[6]}-{fmt}" for c, fmt in FORMAT_CASES])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_matches_reference(case, dtype, device):
+def test_matches_reference(case, cold_format, dtype, device):
     m, d, f, tile, cap, frac, n_hot = case
     p = make_problem(m, d, f, frac_pos=frac, seed=11 + n_hot, dtype=dtype, device=device)
     plan = _plan(p, n_hot)
-    out, counts = _run(p, plan, "triton", tile=tile, capacity=cap)
+    out, counts = _run(p, plan, "triton", tile=tile, capacity=cap, cold_format=cold_format)
     ref_out, ref_counts = _run(p, plan, "torch", tile=tile, capacity=cap)
     assert torch.equal(counts.cpu(), ref_counts.cpu())
     g = p["x"].float() @ p["w_gate"].float().T
@@ -134,6 +140,10 @@ def test_bad_inputs_are_refused(device):
     plan = ops.build_hot_cold_plan(wg, wu, wd, torch.tensor([0]))
     with pytest.raises(ValueError, match="tile"):
         ops.hot_cold_gated_ffn(p["x"], wg, wu, wd, plan, tile=24, backend="triton")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        ops.hot_cold_gated_ffn(p["x"], wg, wu, wd, plan, tile=16, backend="triton", cold_format="bitmap")
+    with pytest.raises(ValueError, match="cold_format"):
+        ops.hot_cold_gated_ffn(p["x"], wg, wu, wd, plan, backend="triton", cold_format="ell")
     with pytest.raises(TypeError, match="dtype|float"):
         ops.hot_cold_gated_ffn(p["x"].double(), wg.double(), wu.double(), wd.double(),
                                ops.build_hot_cold_plan(wg.double(), wu.double(), wd.double(), torch.tensor([0])),

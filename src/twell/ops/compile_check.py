@@ -66,6 +66,18 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
                                         "F": "i32", "stride_gm": "i32", "n_hot_tiles": "i32"},
                    {"BLOCK_M": 32, "TILE": 128}, target, num_warps=4)
     results["hot_hidden"] = {"local_memory": ".local" in ptx}
+    from .bitmap_kernels import _bitmap_ffn_row_kernel, _pack_bitmap_kernel
+
+    ptx = _compile(_pack_bitmap_kernel, {"g_ptr": "*bf16", "bits_ptr": "*i32", "cnt_ptr": "*i32", "M": "i32",
+                                         "F": "i32", "stride_gm": "i32", "n_tiles": "i32"},
+                   {"TILE": 128, "BLOCK_M": 16}, target, num_warps=2)
+    results["pack_bitmap"] = {"local_memory": ".local" in ptx}
+    bm_sig = {n: "*bf16" for n in ("x_ptr", "g_ptr", "wu_ptr", "wdt_ptr", "out_ptr")}
+    bm_sig.update({"bits_ptr": "*i32", "cnt_ptr": "*i32", "unit_map_ptr": "*i32", "init_ptr": "*fp32", "D": "i32",
+                   "n_tiles": "i32", "stride_xm": "i32", "stride_gm": "i32", "stride_om": "i32", "stride_im": "i32"})
+    ptx = _compile(_bitmap_ffn_row_kernel, bm_sig, {"TILE": 128, "NT_PAD": 64, "D_PAD": 2048, "SB": 4,
+                                                    "HAS_INIT": True}, target, num_warps=4)
+    results["bitmap_ffn"] = {"local_memory": ".local" in ptx}
     from .block_union_kernel import _block_union_kernel, _union_down_kernel, _union_up_kernel
 
     ptx = _compile(_block_union_kernel, {"g_ptr": "*bf16", "cnt_ptr": "*i32", "ucnt_ptr": "*i32", "ucols_ptr": "*i16",

@@ -9,8 +9,9 @@ So units firing on more than ~1 % of the tokens are cheaper dense.  With H hot u
     gu    = x @ [Wg[hot]; Wg[cold]; Wu[hot]]^T        one cuBLAS GEMM, [M, F + H]
     h_hot = round(relu(gu[:, :H]) * gu[:, F:])        _hot_hidden_kernel, [M, H] (+ per-row counts)
     acc   = h_hot @ Wd[:, hot]^T                      cuBLAS, fp32 output (no intermediate rounding)
-    TwELL = pack(gu[:, H:F])                          the cold units only (launch_pack_twell)
-    out   = round(acc + sum over cold pairs)          row-gather kernel, cold column -> unit map
+    list  = pack(gu[:, H:F])                          the cold units only: a bitmap per (row, tile)
+                                                      (``ops.bitmap_kernels``) or TwELL slots
+    out   = round(acc + sum over cold pairs)          gather kernel, cold column -> unit map
 
 The result is the same function as the dense FFN at any density: every unit is either hot (computed
 densely) or cold (all of its non-zeros are in the TwELL container, overflow included); the choice of
@@ -27,9 +28,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .bitmap_kernels import WORD, launch_bitmap_ffn, launch_pack_bitmap
 from .gate_kernel import launch_pack_twell, relu_keep_nan, round_to
 from .hot_cold_plan import HotColdPlan
 from .twell_ffn_kernel import launch_twell_ffn
+
+#: How the cold pairs are listed for the gather kernel (see ``launch_hot_cold_ffn``).
+COLD_FORMATS = ("auto", "bitmap", "twell")
 
 
 @triton.jit
@@ -71,8 +76,12 @@ def launch_hot_cold_ffn(
     *,
     tile: int,
     capacity: int,
+    cold_format: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [M, d], counts [M, n_cold_tiles + n_hot_tiles]) for validated, contiguous inputs.
+
+    ``cold_format``: how the cold pairs are listed (``COLD_FORMATS``): "bitmap" (``ops.bitmap_kernels``,
+    the default when the tile is a multiple of 32) or "twell" (TwELL slots of ``capacity``).
 
     ``counts`` holds the non-zeros per (row, tile of cold columns) then per (row, tile of hot units):
     each row sums to its l0.
@@ -91,13 +100,24 @@ def launch_hot_cold_ffn(
             gu, h_hot, hot_counts, m, n_hot, f, gu.stride(0), n_hot_tiles, BLOCK_M=block_m, TILE=tile, num_warps=4
         )
         init = _hot_partial(h_hot, plan.w_down_hot_t)
-    values, indices, counts = launch_pack_twell(gu[:, n_hot:f], tile, capacity)
     out = torch.empty((m, d), dtype=x.dtype, device=x.device)
-    if n_cold:
-        launch_twell_ffn(x, values, indices, counts, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile,
-                         round_hidden=True, out=out, unit_map=plan.cold, init=init)
-    elif init is not None:
-        out.copy_(init)
+    g_cold = gu[:, n_hot:f]
+    if cold_format == "auto":
+        cold_format = "bitmap" if tile % WORD == 0 else "twell"
+    if cold_format == "bitmap":
+        bits, counts = launch_pack_bitmap(g_cold, tile)
+        if n_cold:
+            launch_bitmap_ffn(x, g_cold, bits, counts, plan.cold, w_up, w_down_t, tile=tile, out=out, init=init)
+    elif cold_format == "twell":
+        values, indices, counts = launch_pack_twell(g_cold, tile, capacity)
+        if n_cold:
+            launch_twell_ffn(x, values, indices, counts, None, None, w_gate, w_up, w_down_t, n_cols=n_cold,
+                             tile=tile, round_hidden=True, out=out, unit_map=plan.cold, init=init)
     else:
-        out.zero_()
+        raise ValueError(f"cold_format must be one of {', '.join(COLD_FORMATS)}; got {cold_format!r}")
+    if n_cold == 0:  # every unit hot: the output is the hot partial sum alone
+        if init is not None:
+            out.copy_(init)
+        else:
+            out.zero_()
     return out, torch.cat([counts, hot_counts], 1)

@@ -331,15 +331,21 @@ def hot_cold_gated_ffn(
     backend: str = "auto",
     nan_policy: str = "propagate",
     return_counts: bool = False,
+    cold_format: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The ReLU-gated FFN with the hot/cold split of ``plan`` (``twell.ops.hot_cold``): hot units densely,
-    cold units through TwELL.  Same values as the dense FFN in the input dtype ("match" precision).
+    cold units through a per-row-tile bitmap ("bitmap", the default for tiles that are multiples of 32)
+    or TwELL ("twell").  Same values as the dense FFN in the input dtype ("match" precision).
 
     With ``return_counts`` also returns the non-zeros per (row, tile of cold columns, then of hot units),
     int32 [M, ceil((F - H) / tile) + ceil(H / tile)]: each row sums to its l0.
     """
     if not isinstance(plan, HotColdPlan):
         raise TypeError(f"plan must be a HotColdPlan (twell.ops.build_hot_cold_plan), got {type(plan).__name__}")
+    if cold_format not in ("auto", "bitmap", "twell"):
+        raise ValueError(f"cold_format must be one of auto, bitmap, twell; got {cold_format!r}")
+    if cold_format == "bitmap" and tile % 32:
+        raise ValueError(f"cold_format='bitmap' needs a tile that is a multiple of 32, got {tile}")
     _check_x_w(x, w_gate, "w_gate")
     check_positive_int(tile, "tile", maximum=MAX_TILE)
     if capacity is None:
@@ -361,7 +367,7 @@ def hot_cold_gated_ffn(
 
     out, counts = launch_hot_cold_ffn(
         x.contiguous(), plan, w_gate.contiguous(), w_up.contiguous(), _unit_major(w_down), tile=tile,
-        capacity=capacity,
+        capacity=capacity, cold_format=cold_format,
     )
     return (out, counts) if return_counts else out
 
