@@ -41,6 +41,7 @@ for stage in $STAGES; do
     train-ffn) run_stage train-ffn 240 python3 -m twell.cli bench train-ffn --out "$RUN" --stem train_ffn ${ARGS_TRAIN_FFN:-} ;;
     model) run_stage model 240 python3 -m twell.cli bench model --out "$RUN" ${ARGS_MODEL:-} ;;
     probe) run_stage probe 200 python3 scripts/hot_cold_probe.py ;;
+    coldfmt) run_stage coldfmt 150 python3 scripts/cold_format_probe.py ;;
     *) echo "unknown stage $stage" | tee -a "$RUN/stages.txt" ;;
   esac
 done
