@@ -115,7 +115,10 @@ def _bitmap_ffn_row_kernel(
         words = tl.load(bits_ptr + wbase[:, None] + words_idx[None, :], mask=k_ok[:, None], other=0)
         words = words.to(tl.int64) & 0xFFFFFFFF
         pc = _popcount32(words)
-        w_incl = tl.cumsum(pc, axis=1)
+        # inclusive prefix over the NW words as a masked sum: tl.cumsum on this small [SB, NW] tensor
+        # hits an assertion in Triton 3.6's scan lowering for sm_90 (ScanOpToLLVM.cpp:265)
+        upto = words_idx[None, :] <= words_idx[:, None]  # [j, i]: word i counts towards word j
+        w_incl = tl.sum(tl.where(upto[None, :, :], pc[:, None, :], 0), axis=2)
         wi = tl.sum((w_incl <= n[:, None]).to(tl.int32), axis=1)
         wi = tl.minimum(wi, NW - 1)
         sel = words_idx[None, :] == wi[:, None]

@@ -24,9 +24,14 @@ def _jit(fn):
 
 
 def _compile(fn, signature: dict, constexprs: dict, target: GPUTarget, **options) -> str:
+    """PTX of ``fn``, specialised as a launch specialises it: pointers 16-byte aligned (PyTorch allocations
+    are), which changes layouts and once let a scan-lowering assertion through that the unaligned
+    build did not hit (the bitmap FFN kernel, first H200 run)."""
     sig = dict(signature)
     sig.update({k: "constexpr" for k in constexprs})
-    src = triton.compiler.ASTSource(fn=_jit(fn), signature=sig, constexprs=constexprs)
+    jit = _jit(fn)
+    attrs = {(jit.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
+    src = triton.compiler.ASTSource(fn=jit, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=target, options=options).asm["ptx"]
 
 
