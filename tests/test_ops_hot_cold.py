@@ -151,8 +151,9 @@ def test_bad_inputs_are_refused(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cold_format", ["bitmap", "twell"])
 @pytest.mark.parametrize("shape", [(2048, 5632), (768, 2048), (4096, 14336)])
-def test_gpu_bf16_realistic(shape):
+def test_gpu_bf16_realistic(shape, cold_format):
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
     d, f = shape
@@ -163,7 +164,7 @@ def test_gpu_bf16_realistic(shape):
     plan = ops.build_hot_cold_plan(p["w_gate"], p["w_up"], p["w_down"],
                                    ops.choose_hot_units(ops.unit_frequency(p["x"], p["w_gate"])))
     assert plan.n_hot > 0
-    out, counts = _run(p, plan, "triton")
+    out, counts = _run(p, plan, "triton", cold_format=cold_format)
     want = ref.dense_gated_ffn(p["x"].float(), p["w_gate"].float(), p["w_up"].float(), p["w_down"].float(),
                                precision="fp32")
     assert rel_error(out, want) <= REL_TOL[torch.bfloat16]
