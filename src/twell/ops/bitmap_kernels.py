@@ -1,5 +1,8 @@
 """The cold half of the hot/cold FFN through a per-(row, tile) bitmap instead of the TwELL slots.
 
+Status: measured slower than the TwELL listing on the H200 as a whole (see ``hot_cold.launch_hot_cold_ffn``),
+so it is an option, not the default.
+
 Why: the TwELL pack writes each non-zero's value and index at a position found by a prefix sum, so
 every element of the dense gate pays for a scan step and two predicated scatter stores.  On the H200
 that made the pack instruction-bound at ~44 instructions per gate element (ncu: 54 % SM throughput,

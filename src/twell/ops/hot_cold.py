@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .bitmap_kernels import WORD, launch_bitmap_ffn, launch_pack_bitmap
+from .bitmap_kernels import launch_bitmap_ffn, launch_pack_bitmap
 from .gate_kernel import launch_pack_twell, relu_keep_nan, round_to
 from .hot_cold_plan import HotColdPlan
 from .twell_ffn_kernel import launch_twell_ffn
@@ -80,8 +80,8 @@ def launch_hot_cold_ffn(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [M, d], counts [M, n_cold_tiles + n_hot_tiles]) for validated, contiguous inputs.
 
-    ``cold_format``: how the cold pairs are listed (``COLD_FORMATS``): "bitmap" (``ops.bitmap_kernels``,
-    the default when the tile is a multiple of 32) or "twell" (TwELL slots of ``capacity``).
+    ``cold_format``: how the cold pairs are listed (``COLD_FORMATS``): "twell" (TwELL slots of
+    ``capacity``; "auto" picks it) or "bitmap" (``ops.bitmap_kernels``, tiles that are multiples of 32).
 
     ``counts`` holds the non-zeros per (row, tile of cold columns) then per (row, tile of hot units):
     each row sums to its l0.
@@ -103,7 +103,11 @@ def launch_hot_cold_ffn(
     out = torch.empty((m, d), dtype=x.dtype, device=x.device)
     g_cold = gu[:, n_hot:f]
     if cold_format == "auto":
-        cold_format = "bitmap" if tile % WORD == 0 else "twell"
+        # TwELL slots: on the H200 the bitmap's pack was 2x faster (0.90 vs 1.63 ms at M=131072, l0=28)
+        # but its gather paid more for finding each pair (a longer chain of dependent loads per step):
+        # the whole op took 9.93 vs 9.24 ms there and 1.31 vs 1.23 ms at M=16384
+        # (bench_results/h200/cold_format_probe.log).
+        cold_format = "twell"
     if cold_format == "bitmap":
         bits, counts = launch_pack_bitmap(g_cold, tile)
         if n_cold:

@@ -334,8 +334,9 @@ def hot_cold_gated_ffn(
     cold_format: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The ReLU-gated FFN with the hot/cold split of ``plan`` (``twell.ops.hot_cold``): hot units densely,
-    cold units through a per-row-tile bitmap ("bitmap", the default for tiles that are multiples of 32)
-    or TwELL ("twell").  Same values as the dense FFN in the input dtype ("match" precision).
+    cold units through TwELL ("twell", what "auto" picks: faster on the H200) or a per-row-tile bitmap
+    ("bitmap", tiles that are multiples of 32).  Same values as the dense FFN in the input dtype ("match"
+    precision).
 
     With ``return_counts`` also returns the non-zeros per (row, tile of cold columns, then of hot units),
     int32 [M, ceil((F - H) / tile) + ceil(H / tile)]: each row sums to its l0.
