@@ -9,7 +9,7 @@ import sys
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     """``twell train`` options, one per :class:`twell.train.trainer.TrainConfig` field (defaults from it)."""
     from .train.model import PRESETS
-    from .train.trainer import TrainConfig
+    from .train.trainer import PRECISIONS, TrainConfig
 
     d = TrainConfig()
     p.add_argument("--preset", default=d.preset, choices=list(PRESETS), help="model size (default %(default)s)")
@@ -38,7 +38,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="tokenizer/token cache (default ~/.cache/twell/data)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default=d.device)
-    p.add_argument("--precision", default=d.precision, choices=["auto", "fp32", "bf16"])
+    p.add_argument("--precision", default=d.precision, choices=list(PRECISIONS),
+                   help="auto: bf16 weights on CUDA, fp32 on CPU; autocast: fp32 weights + bf16 autocast")
+    p.add_argument("--fused-adamw", action="store_true", help="PyTorch's fused AdamW kernel (CUDA)")
     p.add_argument("--train-ffn", default=d.train_ffn, choices=["auto", "dense", "sparse-reference"],
                    help="training FFN of every SparseGatedMLP (its train_impl; auto = dense autograd for now)")
     p.add_argument("--no-progress", action="store_true")
@@ -58,6 +60,7 @@ def _run_train(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume_from=args.resume,
         data_paths=args.data, vocab_size=args.vocab_size, max_bytes=args.max_bytes or None,
         data_cache_dir=args.cache_dir, seed=args.seed, device=args.device, precision=args.precision,
+        fused_adamw=args.fused_adamw,
         train_ffn=args.train_ffn, progress=not args.no_progress,
     )
     result = train(cfg)

@@ -92,8 +92,15 @@ def _time(fn: Any, reps: int, device: torch.device) -> float:
     return statistics.median(times)
 
 
-def ffn_speed(model: torch.nn.Module, ids: torch.Tensor, reps: int = 10) -> list[dict[str, Any]]:
-    """Dense vs sparse FFN time per sparse layer on the layer's own inputs for ``ids`` (see module docs)."""
+def ffn_speed(model: torch.nn.Module, ids: torch.Tensor, reps: int = 10, *,
+              dispatched: bool = False) -> list[dict[str, Any]]:
+    """Dense vs sparse FFN time per sparse layer on the layer's own inputs for ``ids`` (see module docs).
+
+    ``dispatched``: also time the layer module itself in eval mode, ``layer(x)``, once with its own
+    dispatch policy (``module_ms``; ``module_path`` says which path the policy took) and once forced onto
+    the sparse path (``module_sparse_ms``, the registered custom op plus the layer's l0 bookkeeping).
+    """
+    from ..nn.dispatch import DispatchPolicy
     from ..ops import sparse_gated_ffn
 
     rows = []
@@ -116,10 +123,37 @@ def ffn_speed(model: torch.nn.Module, ids: torch.Tensor, reps: int = 10) -> list
             l0 = float((F.linear(x, wg) > 0).sum()) / x.shape[0]
             t_dense = _time(dense, reps, x.device)
             t_sparse = _time(sparse, reps, x.device)
-        rows.append({"layer": i, "tokens": x.shape[0], "l0": l0, "n_units": layer.intermediate_size,
-                     "dense_ms": t_dense * 1e3, "sparse_ms": t_sparse * 1e3, "speedup": t_dense / t_sparse,
-                     "max_rel_error": err, "device": str(x.device)})
+        row = {"layer": i, "tokens": x.shape[0], "l0": l0, "n_units": layer.intermediate_size,
+               "dense_ms": t_dense * 1e3, "sparse_ms": t_sparse * 1e3, "speedup": t_dense / t_sparse,
+               "max_rel_error": err, "device": str(x.device)}
+        if dispatched:
+            row.update(_module_times(layer, x, reps, DispatchPolicy.always_sparse()))
+        rows.append(row)
     return rows
+
+
+def _module_times(layer: Any, x: torch.Tensor, reps: int, sparse_policy: Any) -> dict[str, Any]:
+    """``layer(x)`` timed with the layer's policy and with ``sparse_policy`` (eval, no grad; restored after)."""
+    was, policy = layer.training, layer.policy
+    layer.eval()
+    try:
+        with torch.no_grad():
+            layer.reset_l0_estimate()
+            layer(x)  # measures l0, so that the policy decides from the layer's real density
+            path = "unknown"
+            if layer.last_l0 is not None:
+                density = min(1.0, float(layer.last_l0) / layer.intermediate_size)
+                sparse = policy.use_sparse(x.shape[0], density, device_type=x.device.type,
+                                           shape=(layer.hidden_size, layer.intermediate_size))
+                path = "sparse" if sparse else "dense"
+            t_own = _time(lambda: layer(x), reps, x.device)
+            layer.policy = sparse_policy
+            t_sparse = _time(lambda: layer(x), reps, x.device)
+    finally:
+        layer.policy = policy
+        layer.reset_l0_estimate()
+        layer.train(was)
+    return {"module_ms": t_own * 1e3, "module_path": path, "module_sparse_ms": t_sparse * 1e3}
 
 
 def _fmt(v: Any, spec: str) -> str:

@@ -66,9 +66,13 @@ class _RMSNorm(nn.Module):
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding, Llama's rotate-half convention; x [B, H, T, Dh], cos/sin [T, Dh]."""
+    """Rotary embedding, Llama's rotate-half convention; x [B, H, T, Dh], cos/sin [T, Dh].
+
+    The result keeps x's dtype: under bf16 autocast q/k are bf16 but cos/sin follow the fp32 residual
+    stream, and fp32 q/k next to a bf16 v would keep attention off the fused bf16 SDPA kernels.
+    """
     x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+    return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
 
 class _Attention(nn.Module):

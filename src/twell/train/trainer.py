@@ -17,14 +17,18 @@ Multi-process: launched with ``torchrun`` (``WORLD_SIZE`` > 1 in the environment
 the global batch, all-reduces the logged scalars and the dead-unit counters, and writes checkpoints and
 logs from rank 0.
 
-Precision: fp32 on the CPU.  On CUDA ``precision="auto"`` stores the model in bf16 (the sparse layers'
-training path needs its input and weights in one dtype, so autocast is not used) and computes the loss
+Precision: fp32 on the CPU.  On CUDA ``precision="auto"`` stores the model in bf16 and computes the loss
 in fp32; AdamW then updates bf16 weights, which is fine for the short runs this loop is meant for but
-not a mixed-precision master-weight setup (use ``precision="fp32"`` for that comparison).
+not a mixed-precision master-weight setup.  ``precision="autocast"`` is that setup: fp32 parameters
+and optimizer state, forward (training and evaluation) under ``torch.autocast(dtype=bfloat16)``.  The
+sparse layers' dtype check still passes there (their input, the normed fp32 residual stream, has the
+weights' dtype) and the dense training FFN's matmuls run in bf16 through autocast, its elementwise
+work and the L1 sum in fp32.  ``fused_adamw`` selects PyTorch's fused AdamW kernel (CUDA).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -47,7 +51,10 @@ from .hooks import GateMonitor
 from .l1 import DEFAULT_L1_COEF, L1Schedule, l1_term, sparse_layers
 from .model import PRESETS, ModelSpec, build_model, count_parameters
 
-__all__ = ["DEFAULT_LR", "TrainConfig", "TrainResult", "evaluate", "load_checkpoint", "lr_at", "train"]
+__all__ = ["DEFAULT_LR", "PRECISIONS", "TrainConfig", "TrainResult", "evaluate", "load_checkpoint", "lr_at", "train"]
+
+#: ``TrainConfig.precision`` values (see the module docs).
+PRECISIONS = ("auto", "fp32", "bf16", "autocast")
 
 #: Peak learning rate per preset when ``TrainConfig.lr`` is None (common values for these sizes; tiny's
 #: 3e-3 was the fastest stable choice of {1e-3, 3e-3, 1e-2} in 200-step CPU runs).
@@ -74,6 +81,9 @@ class TrainConfig:
     revive: bool = True
     revive_weight: float = 0.1
     revive_std: float = 0.02
+    # Where the revival noise is drawn: "cpu" (the same rows on every device and rank) or "model" (the
+    # parameters' device: no host work per step, which matters when thousands of rows are dead).
+    revive_noise_device: str = "cpu"
     dead_window_tokens: int = 1 << 20
     track_dead: bool = True
     eval_every: int = 50  # 0: only at the end
@@ -89,7 +99,8 @@ class TrainConfig:
     data_cache_dir: str | None = None
     seed: int = 0
     device: str = "auto"
-    precision: str = "auto"  # "auto" (bf16 on CUDA, fp32 on CPU), "fp32", "bf16"
+    precision: str = "auto"  # "auto" (bf16 on CUDA, fp32 on CPU), "fp32", "bf16", "autocast" (fp32 + bf16 autocast)
+    fused_adamw: bool = False  # torch.optim.AdamW(fused=True): one kernel for all parameters (CUDA)
     train_ffn: str = "auto"  # SparseGatedMLP.train_impl for every layer: "auto", "dense", "sparse-reference"
     model_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"n_layers": 2}
     progress: bool = True
@@ -101,8 +112,10 @@ class TrainConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"precision must be 'auto', 'fp32' or 'bf16'; got {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        if self.revive_noise_device not in ("cpu", "model"):
+            raise ValueError(f"revive_noise_device must be 'cpu' or 'model'; got {self.revive_noise_device!r}")
         self.betas = tuple(self.betas)  # type: ignore[assignment]
 
     @property
@@ -187,6 +200,13 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
+def _autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast for ``precision="autocast"``, else nothing."""
+    if precision == "autocast":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 # ----------------------------------------------------------------------------------------- evaluation
 def _lm_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy of ``[B, T + 1]`` blocks; the model returns logits or an object with ``.logits``."""
@@ -196,12 +216,15 @@ def _lm_loss(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 def evaluate(model: nn.Module, blocks: torch.Tensor, *, batch_size: int, n_batches: int, device: torch.device,
-             rank: int = 0, world: int = 1) -> float:
-    """Mean LM loss over the first ``n_batches * batch_size * world`` held-out blocks (fixed set, in order)."""
+             rank: int = 0, world: int = 1, precision: str = "fp32") -> float:
+    """Mean LM loss over the first ``n_batches * batch_size * world`` held-out blocks (fixed set, in order).
+
+    ``precision="autocast"`` runs the forwards under bf16 autocast (as the training forwards of that mode).
+    """
     was = model.training
     model.eval()
     total, count = 0.0, 0
-    with torch.no_grad():
+    with torch.no_grad(), _autocast(precision, device):
         for b in range(n_batches):
             start = (b * world + rank) * batch_size
             if start >= blocks.shape[0]:
@@ -287,12 +310,15 @@ def train(
     *,
     data: TokenData | None = None,
     model_fn: Callable[[ModelSpec], nn.Module] | None = None,
+    on_step: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainResult:
     """Run ``config`` and return the trained model (unwrapped from DDP), logs and summary (see module docs).
 
     ``data``: pre-tokenized data (else :func:`prepare_data` from the config).  ``model_fn(spec)``: builds the
     model instead of :func:`build_model` (any module with ``SparseGatedMLP`` layers whose forward maps
     ``[B, T]`` ids to logits or to an object with ``.logits``); it is called after ``torch.manual_seed(seed)``.
+    ``on_step(record)``: called on rank 0 after every logged step (and its evaluation, if any) with that
+    step's log record, e.g. to write partial results or time steps; it must not change the record.
     """
     from tqdm.auto import tqdm
 
@@ -313,6 +339,7 @@ def train(
         else:
             torch.manual_seed(config.seed)
             model = model_fn(spec)
+        # "autocast" keeps fp32 parameters: autocast casts them per matmul.
         bf16 = config.precision == "bf16" or (config.precision == "auto" and device.type == "cuda")
         model.to(device=device, dtype=torch.bfloat16 if bf16 else torch.float32)
         layers = sparse_layers(model)
@@ -324,8 +351,9 @@ def train(
             layer.train_impl = config.train_ffn
         monitor = GateMonitor(model) if config.track_dead else None
         tracker = DeadUnitTracker(model, config.dead_window_tokens, monitor) if monitor is not None else None
+        impl = {"fused": True} if config.fused_adamw else {"foreach": True}
         optimizer = torch.optim.AdamW(_param_groups(model, config.weight_decay), lr=config.peak_lr,
-                                      betas=config.betas, weight_decay=config.weight_decay, foreach=True)
+                                      betas=config.betas, weight_decay=config.weight_decay, **impl)
         l1_sched = L1Schedule(config.l1_coef, config.l1_warmup_steps)
         logs: list[dict[str, Any]] = []
         eval_logs: list[dict[str, Any]] = []
@@ -355,7 +383,8 @@ def train(
                 g["lr"] = lr
             ids = batch_at(data.train, step, config.batch_size, seed=config.seed, rank=rank,
                            world_size=world).to(device)
-            lm = _lm_loss(run_model, ids)
+            with _autocast(config.precision, device):
+                lm = _lm_loss(run_model, ids)
             l1 = l1_term(layers)
             coef = l1_sched(step)
             loss = lm + coef * l1
@@ -367,7 +396,8 @@ def train(
             if tracker is not None:
                 tracker.step()
                 if config.revive:
-                    gen = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+                    gen_device = device if config.revive_noise_device == "model" else torch.device("cpu")
+                    gen = torch.Generator(device=gen_device).manual_seed(config.seed * 1_000_003 + step)
                     revived = revive_dead_units(tracker, model, config.revive_weight, config.revive_std, gen)
             if step % config.log_every == 0 or step + 1 == config.steps:
                 l0s = [float(m.last_l0) if m.last_l0 is not None else float("nan") for m in layers]
@@ -394,10 +424,12 @@ def train(
             last = step + 1 == config.steps
             if (config.eval_every and (step + 1) % config.eval_every == 0) or last:
                 ev = evaluate(model, data.heldout, batch_size=config.batch_size, n_batches=config.eval_batches,
-                              device=device, rank=rank, world=world)
+                              device=device, rank=rank, world=world, precision=config.precision)
                 eval_logs.append({"step": step + 1, "eval_loss": ev})
                 if logs and logs[-1]["step"] == step + 1:
                     logs[-1]["eval_loss"] = ev
+            if on_step is not None and rank == 0 and logs and logs[-1]["step"] == step + 1:
+                on_step(logs[-1])
             if config.checkpoint_dir and (last or (config.checkpoint_every and (step + 1) % config.checkpoint_every
                                                    == 0)):
                 if rank == 0:
