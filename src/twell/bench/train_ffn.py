@@ -7,7 +7,12 @@ Per point (token count M, target density) it runs three paths on the same inputs
   ordinary bf16 training runs, the baseline of every ratio;
 * ``sparse``: the Triton training op :func:`twell.ops.twell_gated_ffn_l1`;
 * ``auto``: what ``SparseGatedMLP(train_impl="auto")`` runs, its per-layer switch included (one
-  warm-up call first, as a layer's first call measures l0; ``auto_path`` says what it chose).
+  warm-up call first, as a layer's first call measures l0; ``auto_path`` says what it chose);
+* ``hotcold`` (with ``--sparse-impl hot-cold`` or ``both``): the hot/cold training op
+  :func:`twell.ops.hot_cold_training.twell_gated_ffn_l1_hot_cold`, its hot set chosen once per point
+  from a 4096-token sample as a layer would cache it (``hotcold_n_hot``, ``hotcold_width``,
+  ``hotcold_cold_l0``); the per-call hot-row gathers are timed.  ``--sparse-impl hot-cold`` leaves the
+  v1 op out (it takes seconds per call at 5 % and above).
 
 For each: forward+backward median ms (``triton.testing.do_bench``; calls slower than
 :data:`SLOW_CALL_MS` are timed from a few single calls instead), the speedup over dense, the peak
@@ -45,6 +50,7 @@ import torch.nn.functional as F
 
 from ..nn import SparseGatedMLP
 from ..nn.train_dispatch import TrainDispatchPolicy, dense_train_ffn_l1
+from ..ops.hot_cold_training import HotUnits, choose_training_hot_units, default_width, twell_gated_ffn_l1_hot_cold
 from ..ops.training import DEFAULT_WIDTH, default_token_splits, twell_gated_ffn_l1
 from ..reference.training import dense_gated_ffn_l1
 from ..synthetic import SparsityProfile, synthetic_ffn_problem
@@ -59,7 +65,9 @@ DEFAULT_DENSITIES = (0.5, 1.0, 2.0, 5.0, 10.0)
 DEFAULT_SHAPE = (2048, 5632)
 QUICK_MS = (4096, 16384)
 QUICK_DENSITIES = (0.5, 2.0)
-PATHS = ("dense", "sparse", "auto")
+PATHS = ("dense", "sparse", "auto", "hotcold")
+#: ``--sparse-impl`` choices: which sparse op(s) a point measures besides dense and auto.
+SPARSE_IMPLS = ("v1", "hot-cold", "both")
 #: Compared against the float64 reference: the output, the L1 term and the four input gradients.
 CHECKED = ("out", "l1", "dx", "dwg", "dwu", "dwd")
 #: ``grad_l1 = L1_GRAD_SCALE * M`` (module docstring).
@@ -86,6 +94,7 @@ class TrainFfnSweep:
     budget_s: float = 180.0
     max_call_s: float = 10.0
     train_policy: TrainDispatchPolicy | None = None  # of the "auto" path; None: the library default
+    sparse_impl: str = "v1"  # SPARSE_IMPLS
     tags: dict = field(default_factory=dict)
 
 
@@ -103,6 +112,11 @@ def _dense_step(x: torch.Tensor, ws: tuple, gout: torch.Tensor, gl1: torch.Tenso
 
 def _sparse_step(x: torch.Tensor, ws: tuple, gout: torch.Tensor, gl1: torch.Tensor, cfg: TrainFfnSweep) -> Result:
     out, l1, l0 = twell_gated_ffn_l1(x, *ws, width=cfg.width, token_splits=cfg.token_splits)
+    return _result(out, l1, l0, torch.autograd.grad((out, l1), (x, *ws), (gout, gl1)))
+
+
+def _hotcold_step(x: torch.Tensor, ws: tuple, gout: torch.Tensor, gl1: torch.Tensor, hot: HotUnits) -> Result:
+    out, l1, l0 = twell_gated_ffn_l1_hot_cold(x, *ws, hot)
     return _result(out, l1, l0, torch.autograd.grad((out, l1), (x, *ws), (gout, gl1)))
 
 
@@ -252,12 +266,21 @@ def run_point(
         row["ref_l0"] = float(ref["l0"])  # type: ignore[arg-type]
     _guard(row, "dense", device, log, lambda: _measure("dense", lambda: _dense_step(x, ws, gout_rows, gl1),
                                                ref, row, cfg, device))  # type: ignore[arg-type]
-    if skip_sparse:
+    if cfg.sparse_impl == "hot-cold":
+        pass
+    elif skip_sparse:
         row["sparse_skipped"] = skip_sparse
     else:
         _guard(row, "sparse", device, log, lambda: _measure("sparse", lambda: _sparse_step(x, ws, gout_rows, gl1, cfg),
                                                     ref, row, cfg, device))  # type: ignore[arg-type]
-    row["l0"] = row.get("sparse_l0", row["gate_l0"])
+    if cfg.sparse_impl != "v1":
+        def hotcold() -> None:
+            hot = choose_training_hot_units(x, ws[0])  # once per point, outside the timing: a layer caches it
+            row.update(hotcold_n_hot=hot.n_hot, hotcold_cold_l0=hot.cold_l0, hotcold_width=default_width(hot))
+            _measure("hotcold", lambda: _hotcold_step(x, ws, gout_rows, gl1, hot), ref, row, cfg, device)
+
+        _guard(row, "hotcold", device, log, hotcold)
+    row["l0"] = row.get("sparse_l0", row.get("hotcold_l0", row["gate_l0"]))
 
     def auto() -> None:
         mlp = SparseGatedMLP.from_weights(*(w.detach() for w in ws), train_impl="auto", train_policy=cfg.train_policy)
@@ -274,12 +297,13 @@ def run_point(
     _guard(row, "auto", device, log, auto)
     ref = None  # the float64 tensors go before the next point (not `del`: the closures above capture it)
     dense_ms, dense_mb = row.get("dense_ms"), row.get("dense_mem_mb")
-    for name in ("sparse", "auto"):
+    for name in ("sparse", "auto", "hotcold"):
         if dense_ms is not None and row.get(f"{name}_ms"):
             row[f"{name}_speedup"] = dense_ms / row[f"{name}_ms"]
         if dense_mb and row.get(f"{name}_mem_mb") is not None:
             row[f"{name}_mem_reduction_pct"] = 100.0 * (1.0 - row[f"{name}_mem_mb"] / dense_mb)
-    row["ok"] = row.get("sparse_ok")
+    oks = [row[f"{p}_ok"] for p in ("sparse", "hotcold") if row.get(f"{p}_ok") is not None]
+    row["ok"] = all(oks) if oks else None
     return row
 
 
@@ -366,7 +390,8 @@ def _max_err(r: dict, name: str) -> float | None:
 
 
 def _problem(r: dict) -> str | None:
-    for key in ("error", "skipped", "ref_error", "dense_error", "sparse_error", "sparse_skipped", "auto_error"):
+    for key in ("error", "skipped", "ref_error", "dense_error", "sparse_error", "sparse_skipped", "auto_error",
+                "hotcold_error"):
         if key in r:
             return f"{key.replace('_', ' ')}: {r[key]}"
     return None
@@ -376,12 +401,17 @@ def format_row(r: dict) -> str:
     head = f"d={r['d']} f={r['f']} M={r['m']:7d} dens={r['density_pct']:5.2f}%"
     if "error" in r or "skipped" in r:
         return f"{head}  {_problem(r)}"
-    ok = {True: "ok", False: "WRONG", None: "unchecked"}[r.get("sparse_ok")]
+    ok = {True: "ok", False: "WRONG", None: "unchecked"}[r.get("ok")]
+    hotcold = ""
+    if "hotcold_ms" in r:
+        hotcold = (f"hot/cold={r['hotcold_ms']:8.3f} ms ({_fmt(r.get('hotcold_speedup'), '.2f', 'x')}, "
+                   f"H={r['hotcold_n_hot']}, mem {_fmt(r.get('hotcold_mem_reduction_pct'), '+.0f', ' %')}, "
+                   f"err={_fmt(_max_err(r, 'hotcold'), '.1e')} det={r.get('hotcold_deterministic', '-')}) ")
     text = (
         f"{head} l0={r['l0']:7.1f} dense={_fmt(r.get('dense_ms'), '8.3f', ' ms')} "
         f"sparse={_fmt(r.get('sparse_ms'), '8.3f', ' ms')} ({_fmt(r.get('sparse_speedup'), '.2f', 'x')}, "
         f"mem {_fmt(r.get('sparse_mem_reduction_pct'), '+.0f', ' %')}) "
-        f"auto={_fmt(r.get('auto_speedup'), '.2f', 'x')} ({r.get('auto_path', '-')}) "
+        f"auto={_fmt(r.get('auto_speedup'), '.2f', 'x')} ({r.get('auto_path', '-')}) {hotcold}"
         f"max err={_fmt(_max_err(r, 'sparse'), '.1e')} det={r.get('sparse_deterministic', '-')} {ok}"
     )
     problem = _problem(r)
@@ -408,7 +438,26 @@ def summary_table(rows: list[dict]) -> str:
             f"{_fmt(r.get('sparse_mem_mb'), '.0f')} | {_fmt(r.get('sparse_mem_reduction_pct'), '+.0f', ' %')} | "
             f"{_fmt(_max_err(r, 'sparse'), '.1e')} | {r.get('sparse_deterministic', '-')} | {ok} | {note} |"
         )
-    return "\n".join(lines)
+    hot = [r for r in rows if "hotcold_ms" in r or "hotcold_error" in r]
+    return "\n".join(lines + ([""] + _hotcold_table(hot) if hot else []))
+
+
+def _hotcold_table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| d x F | M | density | l0 | hot units | W | dense ms | hot/cold ms | speedup | hot/cold MB | mem | "
+        "max rel err | bitwise | ok |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ok = {True: "yes", False: "NO", None: "-"}[r.get("hotcold_ok")]
+        lines.append(
+            f"| {r['d']}x{r['f']} | {r['m']} | {r['density_pct']}% | {r['l0']:.1f} | {r.get('hotcold_n_hot', '-')} | "
+            f"{r.get('hotcold_width', '-')} | {_fmt(r.get('dense_ms'), '.3f')} | {_fmt(r.get('hotcold_ms'), '.3f')} | "
+            f"{_fmt(r.get('hotcold_speedup'), '.2f', 'x')} | {_fmt(r.get('hotcold_mem_mb'), '.0f')} | "
+            f"{_fmt(r.get('hotcold_mem_reduction_pct'), '+.0f', ' %')} | {_fmt(_max_err(r, 'hotcold'), '.1e')} | "
+            f"{r.get('hotcold_deterministic', '-')} | {ok} |"
+        )
+    return lines
 
 
 def _parse_shape(text: str) -> tuple[int, int]:
@@ -433,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=None,
                    help=f"row-ELL width W of the sparse op (default {DEFAULT_WIDTH})")
     p.add_argument("--token-splits", type=int, default=None, help="K of the sparse op's weight-gradient kernel")
+    p.add_argument("--sparse-impl", choices=SPARSE_IMPLS, default="v1",
+                   help="sparse op(s) measured: the v1 Triton op, the hot/cold split (hotcold_* columns), or both")
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench measuring time per timing")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--budget-s", type=float, default=180.0, help="skip the remaining points past this sweep time")
@@ -451,21 +502,23 @@ def main(argv: list[str] | None = None) -> int:
         ms=tuple(a.ms or (QUICK_MS if a.quick else DEFAULT_MS)),
         densities=tuple(a.densities or (QUICK_DENSITIES if a.quick else DEFAULT_DENSITIES)),
         dtype=getattr(torch, a.dtype), seed=a.seed, rep_ms=a.rep_ms, warmup_ms=a.warmup_ms, width=a.width,
-        token_splits=a.token_splits, budget_s=a.budget_s, max_call_s=a.max_call_s,
+        token_splits=a.token_splits, budget_s=a.budget_s, max_call_s=a.max_call_s, sparse_impl=a.sparse_impl,
     )
     meta = environment(device)
     meta["sweep"] = {"ms": cfg.ms, "densities": cfg.densities, "shapes": cfg.shapes, "dtype": a.dtype,
-                     "width": a.width, "token_splits": a.token_splits, "l1_grad_scale": L1_GRAD_SCALE,
+                     "width": a.width, "token_splits": a.token_splits, "sparse_impl": a.sparse_impl,
+                     "l1_grad_scale": L1_GRAD_SCALE,
                      "rep_ms": a.rep_ms, "budget_s": a.budget_s, "max_call_s": a.max_call_s}
     rows = run_sweep(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, a.stem))
     paths = write_results(rows, meta, a.out, a.stem)
     d, f = cfg.shapes[0]
-    plot = plot_speedup([r for r in rows if (r["d"], r["f"]) == (d, f) and "sparse_speedup" in r],
-                        a.out / f"{a.stem}_speedup.png", y_key="sparse_speedup",
-                        title=f"Triton training FFN fwd+bwd vs dense autograd, {meta['device']}, d={d} F={f}")
-    if plot:
-        paths.append(plot)
+    for key, suffix, what in (("sparse", "", "Triton training FFN"), ("hotcold", "_hotcold", "hot/cold training FFN")):
+        points = [r for r in rows if (r["d"], r["f"]) == (d, f) and f"{key}_speedup" in r]
+        plot = points and plot_speedup(points, a.out / f"{a.stem}{suffix}_speedup.png", y_key=f"{key}_speedup",
+                                       title=f"{what} fwd+bwd vs dense autograd, {meta['device']}, d={d} F={f}")
+        if plot:
+            paths.append(plot)
     print("\n" + summary_table(rows))
     print("wrote " + ", ".join(str(p) for p in paths))
-    failed = [r for r in rows if "error" in r or r.get("sparse_ok") is False or "sparse_error" in r]
+    failed = [r for r in rows if "error" in r or r.get("ok") is False or "sparse_error" in r or "hotcold_error" in r]
     return 1 if failed else 0

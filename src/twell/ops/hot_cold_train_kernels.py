@@ -1,0 +1,503 @@
+"""Triton kernels of the hot/cold training op (:mod:`twell.ops.hot_cold_training` explains the method).
+
+Notation as in :mod:`twell.ops.train_kernels` (v1), whose jit helpers are reused: x [M, d], Wg, Wu and
+Wd^T [F, d] (unit-major), g = round(x Wg^T), a = relu(g), u = x . Wu[j], h = a u.  ``slot [F]`` (int32)
+maps a hot unit to its column in the [M, H] hot tensors and a cold unit to -1.
+
+Cold pairs live in a row-ELL of width W with continuation rows: ``ids/vals/u/dg/du [(M + C), W]``.
+Row t < M holds the first W cold pairs of token t (unit order); a token with more has its next ones in
+continuation rows ``M + lo[t] .. M + hi[t] - 1`` (W pairs each, the last one partly filled), whose
+owner token is ``owner[c]``.  Unused slots hold the sentinel id F, so the flattened ids are the sort key
+of the unit-major transpose exactly as in v1.  A token whose continuation rows would pass the capacity
+C "spills": its main row is all sentinel and every kernel recomputes its cold units densely from x
+and Wg (v1's exact fallback, with v1's ``_gate_of`` so that the recomputed gate is the same bits
+everywhere).  ``order [M]`` lists the overflowing tokens first (spilled ones last among them), then the
+rest: the row kernels take their token from it, so the long rows start first and never form a tail.
+
+Kernels (every sum in a fixed order, no atomics: results are bitwise reproducible):
+
+* :func:`launch_pack` (one program per token): the cold main row and the true cold count, and the hot
+  columns: a_hot [M, H], h_hot = round(a_hot u_hot) [M, H] (the down GEMM's operand), the row's
+  sum |h_hot| (fp32 h) and its hot non-zero count.
+* :func:`launch_pack_continuation` (one program per token): ``order``; for an overflowing token the
+  continuation pairs (a second pass over its gate row) and ``owner``, or the sentinel main row when it
+  spills.
+* :func:`launch_forward_rows`: out = round(init + cold pairs) with init = h_hot Wd_hot^T (fp32), the
+  row L1 sum (hot part included), u per cold slot (fp32, for the backward).
+* :func:`launch_hot_backward` (2-D tiles): dh = dh_raw + grad_l1 sign(h) / M, dg and du of the hot
+  pairs (rounded: they are tensor-core GEMM operands) and h_hot again (bitwise the forward's).
+* :func:`launch_backward_rows`: dX = round(init + cold pairs), dg and du per cold slot (fp32).
+* :func:`launch_unit_grads` (one program per unit): a hot unit copies its rows of the hot GEMMs'
+  weight gradients; a cold unit sums its pairs (from the stable sort of the ids, as in v1) and its
+  spilled tokens' recomputed pairs, and rounds once.  No token splits: a cold unit fires on fewer than
+  ``min_frequency`` of the tokens (0.6 % by default, ~100 pairs at M=16384), so one program per unit is
+  short; v1 needed splits for the hot units only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._runtime import interpreting, next_pow2
+from .gate_kernel import relu_keep_nan, round_to
+from .train_kernels import _NUM_WARPS, _ell_slots, _gate_of, _pair_grads, _sign, default_block
+
+#: Gate columns read per step of the pack kernels (v1's choice; 128 under the interpreter for speed).
+_PACK_BLOCK = 1024
+#: Tile of the hot backward kernel (rows x hot units): 32 x 64 fp32 values per operand on 4 warps.
+_HOT_BM, _HOT_BH = 32, 64
+
+
+def _pack_block(f: int, width: int) -> int:
+    return min(next_pow2(max(f, width)), 128 if interpreting() else _PACK_BLOCK)
+
+
+def _row_meta(d: int, block: int | None) -> dict:
+    return {"D_PAD": next_pow2(d), "SB": block or default_block(d), "num_warps": _NUM_WARPS}
+
+
+# ------------------------------------------------------------------------------------------ helpers
+@triton.jit
+def _cold_mask(slot_ptr, unit, u_ok):
+    """Which of ``unit`` are cold (slot -1); out-of-range units count as hot (excluded)."""
+    return u_ok & (tl.load(slot_ptr + unit, mask=u_ok, other=0) < 0)
+
+
+@triton.jit
+def _spilled_units(j0, x, slot_ptr, wg_ptr, wu_ptr, offs_d, d_ok, F, D, dtype: tl.constexpr, SB: tl.constexpr):
+    """Cold units j0 .. j0+SB of a spilled token, densely: v1's recomputed gate, hot units masked out.
+
+    Returns the weight-row offsets, the live pairs' mask (rows), a, u and the loaded Wg and Wu rows."""
+    unit = (j0 + tl.arange(0, SB)).to(tl.int64)
+    cold = _cold_mask(slot_ptr, unit, unit < F)
+    w_off = unit[:, None] * D + offs_d[None, :]
+    wg = tl.load(wg_ptr + w_off, mask=cold[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    a = relu_keep_nan(_gate_of(wg, x[None, :], dtype))
+    live = cold & (a != 0)
+    l_ok = live[:, None] & d_ok[None, :]
+    wu = tl.load(wu_ptr + w_off, mask=l_ok, other=0.0).to(tl.float32)
+    u = tl.sum(wu * x[None, :], axis=1)
+    return w_off, l_ok, live, a, u, wg, wu
+
+
+@triton.jit
+def _program_token(order_ptr, x_ptr, init_ptr, stride_xm, D, HAS_HOT: tl.constexpr, D_PAD: tl.constexpr):
+    """The token of this row program (overflowing ones first), its x row (fp32) and the fp32 start of
+    its output row: the hot part ``init[t]`` or zeros."""
+    t = tl.load(order_ptr + tl.program_id(0)).to(tl.int64)
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < D
+    x = tl.load(x_ptr + t * stride_xm + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    acc = tl.zeros((D_PAD,), dtype=tl.float32)
+    if HAS_HOT:
+        acc += tl.load(init_ptr + t * D + offs_d, mask=d_ok, other=0.0)
+    return t, offs_d, d_ok, x, acc
+
+
+@triton.jit
+def _token_rows(tok, live, x_ptr, go_ptr, stride_xm, stride_gm, offs_d, d_ok):
+    """x and dOut rows ([SB, D_PAD] fp32) of the tokens ``tok`` where ``live``."""
+    r_ok = live[:, None] & d_ok[None, :]
+    xr = tl.load(x_ptr + tok[:, None] * stride_xm + offs_d[None, :], mask=r_ok, other=0.0).to(tl.float32)
+    gr = tl.load(go_ptr + tok[:, None] * stride_gm + offs_d[None, :], mask=r_ok, other=0.0).to(tl.float32)
+    return xr, gr
+
+
+@triton.jit
+def _cont_rows(t, cnt, lo_ptr, hi_ptr, W):
+    """(lo, hi, n_main) of token t: its continuation rows and the pairs in its main row; lo = -1: spilled."""
+    lo = tl.load(lo_ptr + t).to(tl.int64)  # int64: the ELL row M + c addresses (M + C) * W slots
+    hi = tl.load(hi_ptr + t).to(tl.int64)
+    return lo, hi, tl.minimum(cnt, W)
+
+
+# --------------------------------------------------------------------------------------------- pack
+@triton.jit
+def _pack_kernel(
+    g_ptr, slot_ptr, uh_ptr, ids_ptr, val_ptr, cnt_ptr, ah_ptr, hh_ptr, hl1_ptr, hnz_ptr,
+    F, W, H, stride_gm, HAS_HOT: tl.constexpr, BF: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    base = row * W
+    total = tl.sum(tl.zeros((BF,), dtype=tl.int32), axis=0)
+    l1 = tl.zeros((BF,), dtype=tl.float32)
+    hot_nz = tl.zeros((BF,), dtype=tl.int32)
+    for f0 in range(0, F, BF):
+        offs = f0 + tl.arange(0, BF)
+        ok = offs < F
+        g = tl.load(g_ptr + row * stride_gm + offs, mask=ok, other=0.0)
+        a = relu_keep_nan(g)
+        nz = (a != 0) & ok
+        cold = nz
+        if HAS_HOT:
+            sl = tl.load(slot_ptr + offs, mask=ok, other=-1)
+            hot = sl >= 0
+            cold = nz & (sl < 0)
+            h_off = row * H + sl
+            u = tl.load(uh_ptr + h_off, mask=hot & nz, other=0.0)  # ~4 % of the hot columns at 0.5 % density
+            h = tl.where(hot & nz, a.to(tl.float32) * u, 0.0)
+            tl.store(ah_ptr + h_off, a, mask=hot)
+            tl.store(hh_ptr + h_off, round_to(h, hh_ptr.dtype.element_ty), mask=hot)
+            l1 += tl.abs(h)
+            hot_nz += (hot & nz).to(tl.int32)
+        nz_i = cold.to(tl.int32)
+        pos = total + tl.cumsum(nz_i, axis=0) - nz_i  # exclusive prefix count of cold pairs over the row
+        keep = cold & (pos < W)
+        tl.store(ids_ptr + base + pos, offs, mask=keep)
+        tl.store(val_ptr + base + pos, g, mask=keep)
+        total += tl.sum(nz_i, axis=0)
+    tl.store(cnt_ptr + row, total)
+    if HAS_HOT:
+        tl.store(hl1_ptr + row, tl.sum(l1, axis=0))
+        tl.store(hnz_ptr + row, tl.sum(hot_nz, axis=0))
+    n_main = tl.minimum(total, W)
+    for s0 in range(0, W, BF):
+        s = s0 + tl.arange(0, BF)
+        pad = (s >= n_main) & (s < W)
+        tl.store(ids_ptr + base + s, tl.zeros((BF,), dtype=tl.int32) + F, mask=pad)
+        tl.store(val_ptr + base + s, tl.zeros((BF,), dtype=val_ptr.dtype.element_ty), mask=pad)
+
+
+def launch_pack(
+    g: torch.Tensor, slot: torch.Tensor, u_hot: torch.Tensor, width: int, cont_rows: int
+) -> tuple[torch.Tensor, ...]:
+    """``(ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz)`` for the gate g [M, F] (rows contiguous).
+
+    ``ids``/``vals`` are [(M + C), W] with the C continuation rows all sentinel (filled by
+    :func:`launch_pack_continuation`); ``counts`` the true cold count per token (int32).  The hot
+    outputs are [M, H] (g's dtype) and [M] (fp32 L1 sums, int32 counts); zeros when H = 0.
+    """
+    m, f = g.shape
+    n_hot = u_hot.shape[1]
+    dev = g.device
+    ids = torch.empty((m + cont_rows, width), dtype=torch.int32, device=dev)
+    ids[m:].fill_(f)
+    vals = torch.empty((m + cont_rows, width), dtype=g.dtype, device=dev)
+    counts = torch.empty((m,), dtype=torch.int32, device=dev)
+    a_hot = torch.empty((m, n_hot), dtype=g.dtype, device=dev)
+    h_hot = torch.empty((m, n_hot), dtype=g.dtype, device=dev)
+    hot_l1 = torch.zeros((m,), dtype=torch.float32, device=dev)
+    hot_nz = torch.zeros((m,), dtype=torch.int32, device=dev)
+    hot = (u_hot, a_hot, h_hot) if n_hot else (g, g, g)  # no zero-size tensors reach the kernel
+    _pack_kernel[(m,)](
+        g, slot, hot[0], ids, vals, counts, hot[1], hot[2], hot_l1, hot_nz, f, width, n_hot, g.stride(0),
+        HAS_HOT=n_hot > 0, BF=_pack_block(f, width), num_warps=4,
+    )
+    return ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz
+
+
+@triton.jit
+def _pack_cont_kernel(
+    g_ptr, slot_ptr, ids_ptr, val_ptr, owner_ptr, order_ptr, cnt_ptr, lo_ptr, hi_ptr, ocum_ptr,
+    M, F, W, stride_gm, BF: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    cnt = tl.load(cnt_ptr + t)
+    oc = tl.load(ocum_ptr + t)  # overflowing tokens up to and including t
+    n_over = tl.load(ocum_ptr + M - 1)
+    over = cnt > W
+    tl.store(order_ptr + tl.where(over, oc - 1, n_over + t - oc), t.to(tl.int32))
+    if over:
+        lo, hi, n_main = _cont_rows(t, cnt, lo_ptr, hi_ptr, W)
+        if lo >= 0:
+            for c in range(lo, hi):
+                tl.store(owner_ptr + c, t.to(tl.int32))
+            total = tl.sum(tl.zeros((BF,), dtype=tl.int32), axis=0)
+            for f0 in range(0, F, BF):
+                offs = f0 + tl.arange(0, BF)
+                ok = offs < F
+                g = tl.load(g_ptr + t * stride_gm + offs, mask=ok, other=0.0)
+                cold = (relu_keep_nan(g) != 0) & _cold_mask(slot_ptr, offs, ok)
+                nz_i = cold.to(tl.int32)
+                e = total + tl.cumsum(nz_i, axis=0) - nz_i - W  # position among the continuation pairs
+                keep = cold & (e >= 0)
+                dst = (M + lo + e // W).to(tl.int64) * W + e % W
+                tl.store(ids_ptr + dst, offs, mask=keep)
+                tl.store(val_ptr + dst, g, mask=keep)
+                total += tl.sum(nz_i, axis=0)
+        else:  # spilled: its cold units are recomputed densely, so its main row lists nothing
+            for s0 in range(0, W, BF):
+                s = s0 + tl.arange(0, BF)
+                tl.store(ids_ptr + t * W + s, tl.zeros((BF,), dtype=tl.int32) + F, mask=s < W)
+
+
+def launch_pack_continuation(
+    g: torch.Tensor, slot: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor,
+    lo: torch.Tensor, hi: torch.Tensor, ocum: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fills the continuation rows of ``ids``/``vals`` in place; returns ``(order [M], owner [max(C, 1)])`` int32."""
+    m, f = g.shape
+    width = ids.shape[1]
+    order = torch.empty((m,), dtype=torch.int32, device=g.device)
+    owner = torch.empty((max(1, ids.shape[0] - m),), dtype=torch.int32, device=g.device)
+    _pack_cont_kernel[(m,)](
+        g, slot, ids, vals, owner, order, counts, lo, hi, ocum, m, f, width, g.stride(0),
+        BF=_pack_block(f, width), num_warps=4,
+    )
+    return order, owner
+
+
+# ------------------------------------------------------------------------------------------ forward
+@triton.jit
+def _ell_row_forward(erow, n, W, x, acc, l1, ids_ptr, val_ptr, u_ptr, wu_ptr, wdt_ptr, offs_d, d_ok, D,
+                     SB: tl.constexpr):
+    """Adds the first n pairs of ELL row ``erow`` to the output row ``acc`` and ``l1``; stores their u."""
+    for s0 in range(0, n, SB):
+        live, slot, a, w_off, w_ok = _ell_slots(erow, s0, n, W, ids_ptr, val_ptr, offs_d, d_ok, D, SB)
+        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        u = tl.sum(wu * x[None, :], axis=1)
+        tl.store(u_ptr + slot, u, mask=live)
+        h = tl.where(live, a * u, 0.0)
+        wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        acc += tl.sum(h[:, None] * wd, axis=0)
+        l1 += tl.abs(h)
+    return acc, l1
+
+
+@triton.jit
+def _forward_rows_kernel(
+    x_ptr, wg_ptr, wu_ptr, wdt_ptr, slot_ptr, ids_ptr, val_ptr, cnt_ptr, lo_ptr, hi_ptr, order_ptr,
+    init_ptr, hl1_ptr, u_ptr, out_ptr, l1_ptr,
+    M, F, D, W, stride_xm, stride_om,
+    HAS_HOT: tl.constexpr, D_PAD: tl.constexpr, SB: tl.constexpr,
+):
+    t, offs_d, d_ok, x, acc = _program_token(order_ptr, x_ptr, init_ptr, stride_xm, D, HAS_HOT, D_PAD)
+    dtype = x_ptr.dtype.element_ty
+    l1 = tl.zeros((SB,), dtype=tl.float32)
+    lo, hi, n_main = _cont_rows(t, tl.load(cnt_ptr + t), lo_ptr, hi_ptr, W)
+    if lo >= 0:
+        acc, l1 = _ell_row_forward(t, n_main, W, x, acc, l1, ids_ptr, val_ptr, u_ptr, wu_ptr, wdt_ptr,
+                                   offs_d, d_ok, D, SB)
+        left = tl.load(cnt_ptr + t) - n_main
+        for c in range(lo, hi):
+            acc, l1 = _ell_row_forward(M + c, tl.minimum(left, W), W, x, acc, l1, ids_ptr, val_ptr, u_ptr,
+                                       wu_ptr, wdt_ptr, offs_d, d_ok, D, SB)
+            left -= W
+    else:
+        for j0 in range(0, F, SB):
+            w_off, l_ok, live, a, u, wg, wu = _spilled_units(j0, x, slot_ptr, wg_ptr, wu_ptr, offs_d, d_ok, F, D,
+                                                             dtype, SB)
+            h = tl.where(live, a * u, 0.0)
+            wd = tl.load(wdt_ptr + w_off, mask=l_ok, other=0.0).to(tl.float32)
+            acc += tl.sum(h[:, None] * wd, axis=0)
+            l1 += tl.abs(h)
+    row_l1 = tl.sum(l1, axis=0)
+    if HAS_HOT:
+        row_l1 += tl.load(hl1_ptr + t)
+    tl.store(out_ptr + t * stride_om + offs_d, round_to(acc, out_ptr.dtype.element_ty), mask=d_ok)
+    tl.store(l1_ptr + t, row_l1)
+
+
+def launch_forward_rows(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor, slot: torch.Tensor,
+    ids: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+    order: torch.Tensor, init: torch.Tensor | None, hot_l1: torch.Tensor, *, block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out [M, d] in x's dtype, u [(M + C), W] fp32, row_l1 [M] fp32)``; ``init`` [M, d] fp32 or None."""
+    m, d = x.shape
+    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    u = torch.empty(ids.shape, dtype=torch.float32, device=x.device)
+    row_l1 = torch.empty((m,), dtype=torch.float32, device=x.device)
+    _forward_rows_kernel[(m,)](
+        x, w_gate, w_up, w_down_t, slot, ids, vals, counts, lo, hi, order,
+        x if init is None else init, hot_l1, u, out, row_l1,
+        m, w_gate.shape[0], d, ids.shape[1], x.stride(0), out.stride(0),
+        HAS_HOT=init is not None, **_row_meta(d, block),
+    )
+    return out, u, row_l1
+
+
+# ------------------------------------------------------------------------------------- hot backward
+@triton.jit
+def _hot_backward_kernel(dh_ptr, ah_ptr, uh_ptr, gl1_ptr, dgu_ptr, hh_ptr, M, H,
+                         BM: tl.constexpr, BH: tl.constexpr):
+    rows = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    ok = (rows < M)[:, None] & (cols < H)[None, :]
+    at = rows[:, None] * H + cols[None, :]
+    dh = tl.load(dh_ptr + at, mask=ok, other=0.0)
+    a = tl.load(ah_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(uh_ptr + at, mask=ok, other=0.0)
+    live = a != 0
+    h = tl.where(live, a * u, 0.0)
+    dh += tl.load(gl1_ptr) * _sign(h) / M
+    du = tl.where(live, dh * a, 0.0)
+    dg = tl.where(live & (a > 0), dh * u, 0.0)
+    dt = dgu_ptr.dtype.element_ty
+    gu = rows[:, None] * (2 * H) + cols[None, :]
+    tl.store(dgu_ptr + gu, round_to(dg, dt), mask=ok)
+    tl.store(dgu_ptr + gu + H, round_to(du, dt), mask=ok)
+    tl.store(hh_ptr + at, round_to(h, hh_ptr.dtype.element_ty), mask=ok)
+
+
+def launch_hot_backward(
+    dh_raw: torch.Tensor, a_hot: torch.Tensor, u_hot: torch.Tensor, grad_l1: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dgu [M, 2H] = [dg | du], h_hot [M, H])`` in a_hot's dtype from ``dh_raw = dOut Wd_hot`` (fp32)."""
+    m, n_hot = a_hot.shape
+    dgu = torch.empty((m, 2 * n_hot), dtype=a_hot.dtype, device=a_hot.device)
+    h_hot = torch.empty_like(a_hot)
+    grid = (triton.cdiv(m, _HOT_BM), triton.cdiv(n_hot, _HOT_BH))
+    _hot_backward_kernel[grid](dh_raw, a_hot, u_hot, grad_l1, dgu, h_hot, m, n_hot, BM=_HOT_BM, BH=_HOT_BH,
+                               num_warps=4)
+    return dgu, h_hot
+
+
+# ------------------------------------------------------------------------------------ cold backward
+@triton.jit
+def _ell_row_backward(erow, n, W, M, x, go, gl1, dx, ids_ptr, val_ptr, u_ptr, dg_ptr, du_ptr,
+                      wg_ptr, wu_ptr, wdt_ptr, offs_d, d_ok, D, SB: tl.constexpr):
+    """dX contributions of the first n pairs of ELL row ``erow``; stores their dg and du (fp32)."""
+    for s0 in range(0, n, SB):
+        live, slot, a, w_off, w_ok = _ell_slots(erow, s0, n, W, ids_ptr, val_ptr, offs_d, d_ok, D, SB)
+        u = tl.load(u_ptr + slot, mask=live, other=0.0)
+        wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        du, dg = _pair_grads(wd, go, a, u, live, gl1, M)
+        tl.store(dg_ptr + slot, dg, mask=live)
+        tl.store(du_ptr + slot, du, mask=live)
+        wg = tl.load(wg_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        dx += tl.sum(dg[:, None] * wg + du[:, None] * wu, axis=0)
+    return dx
+
+
+@triton.jit
+def _backward_rows_kernel(
+    x_ptr, go_ptr, wg_ptr, wu_ptr, wdt_ptr, slot_ptr, ids_ptr, val_ptr, cnt_ptr, lo_ptr, hi_ptr, order_ptr,
+    u_ptr, gl1_ptr, init_ptr, dg_ptr, du_ptr, dx_ptr,
+    M, F, D, W, stride_xm, stride_gm, stride_dxm,
+    HAS_HOT: tl.constexpr, D_PAD: tl.constexpr, SB: tl.constexpr,
+):
+    t, offs_d, d_ok, x, dx = _program_token(order_ptr, x_ptr, init_ptr, stride_xm, D, HAS_HOT, D_PAD)
+    dtype = x_ptr.dtype.element_ty
+    go = tl.load(go_ptr + t * stride_gm + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    gl1 = tl.load(gl1_ptr).to(tl.float32)
+    lo, hi, n_main = _cont_rows(t, tl.load(cnt_ptr + t), lo_ptr, hi_ptr, W)
+    if lo >= 0:
+        dx = _ell_row_backward(t, n_main, W, M, x, go, gl1, dx, ids_ptr, val_ptr, u_ptr, dg_ptr, du_ptr,
+                               wg_ptr, wu_ptr, wdt_ptr, offs_d, d_ok, D, SB)
+        left = tl.load(cnt_ptr + t) - n_main
+        for c in range(lo, hi):
+            dx = _ell_row_backward(M + c, tl.minimum(left, W), W, M, x, go, gl1, dx, ids_ptr, val_ptr, u_ptr,
+                                   dg_ptr, du_ptr, wg_ptr, wu_ptr, wdt_ptr, offs_d, d_ok, D, SB)
+            left -= W
+    else:
+        for j0 in range(0, F, SB):
+            w_off, l_ok, live, a, u, wg, wu = _spilled_units(j0, x, slot_ptr, wg_ptr, wu_ptr, offs_d, d_ok, F, D,
+                                                             dtype, SB)
+            wd = tl.load(wdt_ptr + w_off, mask=l_ok, other=0.0).to(tl.float32)
+            du, dg = _pair_grads(wd, go, a, u, live, gl1, M)
+            dx += tl.sum(dg[:, None] * wg + du[:, None] * wu, axis=0)
+    tl.store(dx_ptr + t * stride_dxm + offs_d, round_to(dx, dx_ptr.dtype.element_ty), mask=d_ok)
+
+
+def launch_backward_rows(
+    x: torch.Tensor, grad_out: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor,
+    slot: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor, lo: torch.Tensor,
+    hi: torch.Tensor, order: torch.Tensor, u: torch.Tensor, grad_l1: torch.Tensor, init: torch.Tensor | None,
+    *, block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dx [M, d] in x's dtype, dg, du [(M + C), W] fp32)``; ``init`` [M, d] fp32 (hot part) or None."""
+    m, d = x.shape
+    dx = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    dg = torch.empty(ids.shape, dtype=torch.float32, device=x.device)
+    du = torch.empty(ids.shape, dtype=torch.float32, device=x.device)
+    _backward_rows_kernel[(m,)](
+        x, grad_out, w_gate, w_up, w_down_t, slot, ids, vals, counts, lo, hi, order, u, grad_l1,
+        x if init is None else init, dg, du, dx,
+        m, w_gate.shape[0], d, ids.shape[1], x.stride(0), grad_out.stride(0), dx.stride(0),
+        HAS_HOT=init is not None, **_row_meta(d, block),
+    )
+    return dx, dg, du
+
+
+# --------------------------------------------------------------------------------- weight gradients
+@triton.jit
+def _unit_grads_kernel(
+    x_ptr, go_ptr, wg_ptr, wu_ptr, wdt_ptr, slot_ptr,
+    perm_ptr, start_ptr, owner_ptr, val_ptr, u_ptr, dg_ptr, du_ptr,
+    order_ptr, ocum_ptr, nspill_ptr, gl1_ptr, hgu_ptr, hwd_ptr,
+    dwg_ptr, dwu_ptr, dwdt_ptr,
+    M, F, D, W, H, stride_xm, stride_gm,
+    HAS_HOT: tl.constexpr, D_PAD: tl.constexpr, SB: tl.constexpr,
+):
+    j = tl.program_id(0).to(tl.int64)
+    dtype = x_ptr.dtype.element_ty
+    wdt = dwg_ptr.dtype.element_ty
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < D
+    row_j = j * D + offs_d
+    sl = tl.load(slot_ptr + j).to(tl.int64)
+    if sl >= 0:
+        if HAS_HOT:  # rows of the hot GEMMs' results, already in the parameter dtype
+            tl.store(dwg_ptr + row_j, tl.load(hgu_ptr + sl * D + offs_d, mask=d_ok), mask=d_ok)
+            tl.store(dwu_ptr + row_j, tl.load(hgu_ptr + (H + sl) * D + offs_d, mask=d_ok), mask=d_ok)
+            tl.store(dwdt_ptr + row_j, tl.load(hwd_ptr + sl * D + offs_d, mask=d_ok), mask=d_ok)
+    else:
+        acc_wd = tl.zeros((D_PAD,), dtype=tl.float32)
+        acc_wg = tl.zeros((D_PAD,), dtype=tl.float32)
+        acc_wu = tl.zeros((D_PAD,), dtype=tl.float32)
+        # Listed pairs of unit j: its segment of the (unit, slot)-sorted slots, in token order.
+        e = tl.load(start_ptr + j + 1)
+        for p0 in range(tl.load(start_ptr + j), e, SB):
+            p = p0 + tl.arange(0, SB)
+            live = p < e
+            slot = tl.load(perm_ptr + p, mask=live, other=0)
+            erow = slot // W
+            cont = live & (erow >= M)
+            tok = tl.where(cont, tl.load(owner_ptr + (erow - M), mask=cont, other=0).to(tl.int64), erow)
+            xr, gr = _token_rows(tok, live, x_ptr, go_ptr, stride_xm, stride_gm, offs_d, d_ok)
+            h = tl.where(live, tl.load(val_ptr + slot, mask=live, other=0.0).to(tl.float32)
+                         * tl.load(u_ptr + slot, mask=live, other=0.0), 0.0)
+            acc_wd += tl.sum(h[:, None] * gr, axis=0)
+            acc_wg += tl.sum(tl.load(dg_ptr + slot, mask=live, other=0.0)[:, None] * xr, axis=0)
+            acc_wu += tl.sum(tl.load(du_ptr + slot, mask=live, other=0.0)[:, None] * xr, axis=0)
+        # Spilled tokens (the tail of the overflowing ones in ``order``): recompute this unit's pairs.
+        n_over = tl.load(ocum_ptr + M - 1)
+        n_spill = tl.load(nspill_ptr)
+        if n_spill > 0:
+            wg_j = tl.load(wg_ptr + row_j, mask=d_ok, other=0.0).to(tl.float32)
+            wu_j = tl.load(wu_ptr + row_j, mask=d_ok, other=0.0).to(tl.float32)
+            wd_j = tl.load(wdt_ptr + row_j, mask=d_ok, other=0.0).to(tl.float32)
+            for q0 in range(n_over - n_spill, n_over, SB):
+                q = q0 + tl.arange(0, SB)
+                live = q < n_over
+                tok = tl.load(order_ptr + q, mask=live, other=0).to(tl.int64)
+                xr, gr = _token_rows(tok, live, x_ptr, go_ptr, stride_xm, stride_gm, offs_d, d_ok)
+                a = relu_keep_nan(_gate_of(xr, wg_j[None, :], dtype))
+                act = live & (a != 0)
+                u = tl.sum(xr * wu_j[None, :], axis=1)
+                du, dg = _pair_grads(gr, wd_j, a, u, act, tl.load(gl1_ptr), M)
+                acc_wd += tl.sum(tl.where(act, a * u, 0.0)[:, None] * gr, axis=0)
+                acc_wg += tl.sum(dg[:, None] * xr, axis=0)
+                acc_wu += tl.sum(du[:, None] * xr, axis=0)
+        tl.store(dwg_ptr + row_j, round_to(acc_wg, wdt), mask=d_ok)
+        tl.store(dwu_ptr + row_j, round_to(acc_wu, wdt), mask=d_ok)
+        tl.store(dwdt_ptr + row_j, round_to(acc_wd, wdt), mask=d_ok)
+
+
+def launch_unit_grads(
+    x: torch.Tensor, grad_out: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor,
+    slot: torch.Tensor, perm: torch.Tensor, starts: torch.Tensor, owner: torch.Tensor, vals: torch.Tensor,
+    u: torch.Tensor, dg: torch.Tensor, du: torch.Tensor, order: torch.Tensor, ocum: torch.Tensor,
+    n_spill: torch.Tensor, grad_l1: torch.Tensor, hot_gu: torch.Tensor | None, hot_wd: torch.Tensor | None,
+    *, block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dWg, dWu, dWd^T)`` [F, d] in the weights' dtype.
+
+    ``perm`` (int64) lists the flat ELL slots sorted by (unit, slot); unit j's are
+    ``perm[starts[j]:starts[j + 1]]``.  ``hot_gu`` [2H, d] = [dWg_hot; dWu_hot] and ``hot_wd`` [H, d] =
+    dWd_hot^T are the hot units' rows (None when H = 0)."""
+    m, d = x.shape
+    f = w_gate.shape[0]
+    grads = tuple(torch.empty((f, d), dtype=w_gate.dtype, device=x.device) for _ in range(3))
+    has_hot = hot_gu is not None
+    _unit_grads_kernel[(f,)](
+        x, grad_out, w_gate, w_up, w_down_t, slot, perm, starts, owner, vals, u, dg, du,
+        order, ocum, n_spill, grad_l1, hot_gu if has_hot else x, hot_wd if has_hot else x, *grads,
+        m, f, d, vals.shape[1], hot_gu.shape[0] // 2 if has_hot else 0, x.stride(0), grad_out.stride(0),
+        HAS_HOT=has_hot, **_row_meta(d, block),
+    )
+    return grads

@@ -1,0 +1,349 @@
+"""Hot/cold split of the sparse training op (issue 4): frequent units through GEMMs, the rest per pair.
+
+Same function and rounding rules as :class:`twell.reference.training.GatedFFNL1` and the v1 op
+(:mod:`twell.ops.training`) -- g rounded, u and h fp32, ``out`` and dX accumulated in fp32 and rounded
+once, ``l1 = sum |h| / M``, ``l0`` the mean active units per token, gradients in the parameter dtype
+with the L1 term included -- with one exception: the hot units' GEMM operands are rounded to the input
+dtype (h_hot in the forward, dg_hot, du_hot and h_hot in the backward), as dense bf16 autograd rounds
+them; their products still accumulate in fp32.
+
+Why: at 0.5 % density v1 is 0.33x of dense at M=16384 (bench_results/h200/train_ffn.json), and the
+units that fire often carry most pairs: on the synthetic profile at M=16384 the 576 units firing on
+>= 0.6 % of the tokens carry 75 % of the 28 pairs per token (CPU count, ``synthetic_ffn_problem``),
+so the per-pair kernels keep only ~7 pairs per token and the hot units become dense GEMMs.
+
+Forward (H hot units, ``hot.slot`` maps a unit to its hot column or -1)::
+
+    g      = round(x Wg^T)                 cuBLAS [M, F], the only product over all F units; not saved
+    u_hot  = x Wu[hot]^T                   cuBLAS, fp32 output [M, H] (saved)
+    pack   : cold row-ELL (unit ids) + a_hot, h_hot = round(a_hot u_hot), hot |h| sums and counts
+    init   = h_hot Wd[:, hot]^T            cuBLAS, fp32 output [M, d]
+    out    = round(init + sum over cold pairs a u Wd[:, j])     row kernel (v1's, with an fp32 start)
+
+Backward::
+
+    dh_hot = dOut Wd[:, hot] + gl1 sign(h) / M;  dg_hot, du_hot     cuBLAS fp32 + elementwise kernel
+    dX     = round([dg_hot | du_hot] [Wg[hot]; Wu[hot]] + cold pairs)           cuBLAS fp32 + row kernel
+    [dWg; dWu][hot] = [dg_hot | du_hot]^T x,  dWd[:, hot]^T = h_hot^T dOut      cuBLAS (parameter dtype)
+    cold rows of dWg, dWu, dWd^T: v1's unit-major gather (stable sort of the ELL ids, one program per unit)
+
+Choices, with the numbers behind them:
+
+* The hot columns are *not* reordered into one GEMM ``x [Wg[hot]; Wg[cold]; Wu[hot]]^T`` as in
+  inference: that needs a reordered copy of Wg per call (the weights change every optimizer step;
+  23 MB read + 23 MB written at d=2048, F=5632), rounds u_hot to bf16 (the oracle keeps u in fp32) and
+  needs a column -> unit map in every kernel.  Here the gate GEMM reads Wg as it is, only the H rows of
+  Wg, Wu and Wd^T are gathered per call (7 MB at H=576; Wd^T itself is copied per call, as in v1, unless
+  w_down is the transpose of a contiguous [F, d] tensor), and the pack extracts the hot columns in the
+  pass over g that it makes anyway.  The cost is a second, narrower GEMM for u_hot (2 M d H FLOPs either
+  way); not measured against the fused variant.
+* Cold overflow without a dense fallback tail: a token with more than W cold pairs continues in
+  continuation rows (up to C of them, default M / 2), and the row kernels start with those tokens.  v1
+  computes such rows densely in one program (F rows of Wg, Wu and Wd^T each, serially): at M=4096 it took
+  14.2 ms (dense 1.4 ms) with 2 such rows (train_ffn.json), which that serial tail would explain (not
+  profiled).  Only tokens past the capacity ("spilled") use v1's dense recomputation, so the result
+  stays exact at any density.
+* Default W from the hot set's expected cold l0: next power of two >= 2 cold_l0, in [8, 256] (32 when
+  unknown).  On the synthetic profile at M=16384 (CPU count): 0.5 % -> cold l0 7.1, max 162, W=16 needs
+  2380 continuation rows; 1 % -> H=1344, cold l0 8.9, W=32 needs 839; both far below C = 8192.  W and C
+  set the sort size, (M + C) W keys (393 K at 0.5 %, v1 sorted M 256 = 4.2 M).
+* No token splits in the weight-gradient kernel: a cold unit fires on < min_frequency of the tokens.
+* Saved for backward (no [M, F] tensor): x and the weights, the H gathered rows, a_hot [M, H] (input
+  dtype), u_hot [M, H] fp32, the ELL (ids, a, u) and its small index arrays.
+* Deterministic: fixed-order sums everywhere, cuBLAS GEMMs, a stable sort; no atomics, no host sync
+  (except choosing the hot set, which a caller does once and passes as :class:`HotUnits`).
+
+Prediction (H200, bf16, d=2048, F=5632, M=16384, 0.5 %, H=576, ~7 cold pairs per token; to be checked
+with ``twell bench train-ffn --sparse-impl hot-cold``): forward ~1.4 ms (gate GEMM 0.54 ms measured,
+hot GEMMs ~0.15, pack ~0.3, cold rows ~0.35), backward ~1.5 ms (four hot GEMMs ~0.4, cold rows ~0.5,
+sort ~0.05, unit kernel ~0.35); ~3 ms in all vs dense 5.6 ms (~1.8x), within 2.5-4 ms.  The per-pair
+figures are the inference row-gather's 1.5-2.0 ns per pair scaled by the rows each pair reads.  Peak
+extra memory ~0.4-0.5 GB (the transient g [M, F] and the fp32 [M, d] hot partials) vs dense 1.12 GB.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._validation import check_positive_int, check_tensor
+from ..reference.inference import _check_gated_weights
+from ._runtime import next_pow2, resolve_backend
+from .hot_cold_plan import HOT_MIN_FREQUENCY, HOT_MULTIPLE, HotColdPlan, choose_hot_units, unit_frequency
+from .hot_cold_train_kernels import (
+    launch_backward_rows,
+    launch_forward_rows,
+    launch_hot_backward,
+    launch_pack,
+    launch_pack_continuation,
+    launch_unit_grads,
+)
+from .inference import _unit_major
+from .training import _DTYPES, _dense_gate
+
+__all__ = [
+    "HotColdGatedFFNL1",
+    "HotUnits",
+    "choose_training_hot_units",
+    "default_cont_rows",
+    "default_width",
+    "hot_units",
+    "hot_units_from_frequency",
+    "twell_gated_ffn_l1_hot_cold",
+]
+
+#: ELL width when the hot set carries no cold-l0 estimate.
+UNKNOWN_L0_WIDTH = 32
+#: Bounds of the default ELL width.
+MIN_WIDTH, MAX_WIDTH = 8, 256
+
+
+@dataclass(frozen=True)
+class HotUnits:
+    """The hot set of one layer, built by :func:`hot_units` (cache it: building it synchronises).
+
+    Attributes:
+        ids: int64 [H], the hot unit ids, increasing.
+        slot: int32 [F], the column of unit j in the [M, H] hot tensors, -1 for a cold unit.
+        cold_l0: expected cold active units per token (from a frequency sample), or None.
+    """
+
+    ids: torch.Tensor
+    slot: torch.Tensor
+    cold_l0: float | None = None
+
+    @property
+    def n_hot(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def n_units(self) -> int:
+        return int(self.slot.shape[0])
+
+
+def hot_units(ids: torch.Tensor, n_units: int, *, cold_l0: float | None = None) -> HotUnits:
+    """Validated :class:`HotUnits` for unit ids ``ids`` (any order) of a layer with ``n_units`` units."""
+    check_tensor(ids, "hot", ndim=1, dtypes=(torch.int32, torch.int64))
+    if isinstance(n_units, bool) or not isinstance(n_units, int) or n_units < 0:
+        raise ValueError(f"n_units must be an int >= 0, got {n_units!r}")
+    ids = ids.to(torch.int64).sort().values
+    if ids.numel():
+        lo, hi = int(ids[0]), int(ids[-1])
+        if lo < 0 or hi >= n_units:
+            raise ValueError(f"hot unit ids must lie in [0, {n_units}), got range [{lo}, {hi}]")
+        if bool((ids[1:] == ids[:-1]).any()):
+            raise ValueError("hot unit ids must be unique")
+    if cold_l0 is not None and not (math.isfinite(cold_l0) and cold_l0 >= 0):
+        raise ValueError(f"cold_l0 must be a finite number >= 0, got {cold_l0}")
+    slot = torch.full((n_units,), -1, dtype=torch.int32, device=ids.device)
+    slot[ids] = torch.arange(ids.numel(), dtype=torch.int32, device=ids.device)
+    return HotUnits(ids=ids, slot=slot, cold_l0=cold_l0)
+
+
+def hot_units_from_frequency(
+    frequency: torch.Tensor, *, min_frequency: float = HOT_MIN_FREQUENCY, multiple: int = HOT_MULTIPLE
+) -> HotUnits:
+    """Hot set chosen as in inference (:func:`twell.ops.choose_hot_units`), with its cold l0 estimate."""
+    ids = choose_hot_units(frequency, min_frequency=min_frequency, multiple=multiple)
+    cold_l0 = float(frequency.double().sum() - frequency[ids].double().sum())
+    return hot_units(ids, frequency.shape[0], cold_l0=max(0.0, cold_l0))
+
+
+def choose_training_hot_units(
+    x: torch.Tensor, w_gate: torch.Tensor, *, min_frequency: float = HOT_MIN_FREQUENCY, multiple: int = HOT_MULTIPLE
+) -> HotUnits:
+    """Hot set from a token sample of ``x`` (:func:`twell.ops.unit_frequency`): one extra GEMM and a sync."""
+    with torch.no_grad():
+        freq = unit_frequency(x.detach(), w_gate.detach())
+    return hot_units_from_frequency(freq, min_frequency=min_frequency, multiple=multiple)
+
+
+def default_width(hot: HotUnits) -> int:
+    """ELL width W: next power of two >= 2 * cold_l0 within [8, 256], 32 without an estimate (docstring)."""
+    if hot.cold_l0 is None:
+        w = UNKNOWN_L0_WIDTH
+    else:
+        w = min(MAX_WIDTH, max(MIN_WIDTH, next_pow2(math.ceil(2 * hot.cold_l0))))
+    return max(1, min(w, hot.n_units - hot.n_hot))
+
+
+def default_cont_rows(m: int) -> int:
+    """Continuation-row capacity C = M / 2 (W / 2 extra cold pairs per token on average)."""
+    return m // 2
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``a @ b`` accumulated in fp32, returned in ``out_dtype`` (rounded once).
+
+    cuBLAS on CUDA; under the interpreter the CPU computes it in fp32 explicitly, so the result does not
+    depend on how its back-end handles half-precision matmuls (as ``training._dense_gate``)."""
+    if a.is_cuda:
+        return torch.mm(a, b) if out_dtype == a.dtype else torch.mm(a, b, out_dtype=out_dtype)
+    return (a.float() @ b.float()).to(out_dtype)
+
+
+def _overflow_layout(
+    counts: torch.Tensor, width: int, cont_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(lo, hi, ocum, n_spill)``: continuation rows [lo, hi) per token (-1: spilled), the inclusive
+    count of overflowing tokens, and the number of spilled ones (1-element).  Fixed sizes, on the device."""
+    over = counts > width
+    n_cont = torch.where(over, (counts - 1) // width, 0)  # ceil((count - W) / W) rows past the main one
+    hi = torch.cumsum(n_cont, 0, dtype=torch.int32)  # < 2**31: at most M F / W rows
+    lo = hi - n_cont
+    spill = over & (hi > cont_rows)
+    ocum = torch.cumsum(over, 0, dtype=torch.int32)
+    n_spill = spill.sum(dtype=torch.int32).reshape(1)
+    return lo.masked_fill(spill, -1), hi.masked_fill(spill, -1), ocum, n_spill
+
+
+class HotColdGatedFFNL1(torch.autograd.Function):
+    """``(out, l1) = HotColdGatedFFNL1.apply(x, w_gate, w_up, w_down, hot, width, cont_rows, stats)``.
+
+    ``hot`` a :class:`HotUnits` on x's device, ``width`` the ELL width W (<= the cold unit count),
+    ``cont_rows`` the continuation capacity C; ``stats`` (dict or None) receives ``"l0"``.  Inputs are
+    validated by :func:`twell_gated_ffn_l1_hot_cold`; the module docstring has the algorithm.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+        hot: HotUnits, width: int, cont_rows: int, stats: dict[str, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        m, d = x.shape
+        f, n_hot = w_gate.shape[0], hot.n_hot
+        ctx.down_view = w_down.t().is_contiguous()  # then dWd is returned as the same kind of view
+        ctx.empty = m == 0 or f == 0
+        if ctx.empty:
+            ctx.shapes = (x.shape, w_gate.shape, w_up.shape, w_down.shape)
+            if stats is not None:
+                stats["l0"] = torch.zeros((), dtype=torch.float32, device=x.device)
+            return torch.zeros((m, d), dtype=x.dtype, device=x.device), torch.zeros((), device=x.device)
+        x, wg, wu = x.contiguous(), w_gate.contiguous(), w_up.contiguous()
+        wdt = _unit_major(w_down)
+        g = _dense_gate(x, wg)
+        w_hot = wd_hot = None
+        u_hot = torch.empty((m, 0), dtype=torch.float32, device=x.device)
+        if n_hot:
+            w_hot = torch.empty((2 * n_hot, d), dtype=x.dtype, device=x.device)  # [Wg[hot]; Wu[hot]]
+            torch.index_select(wg, 0, hot.ids, out=w_hot[:n_hot])
+            torch.index_select(wu, 0, hot.ids, out=w_hot[n_hot:])
+            wd_hot = wdt.index_select(0, hot.ids)  # Wd[:, hot]^T [H, d]
+            u_hot = _mm(x, w_hot[n_hot:].t(), torch.float32)
+        ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz = launch_pack(g, hot.slot, u_hot, width, cont_rows)
+        lo, hi, ocum, n_spill = _overflow_layout(counts, width, cont_rows)
+        order, owner = launch_pack_continuation(g, hot.slot, ids, vals, counts, lo, hi, ocum)
+        del g
+        init = _mm(h_hot, wd_hot, torch.float32) if n_hot else None
+        del h_hot
+        out, u, row_l1 = launch_forward_rows(x, wg, wu, wdt, hot.slot, ids, vals, counts, lo, hi, order, init,
+                                             hot_l1)
+        del init
+        l1 = row_l1.sum() / m
+        ctx.save_for_backward(x, wg, wu, wdt, w_hot, wd_hot, a_hot, u_hot, hot.slot, ids, vals, u, counts, lo, hi,
+                              order, owner, ocum, n_spill)
+        if stats is not None:
+            nz = counts.sum(dtype=torch.int64) + hot_nz.sum(dtype=torch.int64)
+            stats["l0"] = (nz.to(torch.float64) / m).to(torch.float32)
+        return out, l1
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor, grad_l1: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        need_x, need_wg, need_wu, need_wd = ctx.needs_input_grad[:4]
+        nones = (None,) * 4
+        if ctx.empty:
+            return tuple(
+                torch.zeros(s, dtype=grad_out.dtype, device=grad_out.device) if need else None
+                for s, need in zip(ctx.shapes, (need_x, need_wg, need_wu, need_wd), strict=True)
+            ) + nones
+        (x, wg, wu, wdt, w_hot, wd_hot, a_hot, u_hot, slot, ids, vals, u, counts, lo, hi, order, owner, ocum,
+         n_spill) = ctx.saved_tensors
+        f = wg.shape[0]
+        go = grad_out.to(x.dtype).contiguous()
+        gl1 = grad_l1.detach().to(torch.float32).reshape(1).contiguous()
+        need_w = need_wg or need_wu or need_wd
+        dx_init = hot_gu = hot_wd = None
+        if w_hot is not None:
+            dgu, h_hot = launch_hot_backward(_mm(go, wd_hot.t(), torch.float32), a_hot, u_hot, gl1)
+            if need_x:
+                dx_init = _mm(dgu, w_hot, torch.float32)
+            if need_w:
+                hot_gu = _mm(dgu.t(), x, wg.dtype)
+                hot_wd = _mm(h_hot.t(), go, wg.dtype)
+            del dgu, h_hot
+        dx, dg, du = launch_backward_rows(x, go, wg, wu, wdt, slot, ids, vals, counts, lo, hi, order, u, gl1,
+                                          dx_init)
+        del dx_init
+        dwg = dwu = dwd = None
+        if need_w:
+            sorted_ids, perm = torch.sort(ids.reshape(-1), stable=True)
+            starts = torch.searchsorted(sorted_ids, torch.arange(f + 1, dtype=sorted_ids.dtype, device=x.device))
+            del sorted_ids
+            dwg, dwu, dwdt = launch_unit_grads(x, go, wg, wu, wdt, slot, perm, starts, owner, vals, u, dg, du, order,
+                                               ocum, n_spill, gl1, hot_gu, hot_wd)
+            dwd = dwdt.t() if ctx.down_view else dwdt.t().contiguous()
+            dwg, dwu, dwd = (dwg if need_wg else None), (dwu if need_wu else None), (dwd if need_wd else None)
+        return (dx if need_x else None), dwg, dwu, dwd, *nones
+
+
+def _resolve_hot(hot: object, x: torch.Tensor, w_gate: torch.Tensor) -> HotUnits:
+    f = w_gate.shape[0]
+    if hot is None:
+        return choose_training_hot_units(x, w_gate)
+    if isinstance(hot, HotUnits):
+        if hot.n_units != f:
+            raise ValueError(f"hot was built for {hot.n_units} units but w_gate has F = {f}")
+        if hot.slot.device != x.device:
+            raise ValueError(f"hot is on device {hot.slot.device} but x is on {x.device}")
+        return hot
+    if isinstance(hot, HotColdPlan):
+        return hot_units(hot.hot.to(x.device), f)
+    if isinstance(hot, torch.Tensor):
+        return hot_units(hot.to(x.device), f)
+    raise TypeError(f"hot must be HotUnits, a HotColdPlan, a tensor of unit ids or None; got {type(hot).__name__}")
+
+
+def twell_gated_ffn_l1_hot_cold(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    hot: HotUnits | HotColdPlan | torch.Tensor | None = None,
+    *,
+    width: int | None = None,
+    cont_rows: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sparse gated FFN with L1 penalty, hot units dense: ``(out [M, d], l1, l0)`` (module docstring).
+
+    Same contract as :func:`twell.ops.twell_gated_ffn_l1`: x [M, d]; w_gate, w_up [F, d]; w_down [d, F]
+    (the transpose of a contiguous [F, d] tensor spares a copy per call, and its gradient comes back as
+    the same kind of view); float16, bfloat16 or float32 on CUDA, or on the CPU under TRITON_INTERPRET=1.
+
+    ``hot``: a :class:`HotUnits` (cache it per layer: no host synchronisation then), a HotColdPlan or a
+    tensor of unit ids (validated: one synchronisation), or None to choose from a 4096-token sample of x
+    (one extra [4096, F] GEMM and a synchronisation per call).  Which units are hot never changes the
+    result beyond fp32 summation order and the rounding of hot GEMM operands, only the time.
+    ``width``: cold row-ELL width W (default :func:`default_width`); ``cont_rows``: continuation-row
+    capacity C (default M / 2; 0 sends every token with more than W cold pairs to the dense recompute).
+    """
+    _check_gated_weights(x, w_gate, w_up, w_down)
+    if x.dtype not in _DTYPES:
+        name = str(x.dtype).replace("torch.", "")
+        raise TypeError(f"twell_gated_ffn_l1_hot_cold takes float16, bfloat16 or float32 inputs, got {name} (the "
+                        "float64 oracle is twell.reference.training.gated_ffn_l1)")
+    resolve_backend("triton", x.device)
+    units = _resolve_hot(hot, x, w_gate)
+    n_cold = units.n_units - units.n_hot
+    w = default_width(units) if width is None else max(1, min(check_positive_int(width, "width"), n_cold))
+    if cont_rows is None:
+        c = default_cont_rows(x.shape[0])
+    elif isinstance(cont_rows, bool) or not isinstance(cont_rows, int) or cont_rows < 0:
+        raise ValueError(f"cont_rows must be an int >= 0, got {cont_rows!r}")
+    else:
+        c = cont_rows
+    stats: dict[str, torch.Tensor] = {}
+    out, l1 = HotColdGatedFFNL1.apply(x, w_gate, w_up, w_down, units, w, c, stats)
+    return out, l1, stats["l0"]
