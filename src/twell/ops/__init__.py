@@ -2,6 +2,7 @@
 
 from . import custom_ops  # noqa: F401 - registers torch.ops.twell.sparse_gated_ffn
 from .hot_cold_plan import HotColdPlan, build_hot_cold_plan, choose_hot_units, unit_frequency
+from .hot_cold_training import HotUnits, choose_training_hot_units, twell_gated_ffn_l1_hot_cold
 from .inference import (
     PRECISIONS,
     gate_twell,
@@ -16,14 +17,17 @@ from .training import twell_gated_ffn_l1
 __all__ = [
     "PRECISIONS",
     "HotColdPlan",
+    "HotUnits",
     "build_hot_cold_plan",
     "choose_hot_units",
+    "choose_training_hot_units",
     "gate_twell",
     "hot_cold_gated_ffn",
     "sparse_gated_ffn",
     "sparse_relu_ffn",
     "twell_gated_ffn",
     "twell_gated_ffn_l1",
+    "twell_gated_ffn_l1_hot_cold",
     "twell_relu_ffn",
     "unit_frequency",
 ]
