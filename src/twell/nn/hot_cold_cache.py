@@ -4,9 +4,16 @@ The hot units are re-chosen from a sample of the call's tokens on the layer's l0
 only calls that may synchronise with the host: the hot count sets tensor sizes); the plan's weight
 copies are rebuilt when a parameter changes (its version counter or storage moves), so an optimizer
 step or a ``load_state_dict`` between inference calls never leaves stale copies in use.
+
+Everything the cache holds is built with inference mode off (and grad mode off): a refresh or a
+rebuild that happens inside ``torch.inference_mode()`` would otherwise store inference tensors, which
+outlive that block and make a later in-place update or autograd use of them fail ("Inference tensors
+cannot be saved for backward").
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -26,7 +33,7 @@ class HotColdCache:
         self.min_frequency = min_frequency
         self._hot: torch.Tensor | None = None
         self._plan: HotColdPlan | None = None
-        self._key: tuple | None = None
+        self._key: Any = None
 
     @property
     def chosen(self) -> bool:
@@ -35,7 +42,7 @@ class HotColdCache:
 
     def refresh(self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> None:
         """Re-choose the hot units from (a sample of) the tokens ``x``; synchronises with the host once."""
-        with torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad():
             hot = choose_hot_units(unit_frequency(x, w_gate), min_frequency=self.min_frequency)
         if self._hot is not None and self._hot.device == hot.device and torch.equal(self._hot, hot):
             return
@@ -43,13 +50,23 @@ class HotColdCache:
         self._plan = None
         self._key = None
 
-    def plan(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> HotColdPlan | None:
-        """The plan for the current weights (rebuilt if they changed), or None when there is no hot unit."""
+    def plan(
+        self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, key: Any = None
+    ) -> HotColdPlan | None:
+        """The plan for the current weights (rebuilt if they changed), or None when there is no hot unit.
+
+        ``key``: a fingerprint of the three weights that the caller has already computed (anything
+        that compares equal exactly while the weights are unchanged; ``SparseGatedMLP`` passes its
+        own, identity included), which saves building one here per call; None: this cache's own
+        (storage pointer, version, shape, dtype, device of each weight).
+        """
         if self._hot is None or self._hot.numel() == 0:
             return None
-        key = _weights_key(w_gate, w_up, w_down)
+        if key is None:
+            key = _weights_key(w_gate, w_up, w_down)
         if self._plan is None or key != self._key:
-            self._plan = build_hot_cold_plan(w_gate.detach(), w_up.detach(), w_down.detach(), self._hot)
+            with torch.inference_mode(False), torch.no_grad():
+                self._plan = build_hot_cold_plan(w_gate.detach(), w_up.detach(), w_down.detach(), self._hot)
             self._key = key
         return self._plan
 

@@ -24,6 +24,14 @@ float ``_l0_estimate`` that is refreshed from the device-side ``last_l0`` only o
 (a device-side reduction, every call); the dense path measures it (a ``count_nonzero`` of the gate
 activation) only on those refresh calls.  Before the first estimate the density is taken as 1, the
 worst case, which means dense under any table that is not "always sparse", and the call measures it.
+The policy's answer is cached per token count until the policy or the estimate changes.
+
+Per call the inference path does as little host work as it can (decode calls every layer once per
+token, and at a few tokens the host is the bottleneck; ``scripts/module_overhead.py`` times it): a
+dense call that is not a refresh call runs exactly the plain dense chain's ops on ``x`` as given,
+and the sparse path validates the weights once per weight change and then calls unchecked twins of
+the custom ops (``torch.ops.twell.*_unchecked``).  The caches it keeps (Wd^T unit-major, the hot/cold
+plan) are built with inference mode off, so they never hold inference tensors.
 
 Inference with gradients required (eval mode but grad mode on and a parameter or the input requiring
 grad) takes the dense path whatever the policy says: the sparse inference ops have no backward, and
@@ -33,8 +41,9 @@ falling back silently to wrong gradients is worse than being slower.  Run infere
 
 from __future__ import annotations
 
+import itertools
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -42,9 +51,9 @@ from torch import nn
 
 from .. import ops as _ops  # noqa: F401 - registers torch.ops.twell.*
 from .._validation import FLOAT_DTYPES, check_positive_int, check_same_device, check_same_dtype, check_tensor
-from ..format.twell import DEFAULT_TILE, MAX_TILE
+from ..format.twell import DEFAULT_TILE, MAX_TILE, default_capacity
 from ..ops._runtime import BACKENDS, resolve_backend
-from ..ops.inference import PRECISIONS, TRITON_TILES
+from ..ops.inference import PRECISIONS, TRITON_TILES, _check_triton_dtype
 from ..ops.training import twell_gated_ffn_l1
 from ..reference.training import dense_gated_ffn_l1, gated_ffn_l1
 from .dispatch import DEFAULT_POLICY, DispatchPolicy
@@ -63,6 +72,44 @@ from .train_dispatch import (
 TRAIN_IMPLS = ("auto", "dense", "sparse-reference", "triton")
 
 __all__ = ["DenseReluGatedMLP", "SparseGatedMLP"]
+
+
+#: Bound on the per-layer cache of dispatch decisions (one entry per distinct token count; prefill
+#: lengths vary, so the cache must not grow without limit).
+_MAX_CACHED_DECISIONS = 256
+#: Generation numbers of _SparsePrep, unique in the process: the hot/cold plan is keyed on it.
+_PREP_GENERATIONS = itertools.count()
+
+
+class _InferenceState:
+    """Host-side bookkeeping of one layer's inference calls.
+
+    A plain object with slots rather than attributes of the ``nn.Module``: assigning an attribute of
+    a Module goes through ``Module.__setattr__`` (1.26 us on the CPU, scripts/module_overhead.py),
+    and the call counter changes on every call.
+    """
+
+    __slots__ = ("calls", "decided_estimate", "decided_policy", "decisions", "estimate", "refresh_now")
+
+    def __init__(self) -> None:
+        self.calls = 0  # inference calls since the last reset: every l0_refresh_every-th one refreshes
+        self.estimate: float | None = None  # host copy of l0, refreshed on refresh calls
+        self.refresh_now = False  # set by _ffn_infer: this call may re-choose the hot units
+        # Cached dispatch answers per (token count, device type), valid for this policy and estimate.
+        self.decided_policy: DispatchPolicy | None = None
+        self.decided_estimate: float | None = None
+        self.decisions: dict[tuple[int, str], bool] = {}
+
+
+class _SparsePrep(NamedTuple):
+    """What the sparse path derived from one state of the weights (see ``SparseGatedMLP._prepare_sparse``)."""
+
+    key: tuple[int, ...] | None  # (data_ptr, version) of Wg, Wu, Wd; None for inference-tensor weights
+    generation: int  # unique per rebuild: the key of the hot/cold plan
+    refs: tuple[weakref.ref, ...]  # the weights themselves, for the identity check
+    backend: str  # "torch" or "triton", resolved for the weights' device
+    capacity: int  # resolved (the format's default when the layer's is None)
+    hot_cold: bool  # the hot/cold split applies
 
 
 def _dense_ffn(
@@ -165,7 +212,9 @@ class SparseGatedMLP(nn.Module):
         hot_cold: on the Triton sparse inference path with ``precision="match"``, split the units: those
             firing on >= 0.6 % of tokens (re-chosen from a 4096-token sample on l0-refresh calls) are
             computed densely inside the gate GEMM, the rest through TwELL (:mod:`twell.ops.hot_cold`).
-            Costs a reordered copy of Wg plus the hot rows of Wu and Wd (~1.3x the gate weight).
+            Costs a reordered copy of Wg plus the hot rows of Wu and Wd (~1.3x the gate weight).  Not
+            used when the weights are inference tensors (created under ``torch.inference_mode``): they
+            have no version counter, so a cached plan could go stale unseen.
         device, dtype: of the parameters, as for ``nn.Linear``.
 
     Attributes set by ``forward``: ``last_l0`` (float32 scalar tensor on the layer's device, no grad; the
@@ -242,14 +291,15 @@ class SparseGatedMLP(nn.Module):
         # module.to() moves it and state dicts do not see it; _wd_key says which weight it was built from.
         self.register_buffer("_wd_unit_major", None, persistent=False)
         self._wd_key: tuple[Any, ...] | None = None
+        # What the sparse path derived from the weights (validation, resolved backend and capacity),
+        # valid while the weights' fingerprint is unchanged.
+        self._sparse_prep: _SparsePrep | None = None
 
+        self._state = _InferenceState()  # before the properties below are assigned through
         self.last_l0: torch.Tensor | None = None
         self.last_l1: torch.Tensor | None = None
-        self._l0_estimate: float | None = None
-        self._infer_calls = 0
         self._train_switch = TrainSwitch()
         self._hot_cold = HotColdCache()
-        self._refresh_now = False  # set by _ffn_infer: this call may re-choose the hot units
 
     # ------------------------------------------------------------------ construction from weights
     @classmethod
@@ -320,16 +370,22 @@ class SparseGatedMLP(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., hidden_size]`` -> ``[..., hidden_size]``; the path is chosen as the module docs say."""
-        train = self.training and torch.is_grad_enabled()
-        _check_input(x, self.hidden_size, self.gate_proj.weight, autocast_ok=train)
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.hidden_size)
-        if train:
-            out = self._ffn_train(x2)
-        else:
+        if self.training and torch.is_grad_enabled():
+            _check_input(x, self.hidden_size, self.gate_proj.weight, autocast_ok=True)
+            lead = x.shape[:-1]
+            out = self._ffn_train(x.reshape(-1, self.hidden_size))
+            return out.reshape(*lead, self.hidden_size)
+        # Inference: called once per layer per decode step, where the host is the bottleneck, so this
+        # path avoids what costs a microsecond or so per call on the CPU (scripts/module_overhead.py,
+        # d=64, F=256, M=1: Module.__getattr__ twice for self.gate_proj.weight 1.29 us, Module.__setattr__
+        # 1.26 us, a reshape 0.91 us) -- see _weights, _InferenceState, _use_sparse and _ffn_infer.  The
+        # dense path's time over the plain F.linear chain went from 18.7 to 5.1 us per call there
+        # (30.77 vs 17.54 us, plain chain ~12.3 us), below DenseReluGatedMLP's 8.2 us.
+        weights = self._weights()
+        _check_input(x, self.hidden_size, weights[0])
+        if self.last_l1 is not None:
             self.last_l1 = None  # drop the previous training graph; l1_loss() now refers to nothing
-            out = self._ffn_infer(x2)
-        return out.reshape(*lead, self.hidden_size)
+        return self._ffn_infer(x, weights)
 
     def _ffn_train(self, x: torch.Tensor) -> torch.Tensor:
         """The one place the training FFN is called (see ``train_impl``)."""
@@ -358,72 +414,191 @@ class SparseGatedMLP(nn.Module):
         self.last_l0 = l0.detach()
         return out
 
-    def _needs_grad(self, x: torch.Tensor) -> bool:
-        return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+    def _weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(Wg, Wu, Wd)`` read from the children's parameter dicts: two dict lookups each instead of two
+        ``Module.__getattr__`` calls (1.29 us a weight on the CPU).  A weight that is not a registered
+        parameter (``torch.nn.utils.parametrize`` makes ``weight`` a property) is read as an attribute."""
+        mods = self._modules
+        try:
+            return (mods["gate_proj"]._parameters["weight"], mods["up_proj"]._parameters["weight"],  # type: ignore[union-attr,return-value]
+                    mods["down_proj"]._parameters["weight"])
+        except KeyError:
+            return self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight
 
-    def _ffn_infer(self, x: torch.Tensor) -> torch.Tensor:
-        m = x.shape[0]
+    def _needs_grad(self, x: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in self._weights()))
+
+    # The inference state behind properties, so that the code and the tests that read these names keep
+    # working while the per-call updates go to a plain object (see _InferenceState).
+    @property
+    def _l0_estimate(self) -> float | None:
+        return self._state.estimate
+
+    @_l0_estimate.setter
+    def _l0_estimate(self, value: float | None) -> None:
+        self._state.estimate = value
+
+    @property
+    def _infer_calls(self) -> int:
+        return self._state.calls
+
+    @_infer_calls.setter
+    def _infer_calls(self, value: int) -> None:
+        self._state.calls = value
+
+    def _ffn_infer(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The inference FFN of ``x [..., d]`` (checked by forward): dense or sparse, l0 bookkeeping.
+
+        On a call that is not an l0-refresh call the dense path runs exactly the dense FFN's five ops
+        (three linears, relu, mul) on ``x`` as given -- ``F.linear`` takes any leading shape, so there is
+        no reshape -- and no host synchronisation (``tests/test_nn_overhead.py`` pins both).
+        """
+        m = x.numel() // self.hidden_size
         if m == 0:
             # Nothing to compute or measure; an empty batch must not drag the l0 estimate to 0.
-            return _dense_ffn(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)[0]
-        refresh = self._infer_calls % self.l0_refresh_every == 0
-        self._infer_calls += 1
+            return _dense_ffn(x, *weights)[0]
+        state = self._state
+        refresh = state.calls % self.l0_refresh_every == 0
+        state.calls += 1
         if self._use_sparse(m, x.device.type) and not self._needs_grad(x):
-            self._refresh_now = refresh
-            out = self._ffn_sparse(x)
+            state.refresh_now = refresh
+            if x.dim() == 2:
+                out = self._ffn_sparse(x)
+            else:
+                out = self._ffn_sparse(x.reshape(m, self.hidden_size)).view(x.shape)
         else:
-            out, a = _dense_ffn(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
-            if refresh or self._l0_estimate is None:
+            out, a = _dense_ffn(x, *weights)
+            if refresh or state.estimate is None:
                 self.last_l0 = self._measure_dense_l0(a)
-        if refresh or self._l0_estimate is None:
+        if refresh or state.estimate is None:
             self._sync_l0_estimate()
         return out
 
     def _use_sparse(self, n_tokens: int, device_type: str) -> bool:
-        # Unknown density counts as 1 (fully dense): only an "always sparse" row says sparse then.
-        density = 1.0 if self._l0_estimate is None else min(1.0, max(0.0, self._l0_estimate / self.intermediate_size))
-        return self.policy.use_sparse(
-            n_tokens, density, device_type=device_type, shape=(self.hidden_size, self.intermediate_size)
-        )
+        """The policy's answer for ``n_tokens`` at the current l0 estimate, cached per (token count, device type).
+
+        The answer is a pure function of the policy, the estimate and these two, so it is cached until
+        either of the first two changes (the estimate moves on refresh calls only): a cached answer
+        costs a dict lookup instead of the policy's checks and bisect: 0.24 us against 1.14 us per call
+        on the CPU (scripts/module_overhead.py).
+        """
+        state = self._state
+        policy, estimate = self.policy, state.estimate
+        if state.decided_policy is not policy or state.decided_estimate != estimate:
+            state.decisions.clear()
+            state.decided_policy, state.decided_estimate = policy, estimate
+        key = (n_tokens, device_type)
+        sparse = state.decisions.get(key)
+        if sparse is None:
+            # Unknown density counts as 1 (fully dense): only an "always sparse" row says sparse then.
+            density = 1.0 if estimate is None else min(1.0, max(0.0, estimate / self.intermediate_size))
+            sparse = policy.use_sparse(
+                n_tokens, density, device_type=device_type, shape=(self.hidden_size, self.intermediate_size)
+            )
+            if len(state.decisions) < _MAX_CACHED_DECISIONS:
+                state.decisions[key] = sparse
+        return sparse
 
     def _ffn_sparse(self, x: torch.Tensor) -> torch.Tensor:
-        """The sparse FFN; its per-(row, tile) non-zero counts give l0 without a host sync."""
-        wg, wu = self.gate_proj.weight.detach(), self.up_proj.weight.detach()
+        """The sparse FFN of ``x [M, d]``; its per-(row, tile) non-zero counts give l0 without a host sync.
+
+        The weights are validated once per change (:meth:`_prepare_sparse`) and ``x`` by forward, so
+        the unchecked custom ops run here (still custom ops: torch.compile captures them).
+        """
+        w_gate, w_up, w_down = self._weights()
+        prep = self._prepare_sparse(w_gate, w_up, w_down)
+        x = x.contiguous()
         plan = None
-        if self.hot_cold and self.precision == "match" and resolve_backend(self.backend, x.device) == "triton":
+        if prep.hot_cold:
             # Hot units re-chosen on refresh calls only (the choice synchronises with the host).
-            if self._refresh_now or not self._hot_cold.chosen:
-                self._hot_cold.refresh(x, wg, wu, self.down_proj.weight.detach())
-            plan = self._hot_cold.plan(wg, wu, self.down_proj.weight.detach())
-        # Through registered custom ops, so torch.compile captures the layer without a graph break.
+            if self._state.refresh_now or not self._hot_cold.chosen:
+                self._hot_cold.refresh(x, w_gate, w_up, w_down)
+            plan = self._hot_cold.plan(w_gate, w_up, w_down, key=prep.generation)
+        w_down_t = self._buffers["_wd_unit_major"]  # current: _prepare_sparse rebuilt it if Wd changed
+        if w_down_t is None or prep.key is None:
+            w_down_t = self.w_down_unit_major()
         if plan is not None:
-            out, counts = torch.ops.twell.hot_cold_gated_ffn(
-                x, wg, wu, self.w_down_unit_major().t(), plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t,
-                self.tile, self.capacity or 0, self.backend,
+            out, counts = torch.ops.twell.hot_cold_gated_ffn_unchecked(
+                x, w_gate, w_up, w_down_t, plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t, self.tile,
+                prep.capacity, prep.backend,
             )
         else:
-            out, counts = torch.ops.twell.sparse_gated_ffn(
-                x, wg, wu, self.w_down_unit_major().t(), self.tile, self.capacity or 0, self.precision, "auto",
-                self.backend,
+            out, counts = torch.ops.twell.sparse_gated_ffn_unchecked(
+                x, w_gate, w_up, w_down_t, self.tile, prep.capacity, self.precision, prep.backend
             )
-        self.last_l0 = (counts.sum(dtype=torch.int64).to(torch.float64) / x.shape[0]).to(torch.float32)
+        # Two device ops (an fp32 sum, exact while M * l0 < 2^24 and off by ~1e-7 relative beyond, and an
+        # in-place divide) where an int64 sum, two casts and a divide took four: 4.94 vs 9.67 us of host
+        # time on the CPU (scripts/module_overhead.py), and two kernel launches fewer on the GPU.
+        self.last_l0 = counts.sum(dtype=torch.float32).div_(x.shape[0])
         return out
+
+    def _prepare_sparse(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> _SparsePrep:
+        """The sparse path's view of the current weights, rebuilt (and the weights checked) when they change.
+
+        The fingerprint is each weight's identity, storage pointer and version counter (bumped by
+        optimizer steps, ``copy_``, ``load_state_dict``); a new dtype, device or shape comes with new
+        storage.  Weights that are inference tensors (created under ``torch.inference_mode``) have no
+        version counter, so an in-place change to them could not be seen: for them nothing derived is
+        cached -- Wd^T is rebuilt per call and the hot/cold split (whose plan copies weights and
+        synchronises when built) is not used.
+        """
+        prep = self._sparse_prep
+        try:
+            key: tuple[int, ...] | None = (w_gate.data_ptr(), w_gate._version, w_up.data_ptr(), w_up._version,
+                                           w_down.data_ptr(), w_down._version)
+        except RuntimeError:  # "Inference tensors do not track version counter."
+            key = None
+        if prep is not None and key is not None and prep.key == key:
+            refs = prep.refs
+            if refs[0]() is w_gate and refs[1]() is w_up and refs[2]() is w_down:
+                return prep
+        self._check_weights(w_gate, w_up, w_down)
+        backend = resolve_backend(self.backend, w_gate.device)
+        if backend == "triton":
+            _check_triton_dtype(w_gate)
+        if key is not None:
+            self.w_down_unit_major()  # rebuild the Wd^T buffer now if Wd changed
+        prep = _SparsePrep(
+            key=key,
+            generation=next(_PREP_GENERATIONS),
+            refs=(weakref.ref(w_gate), weakref.ref(w_up), weakref.ref(w_down)),
+            backend=backend,
+            capacity=self.capacity or default_capacity(self.tile),
+            hot_cold=self.hot_cold and self.precision == "match" and backend == "triton" and key is not None,
+        )
+        self._sparse_prep = prep
+        return prep
+
+    def _check_weights(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> None:
+        """The weights still have the layer's shapes and one float dtype and device (they may have been
+        replaced since construction)."""
+        d, f = self.hidden_size, self.intermediate_size
+        named = {"gate_proj.weight": w_gate, "up_proj.weight": w_up, "down_proj.weight": w_down}
+        for name, w in named.items():
+            check_tensor(w, name, ndim=2, dtypes=FLOAT_DTYPES)
+            want = (d, f) if name == "down_proj.weight" else (f, d)
+            if tuple(w.shape) != want:
+                raise ValueError(f"{name} has shape {tuple(w.shape)} but the layer needs {want} (hidden_size={d}, "
+                                 f"intermediate_size={f})")
+        check_same_dtype(named)
+        check_same_device(named)
 
     @staticmethod
     def _measure_dense_l0(a: torch.Tensor) -> torch.Tensor:
-        """Mean active units per token of a dense activation, on its device (NaN counts as active)."""
+        """Mean active units per token of a dense activation ``[..., F]``, on its device (NaN counts as active)."""
         with torch.no_grad():
-            return (torch.count_nonzero(a).to(torch.float64) / max(1, a.shape[0])).to(torch.float32)
+            tokens = a.numel() // max(1, a.shape[-1])
+            return (torch.count_nonzero(a).to(torch.float64) / max(1, tokens)).to(torch.float32)
 
     def _sync_l0_estimate(self) -> None:
         """The only device-to-host synchronisation of the inference path (every ``l0_refresh_every`` calls)."""
         if self.last_l0 is not None:
-            self._l0_estimate = float(self.last_l0)
+            self._state.estimate = float(self.last_l0)
 
     def reset_l0_estimate(self) -> None:
         """Forget the density estimate (e.g. after loading other weights): the next call measures afresh."""
-        self._l0_estimate = None
-        self._infer_calls = 0
+        self._state.estimate = None
+        self._state.calls = 0
         self._train_switch.reset()
         self._hot_cold.clear()
 
@@ -433,25 +608,34 @@ class SparseGatedMLP(nn.Module):
 
         A change is detected from the Parameter's identity, storage pointer, shape, dtype and in-place
         version counter (bumped by optimizer steps, ``copy_``, ``load_state_dict``), so the check costs a
-        few attribute reads and no device work.
+        few attribute reads and no device work.  It is built with inference mode off, so a first call
+        inside ``torch.inference_mode()`` does not leave an inference tensor in the buffer (an in-place
+        update of it, or its use in autograd, would fail later).  An inference-tensor weight has no
+        version counter: its transpose is returned fresh and not cached.
         """
-        w = self.down_proj.weight
-        key = (w.data_ptr(), w._version, tuple(w.shape), w.dtype, w.device)
+        w = self._weights()[2]
+        try:
+            key = (w.data_ptr(), w._version, tuple(w.shape), w.dtype, w.device)
+        except RuntimeError:  # "Inference tensors do not track version counter."
+            with torch.inference_mode(False), torch.no_grad():
+                return w.detach().t().contiguous()
         cached = self._wd_unit_major
         ref = self._wd_key[0] if self._wd_key is not None else None
         if cached is None or ref is None or ref() is not w or self._wd_key[1:] != key:
-            with torch.no_grad():
+            with torch.inference_mode(False), torch.no_grad():
                 self._wd_unit_major = w.detach().t().contiguous()
             self._wd_key = (weakref.ref(w), *key)
         return self._wd_unit_major
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle / deepcopy without the derived state: the Wd^T cache and its key (a weakref, which
-        cannot be pickled) are rebuilt on demand, and ``last_l1`` (a non-leaf tensor holding the training
-        graph, which deepcopy refuses) belongs to the step that made it."""
+        """Pickle / deepcopy without the derived state: the Wd^T cache and the keys that say what it and
+        the sparse path were derived from (weakrefs, which cannot be pickled) are rebuilt on demand, and
+        ``last_l1`` (a non-leaf tensor holding the training graph, which deepcopy refuses) belongs to the
+        step that made it."""
         state = super().__getstate__()
         state["_buffers"] = {**state["_buffers"], "_wd_unit_major": None}
         state["_wd_key"] = None
+        state["_sparse_prep"] = None
         state["last_l1"] = None
         return state
 
