@@ -67,3 +67,28 @@ def test_weight_update_rebuilds_the_plan():
     want = dense_gated_ffn(x, layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
     assert rel_error(out, want) <= REL_TOL[torch.float32]
     assert layer._hot_cold.plan(layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight) is not plan
+
+
+def test_hot_cold_training_matches_dense_autograd_and_refreshes_hot_set():
+    from twell.reference.training import dense_gated_ffn_l1
+
+    layer = _layer(l0_refresh_every=2)
+    layer.train_impl = "hot-cold"
+    layer.train()
+    chosen = []
+    for i in range(3):
+        x = _x(24, seed=10 + i).requires_grad_(True)
+        out = layer(x)
+        (out.square().sum() + layer.last_l1).backward()
+        chosen.append(layer._train_hot)
+        ws = [w.detach().clone().requires_grad_(True) for w in
+              (layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)]
+        x2 = x.detach().clone().requires_grad_(True)
+        ref_out, ref_l1, _ = dense_gated_ffn_l1(x2, *ws)
+        (ref_out.square().sum() + ref_l1).backward()
+        assert rel_error(out, ref_out) <= REL_TOL[torch.float32]
+        assert rel_error(x.grad, x2.grad) <= REL_TOL[torch.float32]
+        assert rel_error(layer.gate_proj.weight.grad, ws[0].grad) <= REL_TOL[torch.float32]
+        layer.zero_grad()
+    assert chosen[0] is chosen[1] and chosen[2] is not chosen[1]  # refreshed on calls 0 and 2
+    assert chosen[0].n_hot == 64

@@ -38,3 +38,10 @@ def test_train_subcommand(tmp_path, capsys) -> None:
     assert len(log["logs"]) == 4 and log["config"]["l1_coef"] == 1e-2
     assert (out / "sparsity.json").exists() and (tmp_path / "ck" / "latest").exists()
     assert main(["train", *args[1:], "--resume", str(tmp_path / "ck"), "--steps", "6"]) == 0
+
+
+def test_train_ffn_choices_match_the_module():
+    from twell.cli import TRAIN_FFN_CHOICES
+    from twell.nn.mlp import TRAIN_IMPLS
+
+    assert tuple(TRAIN_FFN_CHOICES) == TRAIN_IMPLS

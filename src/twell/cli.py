@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+#: ``twell.nn.mlp.TRAIN_IMPLS``, spelled out so that building the parser does not import torch
+#: (tests/test_train_cli.py checks that the two agree).
+TRAIN_FFN_CHOICES = ["auto", "dense", "sparse-reference", "triton", "hot-cold"]
+
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
     """``twell train`` options, one per :class:`twell.train.trainer.TrainConfig` field (defaults from it)."""
@@ -41,8 +45,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default=d.precision, choices=list(PRECISIONS),
                    help="auto: bf16 weights on CUDA, fp32 on CPU; autocast: fp32 weights + bf16 autocast")
     p.add_argument("--fused-adamw", action="store_true", help="PyTorch's fused AdamW kernel (CUDA)")
-    p.add_argument("--train-ffn", default=d.train_ffn, choices=["auto", "dense", "sparse-reference"],
-                   help="training FFN of every SparseGatedMLP (its train_impl; auto = dense autograd for now)")
+    p.add_argument("--train-ffn", default=d.train_ffn, choices=TRAIN_FFN_CHOICES,
+                   help="training FFN of every SparseGatedMLP (its train_impl; auto = dense autograd for now; "
+                   "hot-cold = the sparse hot/cold Triton op)")
     p.add_argument("--no-progress", action="store_true")
 
 
