@@ -127,7 +127,8 @@ def test_evidence_pipeline_end_to_end_tiny(tmp_path) -> None:
     cfg = EvidenceConfig(
         out=str(tmp_path / "ev"), preset="tiny", model_overrides={"n_layers": 1, "hidden_size": 64, "n_heads": 2,
                                                                   "intermediate_size": 96},
-        vocab_size=300, seq_len=16, batch_size=4, lr=1e-2, l1_coef=5e-2, dead_window_tokens=128, steps=24,
+        vocab_size=300, seq_len=16, batch_size=4, lr=1e-2, l1_coef=5e-2, extra_l1_coefs=(2e-1,),
+        dead_window_tokens=128, steps=24,
         calib_steps=3, n_evals=2, eval_batches=1, final_eval_batches=2, stats_sequences=4, speed_reps=1,
         capture_tokens=32, tokenizer_sample_bytes=20_000, data_seconds=30.0, roots=[str(r) for r in roots],
         precision="fp32", speed_dtype="float32", device="cpu", total_seconds=3600.0)
@@ -135,9 +136,10 @@ def test_evidence_pipeline_end_to_end_tiny(tmp_path) -> None:
     out = tmp_path / "ev"
     assert {k: v["status"] for k, v in summary["stages"].items()} == {
         "environment": "ok", "calibrate": "ok", "data": "ok", "run_dense": "ok", "run_l1": "ok",
-        "speed_l1": "ok", "run_l1_revive": "ok", "speed_l1_revive": "ok", "plots": "ok"}
+        "speed_l1": "ok", "run_l1_revive": "ok", "speed_l1_revive": "ok", "run_l1_x0.2": "ok",
+        "speed_l1_x0.2": "ok", "plots": "ok"}
     runs = summary["runs"]
-    assert [runs[n]["steps"] for n in ("dense", "l1", "l1_revive")] == [24, 24, 24]
+    assert [runs[n]["steps"] for n in ("dense", "l1", "l1_revive", "l1_x0.2")] == [24, 24, 24, 24]
     assert runs["l1"]["train_l0_end"] < runs["dense"]["train_l0_end"]
     assert runs["l1"]["l1_warmup_steps"] == 6 and runs["dense"]["revived_rows_total"] == 0
     steps = [json.loads(line) for line in (out / "runs" / "l1_revive" / "steps.jsonl").read_text().splitlines()]
@@ -146,7 +148,7 @@ def test_evidence_pipeline_end_to_end_tiny(tmp_path) -> None:
     # the default dispatch policy answers dense off CUDA
     assert len(rows) == 1 and rows[0]["max_rel_error"] < 1e-4 and rows[0]["module_path"] == "dense"
     assert summary["calibration"]["step_s"] > 0 and summary["plan"]["steps"] == 24
-    assert set(summary["acceptance"]) >= {"l1", "l1_revive", "revival"}
+    assert set(summary["acceptance"]) >= {"l1", "l1_revive", "l1_x0.2", "revival"}
     for name in ("summary.json", "training.png", "l0_layers.png", "speed.png", "sparsity/l1.json",
                  "patterns/l1.npz", "runs/dense/train_log.json"):
         assert (out / name).exists(), name
