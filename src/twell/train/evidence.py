@@ -89,7 +89,9 @@ class EvidenceConfig:
     model_overrides: dict[str, Any] = field(default_factory=dict)
     vocab_size: int = 16384
     seq_len: int = 1024
-    batch_size: int = 32  # sequences per step
+    # 16 x 1024 tokens per step: twice the optimizer steps of 32 x 1024 for the same tokens (the L1 dynamics and
+    # a short run's loss both want steps), still large GEMMs (M = 16384) for the GPU.
+    batch_size: int = 16  # sequences per step
     lr: float = 1e-3
     warmup_frac: float = 0.1  # lr warm-up, fraction of the steps (the trainer's default)
     l1_coef: float = EVIDENCE_L1_COEF
@@ -101,10 +103,10 @@ class EvidenceConfig:
     speed_seconds: float = 10.0  # reserved per L1 run for its speed test
     post_seconds: float = 20.0  # kept free after the runs for the plots
     steps: int | None = None  # fixed step count instead of the calibrated one
-    calib_steps: int = 12
+    calib_steps: int = 16
     n_evals: int = 10  # periodic held-out evaluations per run
-    eval_batches: int = 8  # batches per periodic evaluation
-    final_eval_batches: int = 32  # batches of the final held-out loss
+    eval_batches: int = 16  # batches per periodic evaluation (262 K tokens)
+    final_eval_batches: int = 64  # batches of the final held-out loss (1 M tokens)
     stats_sequences: int = 64  # held-out sequences of the sparsity statistics and the speed test
     speed_reps: int = 20
     speed_dtype: str = "bfloat16"  # of the model copy the speed test runs
