@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from .._io import write_json_atomic
 from .environment import environment
 from .model_decode import DecodeConfig, run_decode
 from .model_forward import ForwardConfig, run_forward
@@ -147,13 +148,6 @@ class _Log:
         print(f"[{time.perf_counter() - self.t0:7.1f}s] {self.prefix}{msg}", flush=True)
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    """Atomic write (a reader never sees half a file, even if this process dies mid-write)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------------------------------------- one part
 def _policies(part: str, a: argparse.Namespace) -> tuple[str, ...]:
     """The sparse MLP sets a part needs (train uses the model's own, default-policy set)."""
@@ -224,7 +218,7 @@ def _child_main(a: argparse.Namespace, device: torch.device) -> int:
     log = _Log(f"{part}: ")
     cache: dict[str, BenchModel] = {}
     a.parts = (part,)
-    record = _part_in_process(part, a, device, log, cache, lambda r: _write_json(path, r))
+    record = _part_in_process(part, a, device, log, cache, lambda r: write_json_atomic(path, r))
     return 0 if record["status"] == "ok" else 1
 
 

@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from .._io import write_json_atomic
 from .data import TokenData
 from .trainer import TrainConfig, TrainResult, evaluate, train
 
@@ -151,13 +152,6 @@ class _Clock:
         print(f"[{self.elapsed():6.1f}s {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    """Atomic JSON write (a reader never sees half a file, a kill never leaves one)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
-
-
 class _Stages:
     """Runs named stages: timing, status and errors into ``summary["stages"]``, summary saved after each."""
 
@@ -166,7 +160,7 @@ class _Stages:
         summary.setdefault("stages", {})
 
     def save(self) -> None:
-        _write_json(self.path, self.summary)
+        write_json_atomic(self.path, self.summary)
 
     def run(self, name: str, fn: Callable[[], Any]) -> Any:
         """``fn()``, or None when it raised (recorded, traceback logged)."""
@@ -340,7 +334,7 @@ def _sparsity(cfg: EvidenceConfig, name: str, model: torch.nn.Module, data: Toke
         save_sparsity(report, d, prefix=name)
     except ImportError:  # no matplotlib: the JSON alone
         d.mkdir(parents=True, exist_ok=True)
-        _write_json(d / f"{name}.json", report)
+        write_json_atomic(d / f"{name}.json", report)
     if capture:
         save_patterns(out / "patterns" / f"{name}.npz", patterns)
     layers = report["layers"]
@@ -648,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(cfg.out) / "summary.json"
         s = json.loads(path.read_text()) if path.exists() else {}
         s["stopped"] = str(e)
-        _write_json(path, s)
+        write_json_atomic(path, s)
         print(f"stopped: {e}", flush=True)
         return 3
     failed = [k for k, v in summary.get("stages", {}).items() if v.get("status") == "failed"]
