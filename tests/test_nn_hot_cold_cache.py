@@ -48,3 +48,24 @@ def test_refresh_chooses_frequent_units_and_plan_follows_weight_updates():
 def test_bad_min_frequency():
     with pytest.raises(ValueError, match="min_frequency"):
         HotColdCache(min_frequency=0.0)
+
+
+def test_small_changes_of_the_hot_set_keep_the_plan():
+    d, f = 8, 256
+    gen = torch.Generator().manual_seed(3)
+    wg, wu, wd = torch.randn(f, d, generator=gen), torch.randn(f, d, generator=gen), torch.randn(d, f, generator=gen)
+    cache = HotColdCache(min_frequency=0.5)
+    x = _tokens(256, d)
+    wg[:, 0] = -3.0
+    wg[:128, 0] = 3.0  # units 0-127 frequent
+    cache.refresh(x, wg, wu, wd)
+    plan = cache.plan(wg, wu, wd)
+    assert plan is not None and plan.n_hot == 128
+    wg[:4, 0] = -3.0  # 4 of 128 drop out, 4 others come in: 97 % overlap, same size
+    wg[128:132, 0] = 3.0
+    cache.refresh(x, wg, wu, wd)
+    assert set(cache.plan(wg, wu, wd).hot.tolist()) == set(range(128))  # kept (rebuilt only for the new weights)
+    wg[:64, 0] = -3.0  # half of them change: a new set
+    wg[128:192, 0] = 3.0
+    cache.refresh(x, wg, wu, wd)
+    assert set(cache.plan(wg, wu, wd).hot.tolist()) == set(range(64, 192))

@@ -1,7 +1,8 @@
 """A layer's hot/cold plan (``twell.ops.hot_cold``), kept current by ``SparseGatedMLP``.
 
 The hot units are re-chosen from a sample of the call's tokens on the layer's l0-refresh calls (the
-only calls that may synchronise with the host: the hot count sets tensor sizes); the plan's weight
+only calls that may synchronise with the host: the hot count sets tensor sizes; a new set that
+differs from the current one in under 10 % of its units is ignored); the plan's weight
 copies are rebuilt when a parameter changes (its version counter or storage moves), so an optimizer
 step or a ``load_state_dict`` between inference calls never leaves stale copies in use.
 
@@ -44,11 +45,24 @@ class HotColdCache:
         """Re-choose the hot units from (a sample of) the tokens ``x``; synchronises with the host once."""
         with torch.inference_mode(False), torch.no_grad():
             hot = choose_hot_units(unit_frequency(x, w_gate), min_frequency=self.min_frequency)
-        if self._hot is not None and self._hot.device == hot.device and torch.equal(self._hot, hot):
+        if self._hot is not None and self._hot.device == hot.device and self._close_enough(self._hot, hot):
             return
         self._hot = hot
         self._plan = None
         self._key = None
+
+    #: A re-chosen hot set that shares at least this fraction of units with the current one (and has the
+    #: same size) is ignored: units near the frequency threshold flip in and out of a 4096-token sample,
+    #: and each change would rebuild the plan (a reordered copy of Wg and host syncs) for no speed gain.
+    KEEP_OVERLAP = 0.9
+
+    @classmethod
+    def _close_enough(cls, old: torch.Tensor, new: torch.Tensor) -> bool:
+        if old.numel() != new.numel():
+            return False
+        if old.numel() == 0:
+            return True
+        return int(torch.isin(new, old).sum()) >= cls.KEEP_OVERLAP * old.numel()
 
     def plan(
         self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, key: Any = None
