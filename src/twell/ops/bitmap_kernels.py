@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ._runtime import next_pow2
 from .gate_kernel import relu_keep_nan, round_to
-from .twell_ffn_kernel import _units_contribution
+from .twell_ffn_kernel import _row_input_and_acc, _tile_of_entry, _units_contribution
 
 #: Bits per bitmap word.
 WORD = 32
@@ -97,11 +97,7 @@ def _bitmap_ffn_row_kernel(
     NW: tl.constexpr = TILE // 32
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
-    x = tl.load(x_ptr + row * stride_xm + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    if HAS_INIT:
-        out = tl.load(init_ptr + row * stride_im + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    else:
-        out = tl.zeros((D_PAD,), dtype=tl.float32)
+    x, out = _row_input_and_acc(x_ptr, init_ptr, row, stride_xm, stride_im, offs_d, d_ok, D_PAD, HAS_INIT)
     tiles = tl.arange(0, NT_PAD)
     cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=tiles < n_tiles, other=0)
     incl = tl.cumsum(cnt, axis=0)
@@ -111,9 +107,9 @@ def _bitmap_ffn_row_kernel(
     for k0 in range(0, total, SB):
         k = k0 + tl.arange(0, SB)
         k_ok = k < total
-        t_k = tl.sum((incl[None, :] <= k[:, None]).to(tl.int32), axis=1)
+        t_k, n = _tile_of_entry(k, incl, excl, tiles)
         t_k = tl.minimum(t_k, n_tiles - 1)  # lanes past the end: any valid tile (masked below)
-        n = (k - tl.sum(tl.where(tiles[None, :] == t_k[:, None], excl[None, :], 0), axis=1)).to(tl.int64)
+        n = n.to(tl.int64)
         wbase = (row * n_tiles + t_k) * NW
         words = tl.load(bits_ptr + wbase[:, None] + words_idx[None, :], mask=k_ok[:, None], other=0)
         words = words.to(tl.int64) & 0xFFFFFFFF

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ._runtime import interpreting, next_pow2
 from .gate_kernel import relu_keep_nan, round_to
+from .twell_ffn_kernel import _tile_of_entry
 
 
 @triton.jit
@@ -60,10 +61,9 @@ def _union_units(ucnt_ptr, ucols_ptr, pid_b, p, n_tiles, NT_PAD: tl.constexpr, T
     incl = tl.cumsum(cnt, axis=0)
     excl = incl - cnt
     total = tl.sum(cnt, axis=0)
-    t_p = tl.sum((incl[None, :] <= p[:, None]).to(tl.int32), axis=1)
-    base = tl.sum(tl.where(tiles[None, :] == t_p[:, None], excl[None, :], 0), axis=1)
+    t_p, rank = _tile_of_entry(p, incl, excl, tiles)
     ok = p < total
-    local = tl.load(ucols_ptr + (bt0 + t_p) * TILE + (p - base), mask=ok, other=0).to(tl.int64)
+    local = tl.load(ucols_ptr + (bt0 + t_p) * TILE + rank, mask=ok, other=0).to(tl.int64)
     return t_p.to(tl.int64) * TILE + local, ok
 
 

@@ -42,7 +42,7 @@ import triton.language as tl
 
 from ._runtime import interpreting, next_pow2
 from .gate_kernel import relu_keep_nan, round_to
-from .train_kernels import _NUM_WARPS, _ell_slots, _gate_of, _pair_grads, _sign, default_block
+from .train_kernels import _NUM_WARPS, _ell_row_backward, _ell_slots, _gate_of, _pair_grads, _sign, default_block
 
 #: Gate columns read per step of the pack kernels (v1's choice; 128 under the interpreter for speed).
 _PACK_BLOCK = 1024
@@ -346,23 +346,6 @@ def launch_hot_backward(
 
 
 # ------------------------------------------------------------------------------------ cold backward
-@triton.jit
-def _ell_row_backward(erow, n, W, M, x, go, gl1, dx, ids_ptr, val_ptr, u_ptr, dg_ptr, du_ptr,
-                      wg_ptr, wu_ptr, wdt_ptr, offs_d, d_ok, D, SB: tl.constexpr):
-    """dX contributions of the first n pairs of ELL row ``erow``; stores their dg and du (fp32)."""
-    for s0 in range(0, n, SB):
-        live, slot, a, w_off, w_ok = _ell_slots(erow, s0, n, W, ids_ptr, val_ptr, offs_d, d_ok, D, SB)
-        u = tl.load(u_ptr + slot, mask=live, other=0.0)
-        wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        du, dg = _pair_grads(wd, go, a, u, live, gl1, M)
-        tl.store(dg_ptr + slot, dg, mask=live)
-        tl.store(du_ptr + slot, du, mask=live)
-        wg = tl.load(wg_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        dx += tl.sum(dg[:, None] * wg + du[:, None] * wu, axis=0)
-    return dx
-
-
 @triton.jit
 def _backward_rows_kernel(
     x_ptr, go_ptr, wg_ptr, wu_ptr, wdt_ptr, slot_ptr, ids_ptr, val_ptr, cnt_ptr, lo_ptr, hi_ptr, order_ptr,

@@ -231,6 +231,23 @@ def launch_forward_rows(
 
 # --------------------------------------------------------------------------------------- backward
 @triton.jit
+def _ell_row_backward(erow, n, W, M, x, go, gl1, dx, ids_ptr, val_ptr, u_ptr, dg_ptr, du_ptr,
+                      wg_ptr, wu_ptr, wdt_ptr, offs_d, d_ok, D, SB: tl.constexpr):
+    """dX contributions of the first n pairs of ELL row ``erow``; stores their dg and du (fp32)."""
+    for s0 in range(0, n, SB):
+        live, slot, a, w_off, w_ok = _ell_slots(erow, s0, n, W, ids_ptr, val_ptr, offs_d, d_ok, D, SB)
+        u = tl.load(u_ptr + slot, mask=live, other=0.0)
+        wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        du, dg = _pair_grads(wd, go, a, u, live, gl1, M)
+        tl.store(dg_ptr + slot, dg, mask=live)
+        tl.store(du_ptr + slot, du, mask=live)
+        wg = tl.load(wg_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        dx += tl.sum(dg[:, None] * wg + du[:, None] * wu, axis=0)
+    return dx
+
+
+@triton.jit
 def _backward_rows_kernel(
     x_ptr, go_ptr, wg_ptr, wu_ptr, wdt_ptr, ids_ptr, val_ptr, cnt_ptr, u_ptr, gl1_ptr,
     dg_ptr, du_ptr, dx_ptr,
@@ -247,16 +264,8 @@ def _backward_rows_kernel(
     dx = tl.zeros((D_PAD,), dtype=tl.float32)
     cnt = tl.load(cnt_ptr + row)
     n_ell = tl.where(cnt <= W, cnt, 0)
-    for s0 in range(0, n_ell, SB):
-        live, slot, a, w_off, w_ok = _ell_slots(row, s0, n_ell, W, ids_ptr, val_ptr, offs_d, d_ok, D, SB)
-        u = tl.load(u_ptr + slot, mask=live, other=0.0)
-        wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        du, dg = _pair_grads(wd, go, a, u, live, gl1, M)
-        tl.store(dg_ptr + slot, dg, mask=live)
-        tl.store(du_ptr + slot, du, mask=live)
-        wg = tl.load(wg_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        dx += tl.sum(dg[:, None] * wg + du[:, None] * wu, axis=0)
+    dx = _ell_row_backward(row, n_ell, W, M, x, go, gl1, dx, ids_ptr, val_ptr, u_ptr, dg_ptr, du_ptr,
+                           wg_ptr, wu_ptr, wdt_ptr, offs_d, d_ok, D, SB)
     if cnt > W:
         for j0 in range(0, F, SB):
             w_off, w_ok, live, a, u, wg, wu = _dense_units(j0, x, offs_d, d_ok, wg_ptr, wu_ptr, F, D, dtype, SB)

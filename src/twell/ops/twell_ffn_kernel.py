@@ -50,6 +50,27 @@ def _units_contribution(a, live, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtyp
 
 
 @triton.jit
+def _row_input_and_acc(x_ptr, init_ptr, row, stride_xm, stride_im, offs_d, d_ok, D_PAD: tl.constexpr,
+                       HAS_INIT: tl.constexpr):
+    """The token's x row in fp32 and its output accumulator: the ``init`` row when given, else zeros."""
+    x = tl.load(x_ptr + row * stride_xm + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    if HAS_INIT:
+        out = tl.load(init_ptr + row * stride_im + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    else:
+        out = tl.zeros((D_PAD,), dtype=tl.float32)
+    return x, out
+
+
+@triton.jit
+def _tile_of_entry(k, incl, excl, tiles):
+    """For entries ``k`` of a row's tile-by-tile flattened list (``incl``/``excl``: inclusive and
+    exclusive prefix sums of the per-tile counts): the tile of each entry and its rank inside it."""
+    t_k = tl.sum((incl[None, :] <= k[:, None]).to(tl.int32), axis=1)
+    base = tl.sum(tl.where(tiles[None, :] == t_k[:, None], excl[None, :], 0), axis=1)
+    return t_k, k - base
+
+
+@triton.jit
 def _twell_ffn_row_kernel(
     x_ptr,
     wg_ptr,
@@ -84,11 +105,7 @@ def _twell_ffn_row_kernel(
     dtype = val_ptr.dtype.element_ty
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
-    x = tl.load(x_ptr + row * stride_xm + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    if HAS_INIT:
-        out = tl.load(init_ptr + row * stride_im + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    else:
-        out = tl.zeros((D_PAD,), dtype=tl.float32)
+    x, out = _row_input_and_acc(x_ptr, init_ptr, row, stride_xm, stride_im, offs_d, d_ok, D_PAD, HAS_INIT)
 
     tiles = tl.arange(0, NT_PAD)
     cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=tiles < n_tiles, other=0)
@@ -100,10 +117,8 @@ def _twell_ffn_row_kernel(
     for k0 in range(0, total, SB):
         k = k0 + tl.arange(0, SB)
         k_ok = k < total
-        # tile of list entry k = number of tiles whose inclusive end is <= k
-        t_k = tl.sum((incl[None, :] <= k[:, None]).to(tl.int32), axis=1)
-        base = tl.sum(tl.where(tiles[None, :] == t_k[:, None], excl[None, :], 0), axis=1)
-        slot = (row * n_tiles + t_k) * CAP + (k - base)
+        t_k, rank = _tile_of_entry(k, incl, excl, tiles)
+        slot = (row * n_tiles + t_k) * CAP + rank
         a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
         col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
         unit = t_k.to(tl.int64) * TILE + col
