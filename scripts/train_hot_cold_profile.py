@@ -1,0 +1,82 @@
+"""Where the time of the hot/cold training op goes: per-kernel GPU time of one forward+backward (H200).
+
+Runs the op and dense autograd on the synthetic problem of ``twell bench train-ffn`` under
+``torch.profiler`` and prints, per point, each CUDA kernel's mean time per call of the whole step,
+largest first, with the step's total.  Usage (GPU machine):
+
+    PYTHONPATH=src python3 scripts/train_hot_cold_profile.py [M:percent ...]   # default 16384:0.5 65536:2
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from twell.bench.timing import time_ms
+from twell.nn.train_dispatch import dense_train_ffn_l1
+from twell.ops.hot_cold_training import choose_training_hot_units, twell_gated_ffn_l1_hot_cold
+from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+D, F_UNITS, STEPS = 2048, 5632, 5
+
+
+def _step(fn, x, ws, gout, gl1):  # noqa: ANN001, ANN202 - a script
+    out, l1 = fn()[:2]
+    torch.autograd.grad((out, l1), (x, *ws), (gout, gl1))
+
+
+def _kernel_table(fn, label: str) -> None:  # noqa: ANN001 - a script
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(STEPS):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        t = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
+        if t > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append((t / STEPS / 1000.0, ev.count // STEPS, ev.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"  {label}: kernels sum {total:.3f} ms per step")
+    for ms, n, key in rows[:18]:
+        print(f"    {ms:7.3f} ms  x{n:<3d} {key[:110]}")
+
+
+def _point(dev: torch.device, m: int, pct: float) -> None:
+    gen = torch.Generator(device=dev).manual_seed(0)
+    p = synthetic_ffn_problem(m, D, F_UNITS, SparsityProfile(mean_l0=pct / 100 * F_UNITS), generator=gen,
+                              device=dev)
+    x = p["x"].detach().requires_grad_(True)
+    ws = tuple(p[k].detach().requires_grad_(True) for k in ("w_gate", "w_up", "w_down"))
+    gout = torch.randn(m, D, device=dev, dtype=x.dtype, generator=gen)
+    gl1 = torch.tensor(0.5 * m, device=dev)
+    hot = choose_training_hot_units(x, ws[0])
+
+    def dense() -> None:
+        _step(lambda: dense_train_ffn_l1(x, *ws, with_l0=False), x, ws, gout, gl1)
+
+    def hot_cold() -> None:
+        _step(lambda: twell_gated_ffn_l1_hot_cold(x, *ws, hot), x, ws, gout, gl1)
+
+    t_d, t_h = time_ms(dense, device=dev), time_ms(hot_cold, device=dev)
+    print(f"M={m} density {pct} % (hot units {hot.n_hot}, cold l0 {hot.cold_l0:.1f}): dense {t_d:.3f} ms, "
+          f"hot/cold {t_h:.3f} ms, {t_d / t_h:.2f}x", flush=True)
+    _kernel_table(dense, "dense")
+    _kernel_table(hot_cold, "hot/cold")
+
+
+def main(argv: list[str]) -> None:
+    dev = torch.device("cuda")
+    points = [tuple(float(v) for v in a.split(":")) for a in argv] or [(16384, 0.5), (65536, 2.0)]
+    for m, pct in points:
+        _point(dev, int(m), pct)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
