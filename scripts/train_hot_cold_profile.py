@@ -15,8 +15,15 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from twell.bench.timing import time_ms
+from twell.nn import SparseGatedMLP
 from twell.nn.train_dispatch import dense_train_ffn_l1
-from twell.ops.hot_cold_training import choose_training_hot_units, twell_gated_ffn_l1_hot_cold
+from twell.ops.hot_cold_train_kernels import launch_pack
+from twell.ops.hot_cold_training import (
+    choose_training_hot_units,
+    default_cont_rows,
+    default_width,
+    twell_gated_ffn_l1_hot_cold,
+)
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 D, F_UNITS, STEPS = 2048, 5632, 5
@@ -66,8 +73,46 @@ def _point(dev: torch.device, m: int, pct: float) -> None:
     t_d, t_h = time_ms(dense, device=dev), time_ms(hot_cold, device=dev)
     print(f"M={m} density {pct} % (hot units {hot.n_hot}, cold l0 {hot.cold_l0:.1f}): dense {t_d:.3f} ms, "
           f"hot/cold {t_h:.3f} ms, {t_d / t_h:.2f}x", flush=True)
+    mlp = SparseGatedMLP.from_weights(*(w.detach() for w in ws), train_impl="auto").train()
+
+    def auto() -> None:
+        out = mlp(x)
+        torch.autograd.grad((out, mlp.l1_loss()), (x, *mlp.parameters()), (gout, gl1))
+
+    auto()
+    t_a = time_ms(auto, device=dev)
+    print(f"  module train_impl='auto' (path {'sparse' if mlp._train_switch.last_sparse else 'dense'}): "
+          f"{t_a:.3f} ms, {t_d / t_a:.2f}x of dense", flush=True)
     _kernel_table(dense, "dense")
+    _kernel_table(auto, "module auto")
     _kernel_table(hot_cold, "hot/cold")
+    _pack_sweep(x, ws, hot, dev)
+
+
+#: (tokens, gate columns, warps) per program of the main pack kernel.
+PACK_CONFIGS = ((16, 128, 2), (16, 128, 4), (8, 256, 4), (8, 128, 2), (32, 128, 4), (16, 256, 4), (32, 64, 2),
+                (4, 512, 4))
+
+
+def _main(packed: tuple, m: int) -> tuple:
+    return (packed[0], packed[1][:m], *packed[2:])
+
+
+def _pack_sweep(x: torch.Tensor, ws: tuple, hot, dev: torch.device) -> None:  # noqa: ANN001
+    with torch.no_grad():
+        g = torch.nn.functional.linear(x, ws[0])
+        u_hot = torch.nn.functional.linear(x, ws[1][hot.ids]).float()
+    width, cont = default_width(hot), default_cont_rows(x.shape[0])
+    ref = launch_pack(g, hot.slot, u_hot, width, cont)
+    line = []
+    for bm, bf, nw in PACK_CONFIGS:
+        got = launch_pack(g, hot.slot, u_hot, width, cont, block_m=bm, block_f=bf, num_warps=nw)
+        m = x.shape[0]  # vals of the continuation rows stay unwritten until the continuation pack
+        same = all(torch.equal(a, b) for a, b in zip(_main(ref, m), _main(got, m), strict=True))
+        t = time_ms(lambda bm=bm, bf=bf, nw=nw: launch_pack(g, hot.slot, u_hot, width, cont, block_m=bm, block_f=bf,
+                                                           num_warps=nw), device=dev)
+        line.append(f"{bm}x{bf}/{nw}w {t:.3f}{'' if same else ' DIFFERS'}")
+    print("  pack (tokens x columns / warps: ms): " + ", ".join(line), flush=True)
 
 
 def main(argv: list[str]) -> None:

@@ -1,6 +1,7 @@
 """The per-layer training switch of ``SparseGatedMLP(train_impl="auto")`` (twell.nn.train_dispatch), on CPU.
 
-The shipped table is empty (nothing measured yet), so these tests force a table for the test shape.
+The shipped table holds the H200 measurement for 2048 x 5632 only, so these tests force a table for the
+test shape.
 Where the sparse path only needs to be *a* sparse autograd Function, the layer's ``sparse_train_fn`` is
 replaced by the fast pure-PyTorch reference; autocast and checkpointing run the real Triton op under
 the interpreter.
@@ -53,11 +54,16 @@ def reference_sparse(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------- the policy
-def test_shipped_table_is_empty_so_auto_is_dense():
-    assert H200_BF16_TRAIN_TABLES == {}
-    for m in (4096, 16384, 131072):
-        assert not DEFAULT_TRAIN_POLICY.use_sparse(m, 0.001, device_type="cuda", shape=(2048, 5632),
-                                                   dtype=torch.bfloat16)
+def test_shipped_table_is_the_h200_measurement():
+    assert set(H200_BF16_TRAIN_TABLES) == {(2048, 5632)}
+    kw = {"device_type": "cuda", "shape": (2048, 5632), "dtype": torch.bfloat16}
+    assert not DEFAULT_TRAIN_POLICY.use_sparse(4096, 0.001, **kw)  # lost at every density (0.41-0.59x)
+    assert DEFAULT_TRAIN_POLICY.use_sparse(16384, 0.005, **kw) and DEFAULT_TRAIN_POLICY.use_sparse(16384, 0.05, **kw)
+    assert not DEFAULT_TRAIN_POLICY.use_sparse(16384, 0.1, **kw)  # a tie (1.00x)
+    assert DEFAULT_TRAIN_POLICY.use_sparse(131072, 0.1, **kw) and not DEFAULT_TRAIN_POLICY.use_sparse(131072, 0.2, **kw)
+    for shape in ((4096, 14336), (768, 2112)):  # unmeasured shapes: dense, the l0 never read
+        assert not DEFAULT_TRAIN_POLICY.may_use_sparse(device_type="cuda", shape=shape, dtype=torch.bfloat16)
+    assert not DEFAULT_TRAIN_POLICY.use_sparse(131072, 0.001, **{**kw, "device_type": "cpu"})
 
 
 def test_policy_reads_its_table_per_shape_device_and_dtype():

@@ -265,8 +265,8 @@ X = "x_ptr:*bf16 wg_ptr:*bf16 wu_ptr:*bf16 wdt_ptr:*bf16 slot_ptr:*i32 "
 ELL = "ids_ptr:*i32 val_ptr:*bf16 cnt_ptr:*i32 lo_ptr:*i32 hi_ptr:*i32 order_ptr:*i32 "
 KERNELS = {
     "pack": (k._pack_kernel, "g_ptr:*bf16 slot_ptr:*i32 uh_ptr:*fp32 ids_ptr:*i32 val_ptr:*bf16 cnt_ptr:*i32 "
-             "ah_ptr:*bf16 hh_ptr:*bf16 hl1_ptr:*fp32 hnz_ptr:*i32 F:i32 W:i32 H:i32 stride_gm:i32",
-             {"HAS_HOT": True, "BF": 1024}),
+             "ah_ptr:*bf16 hh_ptr:*bf16 hl1_ptr:*fp32 hnz_ptr:*i32 M:i32 F:i32 W:i32 H:i32 stride_gm:i32",
+             {"HAS_HOT": True, "BM": k._PACK_BM, "BF": k._PACK_BF, "WP": 16}),
     "pack_cont": (k._pack_cont_kernel, "g_ptr:*bf16 slot_ptr:*i32 ids_ptr:*i32 val_ptr:*bf16 owner_ptr:*i32 "
                   "order_ptr:*i32 cnt_ptr:*i32 lo_ptr:*i32 hi_ptr:*i32 ocum_ptr:*i32 M:i32 F:i32 W:i32 stride_gm:i32",
                   {"BF": 1024}),

@@ -97,8 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--check-seqs", type=int, default=2, help="sequences checked against a float32 copy (0: skip)")
     g = p.add_argument_group("train")
     g.add_argument("--train-batch", type=int, default=8, help="sequences per training step")
-    g.add_argument("--train-impl", choices=["triton", "sparse-reference"], default=None,
-                   help="train_impl of the sparse variant (default: triton on CUDA, else sparse-reference)")
+    g.add_argument("--train-impl", choices=["hot-cold", "auto", "triton", "sparse-reference"], default=None,
+                   help="train_impl of the sparse variant (default: hot-cold on CUDA, else sparse-reference)")
     g.add_argument("--train-lr", type=float, default=1e-6,
                    help="small so that the bf16 weights (and the sparsity) do not drift over the timed steps")
     g.add_argument("--train-check-seqs", type=int, default=1,
@@ -183,7 +183,7 @@ def _run_part(part: str, bench: BenchModel, a: argparse.Namespace, log: _Log,
         cfg = DecodeConfig(batches=a.decode_batches, prompt_len=a.prompt_len, new_tokens=a.new_tokens,
                            reps=a.decode_reps, policies=a.decode_policies)
         return run_decode(bench, cfg, log, update)
-    impl = a.train_impl or ("triton" if bench.device.type == "cuda" else "sparse-reference")
+    impl = a.train_impl or ("hot-cold" if bench.device.type == "cuda" else "sparse-reference")
     cfg = TrainConfig(batch=a.train_batch, check_seqs=a.train_check_seqs, impl=impl, lr=a.train_lr,
                       warmup=a.train_warmup, reps=a.train_reps)
     return run_train(bench, cfg, log, update)

@@ -44,7 +44,7 @@ __all__ = ["DenseL1MLP", "TrainConfig", "run_train", "train_rows"]
 class TrainConfig:
     batch: int = 8
     check_seqs: int = 1
-    impl: str = "triton"
+    impl: str = "hot-cold"
     lr: float = 1e-6
     weight_decay: float = 0.1
     l1_coef: float = 2e-5

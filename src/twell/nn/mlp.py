@@ -205,10 +205,11 @@ class SparseGatedMLP(nn.Module):
             frequent units through dense GEMMs, the rest through sparse kernels; 1.70x of dense and 68 % less
             extra memory at M=16384, 0.5 % density on an H200; hot set re-chosen every ``l0_refresh_every``
             calls) or ``"auto"``: per layer
-            and call, the Triton op when ``train_policy`` says the layer's l0 is low enough for its token
+            and call, the hot/cold op when ``train_policy`` says the layer's l0 is low enough for its token
             count (on CUDA with Triton), else dense autograd in the compute dtype
-            (:func:`twell.nn.train_dispatch.dense_train_ffn_l1`).  The default policy's table is empty
-            until ``twell bench train-ffn`` has measured the crossings, so ``"auto"`` is dense for now.
+            (:func:`twell.nn.train_dispatch.dense_train_ffn_l1`).  The default policy's table holds the H200
+            bf16 crossings for 2048 x 5632 (sparse from 16384 tokens up to 5 % density, from 65536 up to
+            10 %); other shapes train dense.
             Under autocast every path but that dense one (which autocasts by itself) runs on inputs and
             weights cast to the autocast dtype, with autocast off inside, as an autocast ``F.linear`` would.
         train_policy: the :class:`~twell.nn.train_dispatch.TrainDispatchPolicy` of ``"auto"``; None means
@@ -405,7 +406,14 @@ class SparseGatedMLP(nn.Module):
                 self.train_policy, x.shape[0], device=x.device, shape=(self.hidden_size, self.intermediate_size),
                 dtype=compute_dtype(x), last_l0=self.last_l0, refresh_every=self.l0_refresh_every,
             )
-            fn = sparse_train_fn(x.device) if sparse else dense_train_ffn_l1
+            fn = dense_train_ffn_l1
+            if sparse:
+                fn = sparse_train_fn(x.device)
+                if fn is twell_gated_ffn_l1:
+                    # The Triton family runs as the hot/cold split: faster than the v1 op at every point
+                    # measured (H200, M=16384, 0.5 %: 3.56 ms, v1 17.1 ms, dense 5.5 ms; train_ffn*.json
+                    # under bench_results/h200).
+                    fn = self._hot_cold_train
         elif self.train_impl == "hot-cold":
             fn = self._hot_cold_train
         else:

@@ -1,6 +1,7 @@
 """The per-layer training switch of ``SparseGatedMLP(train_impl="auto")``: sparse Triton op or dense autograd.
 
-The sparse training op (:func:`twell.ops.twell_gated_ffn_l1`) pays off only when the layer's
+The sparse training op (the hot/cold split :func:`twell.ops.twell_gated_ffn_l1_hot_cold` where Triton
+runs, chosen by :func:`sparse_train_fn`'s answer) pays off only when the layer's
 activation is sparse enough for its token count M, and a layer's density moves during training (L1
 makes it fall over the first ~1,000 steps; dead-unit revival and per-layer differences move it too).
 So the decision is taken per layer and per call from two things:
@@ -24,9 +25,9 @@ it sees the estimate the forward saw.  (A second forward of the same layer betwe
 backward, e.g. two micro-batches before one backward, can refresh in between; checkpointing then
 raises its "recomputed tensors differ" error rather than computing wrong gradients.)
 
-Until ``twell bench train-ffn`` has been run on an H200 and its crossings entered below,
-:data:`H200_BF16_TRAIN_TABLES` is empty and ``"auto"`` therefore always runs dense autograd, with no
-host synchronisation at all: a shape without a measured table never pays the l0 read.
+:data:`H200_BF16_TRAIN_TABLES` holds the crossings measured on an H200 (bf16, hot/cold op); a shape
+without a measured table always runs dense autograd, with no host synchronisation at all (it never
+pays the l0 read).
 """
 
 from __future__ import annotations
@@ -58,12 +59,13 @@ Shape = tuple[int, int]
 TrainFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 #: ``(hidden_size, intermediate_size) -> ((min_tokens, max_density), ...)`` for bf16 on one H200, from
-#: ``PYTHONPATH=src python3 -m twell.cli bench train-ffn`` (forward+backward with L1 vs dense autograd).
-#: EMPTY: nothing has been measured yet, so ``train_impl="auto"`` is dense for every shape.  To fill it,
-#: take per M the largest density at which ``sparse_speedup`` was >= 1 with ``sparse_ok`` true, keep a
-#: margin below the crossing, and write e.g. ``(2048, 5632): ((16384, 0.01), (65536, 0.02))`` citing the
-#: committed result file, as :data:`twell.nn.dispatch.H200_BF16_TABLE` does.
-H200_BF16_TRAIN_TABLES: dict[Shape, DispatchTable] = {}
+#: ``twell bench train-ffn --sparse-impl hot-cold`` (forward+backward with L1 vs dense autograd; the
+#: layer's sparse path is the hot/cold op), bench_results/h200/train_ffn_hotcold_sweep.json (commit
+#: 6c55448).  At 2048 x 5632 the hot/cold op lost at M=4096 at every density (0.41-0.59x: its fixed
+#: costs against a 1.4 ms dense step); at M=16384 it won up to 5 % (1.54x at 0.5 %, 1.14x at 2 %, 1.05x at
+#: 5 %) and tied at 10 % (1.00x); from M=65536 it won at every density up to 10 % (1.88-1.96x at 0.5 %,
+#: 1.05-1.11x at 5 %, 1.07-1.08x at 10 %).  Shapes without a row train dense.
+H200_BF16_TRAIN_TABLES: dict[Shape, DispatchTable] = {(2048, 5632): ((16384, 0.05), (65536, 0.10))}
 
 
 def _check_shape(shape: object) -> Shape:
