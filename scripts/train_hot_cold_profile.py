@@ -89,9 +89,9 @@ def _point(dev: torch.device, m: int, pct: float) -> None:
     _pack_sweep(x, ws, hot, dev)
 
 
-#: (tokens, gate columns, warps) per program of the main pack kernel.
-PACK_CONFIGS = ((16, 128, 2), (16, 128, 4), (8, 256, 4), (8, 128, 2), (32, 128, 4), (16, 256, 4), (32, 64, 2),
-                (4, 512, 4))
+#: (tokens, gate columns, warps) per program of the cold pack kernel.
+PACK_CONFIGS = ((8, 128, 2), (16, 128, 2), (16, 128, 4), (8, 256, 4), (4, 256, 2), (4, 512, 4), (32, 128, 4),
+                (16, 64, 2))
 
 
 def _main(packed: tuple, m: int) -> tuple:
@@ -100,17 +100,17 @@ def _main(packed: tuple, m: int) -> tuple:
 
 def _pack_sweep(x: torch.Tensor, ws: tuple, hot, dev: torch.device) -> None:  # noqa: ANN001
     with torch.no_grad():
-        g = torch.nn.functional.linear(x, ws[0])
+        g = torch.nn.functional.linear(x, ws[0][hot.columns])  # the hot-first gate
         u_hot = torch.nn.functional.linear(x, ws[1][hot.ids]).float()
     width, cont = default_width(hot), default_cont_rows(x.shape[0])
-    ref = launch_pack(g, hot.slot, u_hot, width, cont)
+    ref = launch_pack(g, hot.columns, hot.n_hot, u_hot, width, cont)
     line = []
     for bm, bf, nw in PACK_CONFIGS:
-        got = launch_pack(g, hot.slot, u_hot, width, cont, block_m=bm, block_f=bf, num_warps=nw)
+        got = launch_pack(g, hot.columns, hot.n_hot, u_hot, width, cont, block_m=bm, block_f=bf, num_warps=nw)
         m = x.shape[0]  # vals of the continuation rows stay unwritten until the continuation pack
         same = all(torch.equal(a, b) for a, b in zip(_main(ref, m), _main(got, m), strict=True))
-        t = time_ms(lambda bm=bm, bf=bf, nw=nw: launch_pack(g, hot.slot, u_hot, width, cont, block_m=bm, block_f=bf,
-                                                           num_warps=nw), device=dev)
+        t = time_ms(lambda bm=bm, bf=bf, nw=nw: launch_pack(g, hot.columns, hot.n_hot, u_hot, width, cont,
+                                                           block_m=bm, block_f=bf, num_warps=nw), device=dev)
         line.append(f"{bm}x{bf}/{nw}w {t:.3f}{'' if same else ' DIFFERS'}")
     print("  pack (tokens x columns / warps: ms): " + ", ".join(line), flush=True)
 

@@ -102,7 +102,7 @@ def test_block_union_prefill_matches_dense_at_bf16_level() -> None:
 
 
 def test_bench_model_tiny_end_to_end_on_gpu(tmp_path: Path) -> None:
-    # 32 x 256 = 8192 forward tokens: the block-union kernels; the training step runs the Triton kernels.
+    # 32 x 256 = 8192 forward tokens: the block-union kernels; the training step runs the hot/cold op.
     args = ["--preset", "tiny", "--batch", "32", "--seq", "256", "--train-batch", "4", "--warmup", "1", "--reps",
             "2", "--energy-seconds", "0.5", "--train-warmup", "1", "--train-reps", "2", "--decode-batches", "1,4",
             "--prompt-len", "16", "--new-tokens", "8", "--decode-reps", "1", "--isolation", "none",
@@ -114,6 +114,6 @@ def test_bench_model_tiny_end_to_end_on_gpu(tmp_path: Path) -> None:
     assert fwd["sparse:always-sparse"]["ok"] is True
     assert fwd["dense"]["memory"]["peak_gb"] > 0
     train = parts["train"]["result"]["variants"]
-    assert "error" not in train["sparse:triton"], train["sparse:triton"].get("error")
-    assert train["sparse:triton"]["ok"] is True, train["sparse:triton"]["grad_rel_err_vs_fp32"]
+    assert "error" not in train["sparse:hot-cold"], train["sparse:hot-cold"].get("error")
+    assert train["sparse:hot-cold"]["ok"] is True, train["sparse:hot-cold"]["grad_rel_err_vs_fp32"]
     assert rc == 0

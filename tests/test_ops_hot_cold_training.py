@@ -264,12 +264,13 @@ ROWS = {"D_PAD": 2048, "SB": 4, "HAS_HOT": True}
 X = "x_ptr:*bf16 wg_ptr:*bf16 wu_ptr:*bf16 wdt_ptr:*bf16 slot_ptr:*i32 "
 ELL = "ids_ptr:*i32 val_ptr:*bf16 cnt_ptr:*i32 lo_ptr:*i32 hi_ptr:*i32 order_ptr:*i32 "
 KERNELS = {
-    "pack": (k._pack_kernel, "g_ptr:*bf16 slot_ptr:*i32 uh_ptr:*fp32 ids_ptr:*i32 val_ptr:*bf16 cnt_ptr:*i32 "
-             "ah_ptr:*bf16 hh_ptr:*bf16 hl1_ptr:*fp32 hnz_ptr:*i32 M:i32 F:i32 W:i32 H:i32 stride_gm:i32",
-             {"HAS_HOT": True, "BM": k._PACK_BM, "BF": k._PACK_BF, "WP": 16}),
-    "pack_cont": (k._pack_cont_kernel, "g_ptr:*bf16 slot_ptr:*i32 ids_ptr:*i32 val_ptr:*bf16 owner_ptr:*i32 "
-                  "order_ptr:*i32 cnt_ptr:*i32 lo_ptr:*i32 hi_ptr:*i32 ocum_ptr:*i32 M:i32 F:i32 W:i32 stride_gm:i32",
-                  {"BF": 1024}),
+    "hot_pack": (k._hot_pack_kernel, "g_ptr:*bf16 uh_ptr:*fp32 ah_ptr:*bf16 hh_ptr:*bf16 hl1_ptr:*fp32 "
+                 "hnz_ptr:*i32 M:i32 H:i32 stride_gm:i32", {"BM": k._HOT_PACK_BM, "BH": k._HOT_PACK_BH}),
+    "cold_pack": (k._cold_pack_kernel, "g_ptr:*bf16 unit_ptr:*i64 ids_ptr:*i32 val_ptr:*bf16 cnt_ptr:*i32 M:i32 "
+                  "NC:i32 H:i32 W:i32 stride_gm:i32", {"BM": k._PACK_BM, "BF": k._PACK_BF, "WP": 16}),
+    "pack_cont": (k._pack_cont_kernel, "g_ptr:*bf16 unit_ptr:*i64 ids_ptr:*i32 val_ptr:*bf16 owner_ptr:*i32 "
+                  "order_ptr:*i32 cnt_ptr:*i32 lo_ptr:*i32 hi_ptr:*i32 ocum_ptr:*i32 M:i32 NC:i32 H:i32 W:i32 "
+                  "stride_gm:i32", {"BF": 1024}),
     "forward_rows": (k._forward_rows_kernel, X + ELL + "init_ptr:*fp32 hl1_ptr:*fp32 u_ptr:*fp32 out_ptr:*bf16 "
                      "l1_ptr:*fp32 M:i32 F:i32 D:i32 W:i32 stride_xm:i32 stride_om:i32", ROWS),
     "hot_backward": (k._hot_backward_kernel, "dh_ptr:*fp32 ah_ptr:*bf16 uh_ptr:*fp32 gl1_ptr:*fp32 dgu_ptr:*bf16 "
@@ -295,5 +296,5 @@ def test_kernels_compile_for_sm90_without_register_spills():
                           check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     spills = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(spills) == {"pack", "pack_cont", "forward_rows", "hot_backward", "backward_rows", "unit_grads"}
+    assert set(spills) == {"hot_pack", "cold_pack", "pack_cont", "forward_rows", "hot_backward", "backward_rows", "unit_grads"}
     assert not any(spills.values()), spills

@@ -16,9 +16,10 @@ rest: the row kernels take their token from it, so the long rows start first and
 
 Kernels (every sum in a fixed order, no atomics: results are bitwise reproducible):
 
-* :func:`launch_pack` (16 tokens per program): the cold main row and the true cold count, and the hot
-  columns: a_hot [M, H], h_hot = round(a_hot u_hot) [M, H] (the down GEMM's operand), the row's
-  sum |h_hot| (fp32 h) and its hot non-zero count.
+* :func:`launch_pack` (from the hot-first gate, whose first H columns are the hot units): the cold
+  main rows and the true cold counts (8 tokens per program), and from the hot columns (16 x 128
+  tiles) a_hot [M, H], h_hot = round(a_hot u_hot) [M, H] (the down GEMM's operand), the row's sum
+  |h_hot| (fp32 h) and its hot non-zero count.
 * :func:`launch_pack_continuation` (one program per token): ``order``; for an overflowing token the
   continuation pairs (a second pass over its gate row) and ``owner``, or the sentinel main row when it
   spills.
@@ -46,9 +47,14 @@ from .train_kernels import _NUM_WARPS, _ell_row_backward, _ell_slots, _gate_of, 
 
 #: Gate columns read per step of the continuation pack kernel (v1's choice; 128 under the interpreter).
 _PACK_BLOCK = 1024
-#: Tokens x gate columns per step of the main pack kernel, and its warps: the shape of the inference
-#: pack's tile (16 x 128 on 2 warps, 1.80 vs 2.12 ms for 4 warps at M=131072 on an H200).
-_PACK_BM, _PACK_BF, _PACK_WARPS = 16, 128, 2
+#: Tokens x gate columns per step of the cold pack kernel, and its warps.  A pack of hot and cold
+#: columns together (slot lookups and scattered hot stores per element) measured on an H200 at M=16384,
+#: 0.5 %: 16 x 128 / 2 warps 0.89 ms, 8 x 128 / 2 warps 0.61 ms, 8 x 256 / 4 warps 0.66 ms, 4 x 512 / 4
+#: warps 0.67 ms (one token per program, 1024 columns: 0.82 ms); the hot-first gate leaves the cold pack
+#: only the cold columns.
+_PACK_BM, _PACK_BF, _PACK_WARPS = 8, 128, 2
+#: Tokens x hot columns per program of the hot pack (contiguous elementwise tiles, 4 warps).
+_HOT_PACK_BM, _HOT_PACK_BH = 16, 128
 #: Tile of the hot backward kernel (rows x hot units): 32 x 64 fp32 values per operand on 4 warps.
 _HOT_BM, _HOT_BH = 32, 64
 
@@ -118,70 +124,79 @@ def _cont_rows(t, cnt, lo_ptr, hi_ptr, W):
 
 # --------------------------------------------------------------------------------------------- pack
 @triton.jit
-def _pack_kernel(
-    g_ptr, slot_ptr, uh_ptr, ids_ptr, val_ptr, cnt_ptr, ah_ptr, hh_ptr, hl1_ptr, hnz_ptr,
-    M, F, W, H, stride_gm, HAS_HOT: tl.constexpr, BM: tl.constexpr, BF: tl.constexpr, WP: tl.constexpr,
+def _hot_pack_kernel(
+    g_ptr, uh_ptr, ah_ptr, hh_ptr, hl1_ptr, hnz_ptr, M, H, stride_gm, BM: tl.constexpr, BH: tl.constexpr,
 ):
-    """BM tokens per program, their gate rows read BF columns at a time as one [BM, BF] tile: the unit
-    slots are loaded once per tile for BM tokens and the row prefix counts are one 2-D scan, where one
-    program per token scanned a [BF] vector per step (0.82 ms at M=16384, 0.5 % on an H200, 20x the
-    time to read g)."""
+    """The hot columns (the first H of the hot-first gate): a_hot, h_hot = round(a u_hot), row sum |h| and
+    row non-zero count.  Contiguous [BM, BH] tiles: a bandwidth-bound pass."""
+    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM).to(tl.int64)
+    r_ok = rows < M
+    l1 = tl.zeros((BM, BH), dtype=tl.float32)
+    hot_nz = tl.zeros((BM, BH), dtype=tl.int32)
+    for h0 in range(0, H, BH):
+        cols = h0 + tl.arange(0, BH)
+        ok = r_ok[:, None] & (cols < H)[None, :]
+        a = relu_keep_nan(tl.load(g_ptr + rows[:, None] * stride_gm + cols[None, :], mask=ok, other=0.0))
+        nz = (a != 0) & ok
+        h_off = rows[:, None] * H + cols[None, :]
+        u = tl.load(uh_ptr + h_off, mask=nz, other=0.0)
+        h = tl.where(nz, a.to(tl.float32) * u, 0.0)
+        tl.store(ah_ptr + h_off, a, mask=ok)
+        tl.store(hh_ptr + h_off, round_to(h, hh_ptr.dtype.element_ty), mask=ok)
+        l1 += tl.abs(h)
+        hot_nz += nz.to(tl.int32)
+    tl.store(hl1_ptr + rows, tl.sum(l1, axis=1), mask=r_ok)
+    tl.store(hnz_ptr + rows, tl.sum(hot_nz, axis=1), mask=r_ok)
+
+
+@triton.jit
+def _cold_pack_kernel(
+    g_ptr, unit_ptr, ids_ptr, val_ptr, cnt_ptr, M, NC, H, W, stride_gm,
+    BM: tl.constexpr, BF: tl.constexpr, WP: tl.constexpr,
+):
+    """The cold main rows: BM tokens per program, the cold columns (H .. F of the hot-first gate, units
+    ``unit[H + c]``, increasing) read BF at a time as one [BM, BF] tile with one 2-D prefix scan.  A tile
+    without a cold pair (most of them at ~1 % density) skips the scan and the stores."""
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM).to(tl.int64)
     r_ok = rows < M
     base = rows * W
     total = tl.zeros((BM,), dtype=tl.int32)
-    l1 = tl.zeros((BM, BF), dtype=tl.float32)
-    hot_nz = tl.zeros((BM, BF), dtype=tl.int32)
-    for f0 in range(0, F, BF):
-        offs = f0 + tl.arange(0, BF)
-        ok = r_ok[:, None] & (offs < F)[None, :]
-        g = tl.load(g_ptr + rows[:, None] * stride_gm + offs[None, :], mask=ok, other=0.0)
-        a = relu_keep_nan(g)
-        nz = (a != 0) & ok
-        cold = nz
-        if HAS_HOT:
-            sl = tl.load(slot_ptr + offs, mask=offs < F, other=-1)
-            hot = (sl >= 0)[None, :] & ok
-            cold = nz & (sl < 0)[None, :]
-            h_off = rows[:, None] * H + sl[None, :]
-            u = tl.load(uh_ptr + h_off, mask=hot & nz, other=0.0)  # ~4 % of the hot columns at 0.5 % density
-            h = tl.where(hot & nz, a.to(tl.float32) * u, 0.0)
-            tl.store(ah_ptr + h_off, a, mask=hot)
-            tl.store(hh_ptr + h_off, round_to(h, hh_ptr.dtype.element_ty), mask=hot)
-            l1 += tl.abs(h)
-            hot_nz += (hot & nz).to(tl.int32)
+    for c0 in range(0, NC, BF):
+        cols = c0 + tl.arange(0, BF)
+        c_ok = cols < NC
+        ok = r_ok[:, None] & c_ok[None, :]
+        g = tl.load(g_ptr + rows[:, None] * stride_gm + H + cols[None, :], mask=ok, other=0.0)
+        cold = (relu_keep_nan(g) != 0) & ok
         nz_i = cold.to(tl.int32)
         n_tile = tl.sum(nz_i, axis=1)
-        if tl.sum(n_tile, axis=0) > 0:  # most tiles hold no cold pair at ~1 % density: no scan, no stores
+        if tl.sum(n_tile, axis=0) > 0:
+            unit = tl.load(unit_ptr + H + cols, mask=c_ok, other=0).to(tl.int32)
             pos = total[:, None] + tl.cumsum(nz_i, axis=1) - nz_i  # exclusive prefix count over the row
             keep = cold & (pos < W)
-            tl.store(ids_ptr + base[:, None] + pos, offs[None, :] + tl.zeros((BM, BF), dtype=tl.int32), mask=keep)
+            tl.store(ids_ptr + base[:, None] + pos, unit[None, :] + tl.zeros((BM, BF), dtype=tl.int32), mask=keep)
             tl.store(val_ptr + base[:, None] + pos, g, mask=keep)
         total += n_tile
     tl.store(cnt_ptr + rows, total, mask=r_ok)
-    if HAS_HOT:
-        tl.store(hl1_ptr + rows, tl.sum(l1, axis=1), mask=r_ok)
-        tl.store(hnz_ptr + rows, tl.sum(hot_nz, axis=1), mask=r_ok)
     s = tl.arange(0, WP)
     pad = r_ok[:, None] & (s >= tl.minimum(total, W)[:, None]) & (s < W)[None, :]
-    tl.store(ids_ptr + base[:, None] + s[None, :], tl.zeros((BM, WP), dtype=tl.int32) + F, mask=pad)
+    tl.store(ids_ptr + base[:, None] + s[None, :], tl.zeros((BM, WP), dtype=tl.int32) + NC + H, mask=pad)
     tl.store(val_ptr + base[:, None] + s[None, :], tl.zeros((BM, WP), dtype=val_ptr.dtype.element_ty), mask=pad)
 
 
 def launch_pack(
-    g: torch.Tensor, slot: torch.Tensor, u_hot: torch.Tensor, width: int, cont_rows: int,
+    g: torch.Tensor, unit: torch.Tensor, n_hot: int, u_hot: torch.Tensor, width: int, cont_rows: int,
     *, block_m: int | None = None, block_f: int | None = None, num_warps: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """``(ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz)`` for the gate g [M, F] (rows contiguous).
+    """``(ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz)`` from the hot-first gate g [M, F] (rows
+    contiguous; column c holds unit ``unit[c]``: the H hot units, then the cold ones, each increasing).
 
     ``ids``/``vals`` are [(M + C), W] with the C continuation rows all sentinel (filled by
     :func:`launch_pack_continuation`); ``counts`` the true cold count per token (int32).  The hot
     outputs are [M, H] (g's dtype) and [M] (fp32 L1 sums, int32 counts); zeros when H = 0.
-    ``block_m`` x ``block_f`` (tokens x gate columns per step) and ``num_warps`` override the tuned
-    launch (benchmarks).
+    ``block_m`` x ``block_f`` (tokens x gate columns per step) and ``num_warps`` override the cold pack's
+    tuned launch (benchmarks).
     """
     m, f = g.shape
-    n_hot = u_hot.shape[1]
     dev = g.device
     ids = torch.empty((m + cont_rows, width), dtype=torch.int32, device=dev)
     ids[m:].fill_(f)
@@ -193,20 +208,29 @@ def launch_pack(
     hot_nz = torch.zeros((m,), dtype=torch.int32, device=dev)
     if m == 0:
         return ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz
-    hot = (u_hot, a_hot, h_hot) if n_hot else (g, g, g)  # no zero-size tensors reach the kernel
-    bm = block_m or _PACK_BM
-    bf = block_f or (min(next_pow2(f), 64) if interpreting() else _PACK_BF)
-    _pack_kernel[(triton.cdiv(m, bm),)](
-        g, slot, hot[0], ids, vals, counts, hot[1], hot[2], hot_l1, hot_nz, m, f, width, n_hot, g.stride(0),
-        HAS_HOT=n_hot > 0, BM=bm, BF=bf, WP=next_pow2(width), num_warps=num_warps or _PACK_WARPS,
-    )
+    if n_hot:
+        _hot_pack_kernel[(triton.cdiv(m, _HOT_PACK_BM),)](
+            g, u_hot, a_hot, h_hot, hot_l1, hot_nz, m, n_hot, g.stride(0),
+            BM=_HOT_PACK_BM, BH=min(next_pow2(n_hot), 32 if interpreting() else _HOT_PACK_BH), num_warps=4,
+        )
+    if f > n_hot:
+        bm = block_m or _PACK_BM
+        bf = block_f or min(next_pow2(f - n_hot), 64 if interpreting() else _PACK_BF)
+        _cold_pack_kernel[(triton.cdiv(m, bm),)](
+            g, unit, ids, vals, counts, m, f - n_hot, n_hot, width, g.stride(0),
+            BM=bm, BF=bf, WP=next_pow2(width), num_warps=num_warps or _PACK_WARPS,
+        )
+    else:  # no cold unit: every main row is all sentinel
+        ids[:m].fill_(f)
+        vals[:m].zero_()
+        counts.zero_()
     return ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz
 
 
 @triton.jit
 def _pack_cont_kernel(
-    g_ptr, slot_ptr, ids_ptr, val_ptr, owner_ptr, order_ptr, cnt_ptr, lo_ptr, hi_ptr, ocum_ptr,
-    M, F, W, stride_gm, BF: tl.constexpr,
+    g_ptr, unit_ptr, ids_ptr, val_ptr, owner_ptr, order_ptr, cnt_ptr, lo_ptr, hi_ptr, ocum_ptr,
+    M, NC, H, W, stride_gm, BF: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     cnt = tl.load(cnt_ptr + t)
@@ -220,35 +244,37 @@ def _pack_cont_kernel(
             for c in range(lo, hi):
                 tl.store(owner_ptr + c, t.to(tl.int32))
             total = tl.sum(tl.zeros((BF,), dtype=tl.int32), axis=0)
-            for f0 in range(0, F, BF):
-                offs = f0 + tl.arange(0, BF)
-                ok = offs < F
-                g = tl.load(g_ptr + t * stride_gm + offs, mask=ok, other=0.0)
-                cold = (relu_keep_nan(g) != 0) & _cold_mask(slot_ptr, offs, ok)
+            for c0 in range(0, NC, BF):
+                cols = c0 + tl.arange(0, BF)
+                ok = cols < NC
+                g = tl.load(g_ptr + t * stride_gm + H + cols, mask=ok, other=0.0)
+                cold = (relu_keep_nan(g) != 0) & ok
                 nz_i = cold.to(tl.int32)
                 e = total + tl.cumsum(nz_i, axis=0) - nz_i - W  # position among the continuation pairs
                 keep = cold & (e >= 0)
                 dst = (M + lo + e // W).to(tl.int64) * W + e % W
-                tl.store(ids_ptr + dst, offs, mask=keep)
+                unit = tl.load(unit_ptr + H + cols, mask=keep, other=0).to(tl.int32)
+                tl.store(ids_ptr + dst, unit, mask=keep)
                 tl.store(val_ptr + dst, g, mask=keep)
                 total += tl.sum(nz_i, axis=0)
         else:  # spilled: its cold units are recomputed densely, so its main row lists nothing
             for s0 in range(0, W, BF):
                 s = s0 + tl.arange(0, BF)
-                tl.store(ids_ptr + t * W + s, tl.zeros((BF,), dtype=tl.int32) + F, mask=s < W)
+                tl.store(ids_ptr + t * W + s, tl.zeros((BF,), dtype=tl.int32) + NC + H, mask=s < W)
 
 
 def launch_pack_continuation(
-    g: torch.Tensor, slot: torch.Tensor, ids: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor,
+    g: torch.Tensor, unit: torch.Tensor, n_hot: int, ids: torch.Tensor, vals: torch.Tensor, counts: torch.Tensor,
     lo: torch.Tensor, hi: torch.Tensor, ocum: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fills the continuation rows of ``ids``/``vals`` in place; returns ``(order [M], owner [max(C, 1)])`` int32."""
+    """Fills the continuation rows of ``ids``/``vals`` in place from the hot-first gate (as
+    :func:`launch_pack`); returns ``(order [M], owner [max(C, 1)])`` int32."""
     m, f = g.shape
     width = ids.shape[1]
     order = torch.empty((m,), dtype=torch.int32, device=g.device)
     owner = torch.empty((max(1, ids.shape[0] - m),), dtype=torch.int32, device=g.device)
     _pack_cont_kernel[(m,)](
-        g, slot, ids, vals, owner, order, counts, lo, hi, ocum, m, f, width, g.stride(0),
+        g, unit, ids, vals, owner, order, counts, lo, hi, ocum, m, f - n_hot, n_hot, width, g.stride(0),
         BF=_pack_block(f, width), num_warps=4,
     )
     return order, owner
