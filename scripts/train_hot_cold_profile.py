@@ -9,6 +9,7 @@ largest first, with the step's total.  Usage (GPU machine):
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -83,11 +84,53 @@ def _point(dev: torch.device, m: int, pct: float) -> None:
     t_a = time_ms(auto, device=dev)
     print(f"  module train_impl='auto' (path {'sparse' if mlp._train_switch.last_sparse else 'dense'}): "
           f"{t_a:.3f} ms, {t_d / t_a:.2f}x of dense", flush=True)
-    _kernel_table(dense, "dense")
-    _kernel_table(auto, "module auto")
-    _kernel_table(hot_cold, "hot/cold")
-    _pack_sweep(x, ws, hot, dev)
+    for name, fn in (("dense", dense), ("hot/cold", hot_cold)):
+        try:
+            print(f"  {name} captured in one CUDA graph (forward + backward): {_graph_ms(fn, dev):.3f} ms", flush=True)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            print(f"  {name}: CUDA graph capture failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    if KERNEL_TABLES:
+        _kernel_table(dense, "dense")
+        _kernel_table(auto, "module auto")
+        _kernel_table(hot_cold, "hot/cold")
+    _host_table(hot_cold, "hot/cold")
+    if PACK_SWEEP:
+        _pack_sweep(x, ws, hot, dev)
 
+
+def _graph_ms(fn, dev: torch.device) -> float:  # noqa: ANN001
+    """Median time of ``fn`` replayed from one CUDA graph: its GPU time without the host's launch cost."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_ms(graph.replay, device=dev)
+
+
+def _host_table(fn, label: str) -> None:  # noqa: ANN001
+    """Host (CPU) time per step of ``fn`` by operator, self time, largest first."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(STEPS):
+            fn()
+        torch.cuda.synchronize()
+    rows = sorted(((ev.self_cpu_time_total / STEPS / 1000.0, ev.count // STEPS, ev.key) for ev in prof.key_averages()
+                   if ev.self_cpu_time_total > 0), reverse=True)
+    print(f"  {label}: host self time {sum(r[0] for r in rows):.3f} ms per step, top operators:")
+    for ms, n, key in rows[:25]:
+        print(f"    {ms:7.3f} ms  x{n:<3d} {key[:100]}")
+
+
+#: Print the per-kernel GPU tables and the pack-shape sweep (environment switches; default on).
+KERNEL_TABLES = os.environ.get("TWELL_PROFILE_KERNELS", "1") == "1"
+PACK_SWEEP = os.environ.get("TWELL_PROFILE_PACK", "1") == "1"
 
 #: (tokens, gate columns, warps) per program of the cold pack kernel.
 PACK_CONFIGS = ((8, 128, 2), (16, 128, 2), (16, 128, 4), (8, 256, 4), (4, 256, 2), (4, 512, 4), (32, 128, 4),
