@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from twell.bench.timing import time_ms
 from twell.nn import SparseGatedMLP
-from twell.nn.train_dispatch import dense_train_ffn_l1
+from twell.nn.train_dispatch import TrainDispatchPolicy, dense_train_ffn_l1
 from twell.ops.hot_cold_train_kernels import launch_pack
 from twell.ops.hot_cold_training import (
     choose_training_hot_units,
@@ -84,6 +84,19 @@ def _point(dev: torch.device, m: int, pct: float) -> None:
     t_a = time_ms(auto, device=dev)
     print(f"  module train_impl='auto' (path {'sparse' if mlp._train_switch.last_sparse else 'dense'}): "
           f"{t_a:.3f} ms, {t_d / t_a:.2f}x of dense", flush=True)
+    # The switch's dense path measured 0.87-0.93x of plain dense autograd in the train-ffn sweeps (its
+    # l0 count is the only extra work on paper): its kernels side by side with dense's.
+    mlp_dense = SparseGatedMLP.from_weights(*(w.detach() for w in ws), train_impl="auto",
+                                            train_policy=TrainDispatchPolicy.always_dense()).train()
+
+    def auto_dense() -> None:
+        out = mlp_dense(x)
+        torch.autograd.grad((out, mlp_dense.l1_loss()), (x, *mlp_dense.parameters()), (gout, gl1))
+
+    auto_dense()
+    t_ad = time_ms(auto_dense, device=dev)
+    print(f"  module train_impl='auto', always-dense policy: {t_ad:.3f} ms, {t_d / t_ad:.2f}x of dense", flush=True)
+    _kernel_table(auto_dense, "module auto, dense path")
     for name, fn in (("dense", dense), ("hot/cold", hot_cold)):
         try:
             print(f"  {name} captured in one CUDA graph (forward + backward): {_graph_ms(fn, dev):.3f} ms", flush=True)

@@ -296,5 +296,6 @@ def test_kernels_compile_for_sm90_without_register_spills():
                           check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     spills = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(spills) == {"hot_pack", "cold_pack", "pack_cont", "forward_rows", "hot_backward", "backward_rows", "unit_grads"}
+    assert set(spills) == {"hot_pack", "cold_pack", "pack_cont", "forward_rows", "hot_backward", "backward_rows",
+                           "unit_grads"}
     assert not any(spills.values()), spills

@@ -202,14 +202,14 @@ class SparseGatedMLP(nn.Module):
             the active pairs), ``"dense"`` (plain dense autograd of the same function, same l1 and l0) or
             ``"triton"`` (the first sparse Triton training kernels, :func:`twell.ops.twell_gated_ffn_l1`: exact,
             but 0.33x of dense at M=16384 on an H200), ``"hot-cold"`` (:func:`twell.ops.twell_gated_ffn_l1_hot_cold`:
-            frequent units through dense GEMMs, the rest through sparse kernels; 1.70x of dense and 68 % less
-            extra memory at M=16384, 0.5 % density on an H200; hot set re-chosen every ``l0_refresh_every``
+            frequent units through dense GEMMs, the rest through sparse kernels; at 0.5 % density on an H200
+            1.72x of dense at M=16384 and 2.48x at M=65536, 68-71 % less extra memory; hot set re-chosen every ``l0_refresh_every``
             calls) or ``"auto"``: per layer
             and call, the hot/cold op when ``train_policy`` says the layer's l0 is low enough for its token
             count (on CUDA with Triton), else dense autograd in the compute dtype
             (:func:`twell.nn.train_dispatch.dense_train_ffn_l1`).  The default policy's table holds the H200
-            bf16 crossings for 2048 x 5632 (sparse from 16384 tokens up to 5 % density, from 65536 up to
-            10 %); other shapes train dense.
+            bf16 crossings for 2048 x 5632 (sparse from 16384 tokens up to 10 % density); other shapes train
+            dense.
             Under autocast every path but that dense one (which autocasts by itself) runs on inputs and
             weights cast to the autocast dtype, with autocast off inside, as an autocast ``F.linear`` would.
         train_policy: the :class:`~twell.nn.train_dispatch.TrainDispatchPolicy` of ``"auto"``; None means

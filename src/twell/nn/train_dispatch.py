@@ -60,12 +60,12 @@ TrainFn = Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 #: ``(hidden_size, intermediate_size) -> ((min_tokens, max_density), ...)`` for bf16 on one H200, from
 #: ``twell bench train-ffn --sparse-impl hot-cold`` (forward+backward with L1 vs dense autograd; the
-#: layer's sparse path is the hot/cold op), bench_results/h200/train_ffn_hotcold_sweep.json (commit
-#: 6c55448).  At 2048 x 5632 the hot/cold op lost at M=4096 at every density (0.41-0.59x: its fixed
-#: costs against a 1.4 ms dense step); at M=16384 it won up to 5 % (1.54x at 0.5 %, 1.14x at 2 %, 1.05x at
-#: 5 %) and tied at 10 % (1.00x); from M=65536 it won at every density up to 10 % (1.88-1.96x at 0.5 %,
-#: 1.05-1.11x at 5 %, 1.07-1.08x at 10 %).  Shapes without a row train dense.
-H200_BF16_TRAIN_TABLES: dict[Shape, DispatchTable] = {(2048, 5632): ((16384, 0.05), (65536, 0.10))}
+#: layer's sparse path is the hot/cold op), bench_results/h200/train_ffn_hotcold_sweep_final.json (commit
+#: 086b78a).  At 2048 x 5632 the hot/cold op lost at M=4096 at every density (0.41-0.54x: its fixed
+#: costs against a 1.45 ms dense step); from M=16384 it won at every measured density up to 10 %
+#: (M=16384: 1.72x at 0.5 %, 1.35x at 2 %, 1.20x at 10 %; M=65536: 2.48x, 1.41x, 1.28x; M=131072: 2.52x,
+#: 1.49x, 1.36x).  Densities above 10 % were not measured, so they train dense; shapes without a row too.
+H200_BF16_TRAIN_TABLES: dict[Shape, DispatchTable] = {(2048, 5632): ((16384, 0.10),)}
 
 
 def _check_shape(shape: object) -> Shape:
