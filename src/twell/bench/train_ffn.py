@@ -14,8 +14,9 @@ Per point (token count M, target density) it runs three paths on the same inputs
   ``hotcold_cold_l0``); the per-call hot-row gathers are timed.  ``--sparse-impl hot-cold`` leaves the
   v1 op out (it takes seconds per call at 5 % and above).
 
-For each: forward+backward median ms (``triton.testing.do_bench``; calls slower than
-:data:`SLOW_CALL_MS` are timed from a few single calls instead), the speedup over dense, the peak
+For each: forward+backward median ms (``triton.testing.do_bench``, the paths of a point in interleaved
+rounds: :func:`_time_paths`; calls slower than :data:`SLOW_CALL_MS` are timed from a few single calls
+instead), the speedup over dense, the peak
 extra memory (``max_memory_allocated`` during one forward+backward minus ``memory_allocated`` before
 it: inputs, weights and the upstream gradient excluded, outputs and gradients included; MB = 2**20
 bytes) and its reduction vs dense in %, the relative errors of out, dX, dWg, dWu, dWd and l1 against a
@@ -75,6 +76,8 @@ L1_GRAD_SCALE = 0.5
 #: A forward+backward slower than this (ms) is timed from single calls, not do_bench (which would run
 #: it ~8 times); at M=131072 the dense path takes ~40 ms, so only slow sparse points take this branch.
 SLOW_CALL_MS = 250.0
+#: Interleaved timing rounds per point (see :func:`_time_paths`).
+TIMING_ROUNDS = 3
 
 Result = dict[str, torch.Tensor | None]
 Step = Callable[[], Result]
@@ -178,19 +181,42 @@ def _bitwise_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     return bool(torch.equal(a, b))
 
 
-def _time(fn: Step, call_ms: float, cfg: TrainFfnSweep, device: torch.device) -> tuple[float, str]:
-    """Median ms per call and how it was timed; ``call_ms`` is a warm call's time (module docstring)."""
-    if call_ms <= SLOW_CALL_MS:
-        ms = time_ms(fn, device=device, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms)
-        return ms, "do_bench" if device.type == "cuda" else "median"
-    samples = [call_ms]
-    while sum(samples) < cfg.rep_ms and len(samples) < 3:
-        samples.append(_run_once(fn, device)[1])
-    return statistics.median(samples), f"{len(samples)} call{'s' if len(samples) > 1 else ''}"
+def _time_paths(timed: dict[str, tuple[Step, float]], row: dict, cfg: TrainFfnSweep, device: torch.device) -> None:
+    """``row[name + "_ms"]`` (median ms per call) and ``row[name + "_timing"]`` for every measured path.
+
+    The fast paths are timed in :data:`TIMING_ROUNDS` interleaved rounds (dense, then each other path,
+    then dense again, ...; ``rep_ms / TIMING_ROUNDS`` each) and each gets the median of its rounds, so
+    that a drift of the GPU's clocks over the point (the power-limited H200 warms up under the float64
+    reference and the paths before) lands on every path alike: timed one after the other, the last path
+    could read slow against the first (in bench_results/h200/train_ffn_hotcold_sweep*.json, timed one
+    after the other, the switch's dense path, last, read 0.82-0.93x of dense, first, though it adds only
+    an l0 count: interleaving tells such drift from real cost).  Calls slower than
+    :data:`SLOW_CALL_MS` are timed from a few single calls instead (do_bench would run them ~8 times).
+    """
+    fast = {name: fn for name, (fn, call_ms) in timed.items() if call_ms <= SLOW_CALL_MS}
+    rounds: dict[str, list[float]] = {name: [] for name in fast}
+    for _ in range(TIMING_ROUNDS if len(fast) > 1 else 1):
+        for name, fn in fast.items():
+            rounds[name].append(time_ms(fn, device=device, warmup_ms=cfg.warmup_ms,
+                                        rep_ms=cfg.rep_ms / (TIMING_ROUNDS if len(fast) > 1 else 1)))
+    for name, samples in rounds.items():
+        row[f"{name}_ms"] = statistics.median(samples)
+        how = "do_bench" if device.type == "cuda" else "median"
+        row[f"{name}_timing"] = how if len(samples) == 1 else f"{how}, median of {len(samples)} interleaved rounds"
+    for name, (fn, call_ms) in timed.items():
+        if name in fast:
+            continue
+        samples = [call_ms]
+        while sum(samples) < cfg.rep_ms and len(samples) < 3:
+            samples.append(_run_once(fn, device)[1])
+        row[f"{name}_ms"] = statistics.median(samples)
+        row[f"{name}_timing"] = f"{len(samples)} call{'s' if len(samples) > 1 else ''}"
 
 
-def _measure(name: str, fn: Step, ref: Result | None, row: dict, cfg: TrainFfnSweep, device: torch.device) -> None:
-    """Memory, errors and determinism (two runs), then time: fills ``row[name + "_*"]``.
+def _measure(name: str, fn: Step, ref: Result | None, row: dict, cfg: TrainFfnSweep, device: torch.device,
+             timed: dict[str, tuple[Step, float]]) -> None:
+    """Memory, errors and determinism (two runs): fills ``row[name + "_*"]`` and queues ``fn`` in ``timed``
+    for :func:`_time_paths`.
 
     ``{name}_first_call_ms`` (the first run: Triton compilation, allocator growth) and ``{name}_call_ms``
     (the second) let the sweep project the next point's time without the one-off costs.
@@ -213,7 +239,7 @@ def _measure(name: str, fn: Step, ref: Result | None, row: dict, cfg: TrainFfnSw
     row[f"{name}_deterministic"] = det
     row[f"{name}_ok"] = None if ok is None else bool(ok and det)
     del res1, res2
-    row[f"{name}_ms"], row[f"{name}_timing"] = _time(fn, call_ms, cfg, device)
+    timed[name] = (fn, call_ms)
 
 
 def _guard(row: dict, key: str, device: torch.device, log: Callable[[str], None], fn: Callable[[], object]) -> object:
@@ -264,20 +290,21 @@ def run_point(
     ref = _guard(row, "ref", device, log, lambda: _reference(x, ws, gout_rows, gl1_value))
     if ref is not None:
         row["ref_l0"] = float(ref["l0"])  # type: ignore[arg-type]
+    timed: dict[str, tuple[Step, float]] = {}
     _guard(row, "dense", device, log, lambda: _measure("dense", lambda: _dense_step(x, ws, gout_rows, gl1),
-                                               ref, row, cfg, device))  # type: ignore[arg-type]
+                                               ref, row, cfg, device, timed))  # type: ignore[arg-type]
     if cfg.sparse_impl == "hot-cold":
         pass
     elif skip_sparse:
         row["sparse_skipped"] = skip_sparse
     else:
         _guard(row, "sparse", device, log, lambda: _measure("sparse", lambda: _sparse_step(x, ws, gout_rows, gl1, cfg),
-                                                    ref, row, cfg, device))  # type: ignore[arg-type]
+                                                    ref, row, cfg, device, timed))  # type: ignore[arg-type]
     if cfg.sparse_impl != "v1":
         def hotcold() -> None:
             hot = choose_training_hot_units(x, ws[0])  # once per point, outside the timing: a layer caches it
             row.update(hotcold_n_hot=hot.n_hot, hotcold_cold_l0=hot.cold_l0, hotcold_width=default_width(hot))
-            _measure("hotcold", lambda: _hotcold_step(x, ws, gout_rows, gl1, hot), ref, row, cfg, device)
+            _measure("hotcold", lambda: _hotcold_step(x, ws, gout_rows, gl1, hot), ref, row, cfg, device, timed)
 
         _guard(row, "hotcold", device, log, hotcold)
     row["l0"] = row.get("sparse_l0", row.get("hotcold_l0", row["gate_l0"]))
@@ -291,11 +318,13 @@ def run_point(
         if skip_sparse and may_sparse:
             row["auto_skipped"] = skip_sparse
             return
-        _measure("auto", lambda: _auto_step(mlp, x, gout_rows, gl1), ref, row, cfg, device)
+        _measure("auto", lambda: _auto_step(mlp, x, gout_rows, gl1), ref, row, cfg, device, timed)
         row["auto_path"] = "sparse" if mlp._train_switch.last_sparse else "dense"
 
     _guard(row, "auto", device, log, auto)
-    ref = None  # the float64 tensors go before the next point (not `del`: the closures above capture it)
+    ref = None  # the float64 tensors go before the timing (not `del`: the closures above capture it)
+    _free(device)
+    _guard(row, "timing", device, log, lambda: _time_paths(timed, row, cfg, device))
     dense_ms, dense_mb = row.get("dense_ms"), row.get("dense_mem_mb")
     for name in ("sparse", "auto", "hotcold"):
         if dense_ms is not None and row.get(f"{name}_ms"):
