@@ -201,9 +201,10 @@ class SparseGatedMLP(nn.Module):
             sparse autograd reference, :class:`twell.reference.training.GatedFFNL1`, which saves only
             the active pairs), ``"dense"`` (plain dense autograd of the same function, same l1 and l0) or
             ``"triton"`` (the first sparse Triton training kernels, :func:`twell.ops.twell_gated_ffn_l1`: exact,
-            but 0.33x of dense at M=16384 on an H200), ``"hot-cold"`` (:func:`twell.ops.twell_gated_ffn_l1_hot_cold`:
-            frequent units through dense GEMMs, the rest through sparse kernels; at 0.5 % density on an H200
-            1.72x of dense at M=16384 and 2.48x at M=65536, 68-71 % less extra memory; hot set re-chosen every ``l0_refresh_every``
+            but 0.33x of dense at M=16384 on an H200), ``"hot-cold"``
+            (:func:`twell.ops.twell_gated_ffn_l1_hot_cold`: frequent units through dense GEMMs, the rest
+            through sparse kernels; at 0.5 % density on an H200 1.72x of dense at M=16384 and 2.48x at
+            M=65536, 68-71 % less extra memory; hot set re-chosen every ``l0_refresh_every``
             calls) or ``"auto"``: per layer
             and call, the hot/cold op when ``train_policy`` says the layer's l0 is low enough for its token
             count (on CUDA with Triton), else dense autograd in the compute dtype
