@@ -19,6 +19,7 @@ from test_ops_training import F32, F64, check_close, make_problem, make_random_p
 
 from twell.bench import train_ffn
 from twell.ops.hot_cold_plan import build_hot_cold_plan
+from twell.ops.hot_cold_train_kernels import launch_overflow_layout
 from twell.ops.hot_cold_training import (
     HotColdGatedFFNL1,
     HotUnits,
@@ -26,6 +27,7 @@ from twell.ops.hot_cold_training import (
     default_width,
     hot_units,
     hot_units_from_frequency,
+    overflow_layout_reference,
     twell_gated_ffn_l1_hot_cold,
 )
 from twell.reference.training import dense_gated_ffn_l1
@@ -165,6 +167,23 @@ def test_hot_set_forms_agree_and_are_chosen_from_x(device):
     assert float(l0) == float(ref_l0)
 
 
+@pytest.mark.parametrize(("m", "width", "cont_rows"), [(1, 4, 0), (700, 4, 10**6), (700, 4, 90), (700, 16, 0),
+                                                     (513, 1, 300)])
+def test_overflow_layout_kernel_matches_its_twin(m, width, cont_rows, device):
+    """The one-program scan against the PyTorch ops: several blocks (the interpreter's block is 256),
+    no overflow, overflow that fits, overflow that spills part way, and no capacity at all."""
+    gen = torch.Generator().manual_seed(m + width)
+    counts = torch.randint(0, 3 * width, (m,), generator=gen, dtype=torch.int32)
+    counts[::37] = 20 * width  # a few long rows
+    counts = counts.to(device)
+    got = launch_overflow_layout(counts, width, cont_rows)
+    want = overflow_layout_reference(counts, width, cont_rows)
+    for name, a, b in zip(("lo", "hi", "ocum", "n_spill"), got, want, strict=True):
+        assert a.dtype == torch.int32 and torch.equal(a, b.to(torch.int32)), name
+    if cont_rows == 90:
+        assert 0 < int(got[3]) < int((counts > width).sum())  # the capacity ran out part way
+
+
 def test_default_width():
     f = 64
     assert default_width(hot_units(torch.arange(8), f)) == 32  # no estimate
@@ -268,6 +287,8 @@ KERNELS = {
                  "hnz_ptr:*i32 M:i32 H:i32 stride_gm:i32", {"BM": k._HOT_PACK_BM, "BH": k._HOT_PACK_BH}),
     "cold_pack": (k._cold_pack_kernel, "g_ptr:*bf16 unit_ptr:*i64 ids_ptr:*i32 val_ptr:*bf16 cnt_ptr:*i32 M:i32 "
                   "NC:i32 H:i32 W:i32 stride_gm:i32", {"BM": k._PACK_BM, "BF": k._PACK_BF, "WP": 16}),
+    "overflow_layout": (k._overflow_layout_kernel, "cnt_ptr:*i32 lo_ptr:*i32 hi_ptr:*i32 ocum_ptr:*i32 "
+                        "nspill_ptr:*i32 M:i32 W:i32 C:i32", {"BLOCK": k._LAYOUT_BLOCK}),
     "pack_cont": (k._pack_cont_kernel, "g_ptr:*bf16 unit_ptr:*i64 ids_ptr:*i32 val_ptr:*bf16 owner_ptr:*i32 "
                   "order_ptr:*i32 cnt_ptr:*i32 lo_ptr:*i32 hi_ptr:*i32 ocum_ptr:*i32 M:i32 NC:i32 H:i32 W:i32 "
                   "stride_gm:i32", {"BF": 1024}),
@@ -296,6 +317,6 @@ def test_kernels_compile_for_sm90_without_register_spills():
                           check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     spills = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(spills) == {"hot_pack", "cold_pack", "pack_cont", "forward_rows", "hot_backward", "backward_rows",
-                           "unit_grads"}
+    assert set(spills) == {"hot_pack", "cold_pack", "overflow_layout", "pack_cont", "forward_rows", "hot_backward",
+                           "backward_rows", "unit_grads"}
     assert not any(spills.values()), spills

@@ -55,6 +55,9 @@ _PACK_BLOCK = 1024
 _PACK_BM, _PACK_BF, _PACK_WARPS = 8, 128, 2
 #: Tokens x hot columns per program of the hot pack (contiguous elementwise tiles, 4 warps).
 _HOT_PACK_BM, _HOT_PACK_BH = 16, 128
+#: Tokens per step of the one-program overflow layout scan, and its warps: M=16384 in 4 steps,
+#: M=1,048,576 in 256.
+_LAYOUT_BLOCK, _LAYOUT_WARPS = 4096, 8
 #: Tile of the hot backward kernel (rows x hot units): 32 x 64 fp32 values per operand on 4 warps.
 _HOT_BM, _HOT_BH = 32, 64
 
@@ -204,8 +207,10 @@ def launch_pack(
     counts = torch.empty((m,), dtype=torch.int32, device=dev)
     a_hot = torch.empty((m, n_hot), dtype=g.dtype, device=dev)
     h_hot = torch.empty((m, n_hot), dtype=g.dtype, device=dev)
-    hot_l1 = torch.zeros((m,), dtype=torch.float32, device=dev)
-    hot_nz = torch.zeros((m,), dtype=torch.int32, device=dev)
+    # The hot pack writes every row of these; without hot units they stay zero.
+    alloc = torch.empty if n_hot else torch.zeros
+    hot_l1 = alloc((m,), dtype=torch.float32, device=dev)
+    hot_nz = alloc((m,), dtype=torch.int32, device=dev)
     if m == 0:
         return ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz
     if n_hot:
@@ -225,6 +230,51 @@ def launch_pack(
         vals[:m].zero_()
         counts.zero_()
     return ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz
+
+
+@triton.jit
+def _overflow_layout_kernel(cnt_ptr, lo_ptr, hi_ptr, ocum_ptr, nspill_ptr, M, W, C, BLOCK: tl.constexpr):
+    """One program, tokens in order, BLOCK at a time with carried running sums: the continuation rows
+    [lo, hi) of each overflowing token (-1 when they would pass the capacity C: spilled), the inclusive
+    count of overflowing tokens, and the number of spilled ones.  One launch where the same arithmetic
+    in PyTorch ops (:func:`twell.ops.hot_cold_training.overflow_layout_reference`) took about a dozen."""
+    rows_before = tl.sum(tl.zeros((BLOCK,), dtype=tl.int32), axis=0)
+    over_before = rows_before
+    n_spill = rows_before
+    for m0 in range(0, M, BLOCK):
+        offs = m0 + tl.arange(0, BLOCK)
+        ok = offs < M
+        cnt = tl.load(cnt_ptr + offs, mask=ok, other=0)
+        over = (cnt > W) & ok
+        n_cont = tl.where(over, (cnt - 1) // W, 0)  # ceil((count - W) / W) rows past the main one
+        hi = rows_before + tl.cumsum(n_cont, axis=0)
+        lo = hi - n_cont
+        spill = over & (hi > C)
+        over_i = over.to(tl.int32)
+        tl.store(lo_ptr + offs, tl.where(spill, -1, lo), mask=ok)
+        tl.store(hi_ptr + offs, tl.where(spill, -1, hi), mask=ok)
+        tl.store(ocum_ptr + offs, over_before + tl.cumsum(over_i, axis=0), mask=ok)
+        rows_before += tl.sum(n_cont, axis=0)
+        over_before += tl.sum(over_i, axis=0)
+        n_spill += tl.sum(spill.to(tl.int32), axis=0)
+    tl.store(nspill_ptr, n_spill)
+
+
+def launch_overflow_layout(
+    counts: torch.Tensor, width: int, cont_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(lo, hi, ocum, n_spill)`` int32 for the cold counts [M] (M >= 1): continuation rows [lo, hi)
+    per token (-1: spilled), the inclusive count of overflowing tokens, and the number of spilled
+    tokens (1 element).  Fixed sizes, on the device, no host synchronisation."""
+    m = counts.shape[0]
+    lo = torch.empty((m,), dtype=torch.int32, device=counts.device)
+    hi = torch.empty_like(lo)
+    ocum = torch.empty_like(lo)
+    n_spill = torch.empty((1,), dtype=torch.int32, device=counts.device)
+    block = min(next_pow2(m), 256 if interpreting() else _LAYOUT_BLOCK)
+    _overflow_layout_kernel[(1,)](counts, lo, hi, ocum, n_spill, m, width, cont_rows, BLOCK=block,
+                                  num_warps=_LAYOUT_WARPS)
+    return lo, hi, ocum, n_spill
 
 
 @triton.jit

@@ -77,6 +77,7 @@ from .hot_cold_train_kernels import (
     launch_backward_rows,
     launch_forward_rows,
     launch_hot_backward,
+    launch_overflow_layout,
     launch_pack,
     launch_pack_continuation,
     launch_unit_grads,
@@ -189,11 +190,12 @@ def _mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tenso
     return (a.float() @ b.float()).to(out_dtype)
 
 
-def _overflow_layout(
+def overflow_layout_reference(
     counts: torch.Tensor, width: int, cont_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(lo, hi, ocum, n_spill)``: continuation rows [lo, hi) per token (-1: spilled), the inclusive
-    count of overflowing tokens, and the number of spilled ones (1-element).  Fixed sizes, on the device."""
+    count of overflowing tokens, and the number of spilled ones (1-element).  Fixed sizes, on the device.
+    The pure-PyTorch twin of :func:`twell.ops.hot_cold_train_kernels.launch_overflow_layout`."""
     over = counts > width
     n_cont = torch.where(over, (counts - 1) // width, 0)  # ceil((count - W) / W) rows past the main one
     hi = torch.cumsum(n_cont, 0, dtype=torch.int32)  # < 2**31: at most M F / W rows
@@ -240,7 +242,7 @@ class HotColdGatedFFNL1(torch.autograd.Function):
             wd_hot = wdt.index_select(0, hot.ids)  # Wd[:, hot]^T [H, d]
             u_hot = _mm(x, w_hot[n_hot:].t(), torch.float32)
         ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz = launch_pack(g, hot.columns, n_hot, u_hot, width, cont_rows)
-        lo, hi, ocum, n_spill = _overflow_layout(counts, width, cont_rows)
+        lo, hi, ocum, n_spill = launch_overflow_layout(counts, width, cont_rows)
         order, owner = launch_pack_continuation(g, hot.columns, n_hot, ids, vals, counts, lo, hi, ocum)
         del g
         init = _mm(h_hot, wd_hot, torch.float32) if n_hot else None
