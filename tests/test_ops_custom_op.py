@@ -62,3 +62,22 @@ def test_hot_cold_custom_op_matches_python_op_and_passes_opcheck(device):
     assert rel_error(out, ops.sparse_gated_ffn(x, wg, wu, wd, tile=32)) <= REL_TOL[torch.float32]
     torch.library.opcheck(torch.ops.twell.hot_cold_gated_ffn.default, args,
                           test_utils=("test_schema", "test_faketensor"))
+
+
+def test_decode_custom_op_matches_python_op_passes_opcheck_and_compiles(device):
+    x, wg, wu, wd = _problem(device)
+    wdt = wd.t().contiguous()
+    backend = "triton" if device.type == "cuda" else "torch"
+    out, counts = torch.ops.twell.decode_gated_ffn_unchecked(x, wg, wu, wdt, "match", backend)
+    assert torch.equal(out, ops.decode_gated_ffn(x, wg, wu, wd, backend=backend))
+    assert counts.shape == (12, 6) and counts.dtype == torch.int32  # 96 units in blocks of 16
+    assert torch.equal(counts.sum(1).cpu(), ((x @ wg.T) > 0).sum(1).to(torch.int32).cpu())
+    torch.library.opcheck(torch.ops.twell.decode_gated_ffn_unchecked.default, (x, wg, wu, wdt, "match", backend),
+                          test_utils=("test_schema", "test_faketensor"))
+
+    def ffn(x):
+        out, counts = torch.ops.twell.decode_gated_ffn_unchecked(x, wg, wu, wdt, "match", backend)
+        return out * 2, counts.sum()
+
+    got, nnz = torch.compile(ffn, backend="aot_eager", fullgraph=True)(x)
+    assert torch.equal(got, out * 2) and int(nnz) == int(counts.sum())

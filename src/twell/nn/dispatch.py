@@ -70,6 +70,11 @@ class DispatchPolicy:
             module docstring).  An empty table means always dense.
         device_types: the device types the table was measured for; elsewhere the answer is dense.
         force: apply the table on every device type and layer shape (tests, the interpreter, benchmarks).
+        decode_max_tokens: calls of 1 to this many tokens (at most :data:`twell.ops.DECODE_MAX_TOKENS`)
+            take the small-batch kernels of :mod:`twell.ops.decode` whatever the density (they read Wg
+            whole and Wu, Wd only at firing units: never more bytes than dense, in two launches); 0 (the
+            default until measured on the GPU) leaves such calls to the table.  Subject to
+            ``device_types`` and ``shapes`` like the table.
         shapes: the layer shapes ``(hidden_size, intermediate_size)`` the table was measured for (by
             default those of the default table), or None for a table that holds for any shape.
             Break-even densities move with the shape (at 4096 x 14336 on an H200 the sparse path lost
@@ -84,6 +89,7 @@ class DispatchPolicy:
     device_types: tuple[str, ...] = ("cuda",)
     force: bool = False
     shapes: tuple[tuple[int, int], ...] | None = ((2048, 5632),)
+    decode_max_tokens: int = 0
     #: The rows' ``min_tokens`` for the bisect of :meth:`max_density`, built once in ``__post_init__``
     #: rather than per call (use_sparse: 0.47 instead of 0.64 us on the CPU, scripts/module_overhead.py);
     #: left out of ``__init__``, equality, hashing and repr.
@@ -105,6 +111,11 @@ class DispatchPolicy:
                 ) from None
             object.__setattr__(self, "shapes", shapes)
         object.__setattr__(self, "_starts", tuple(row[0] for row in self.table))
+        from ..ops.decode_kernels import DECODE_MAX_TOKENS
+
+        dm = self.decode_max_tokens
+        if isinstance(dm, bool) or not isinstance(dm, int) or not 0 <= dm <= DECODE_MAX_TOKENS:
+            raise ValueError(f"decode_max_tokens must be an int in [0, {DECODE_MAX_TOKENS}], got {dm!r}")
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -146,6 +157,15 @@ class DispatchPolicy:
             return False
         limit = self.max_density(n_tokens)
         return limit is not None and density <= limit
+
+
+    def use_decode(self, n_tokens: int, *, device_type: str = "cuda", shape: tuple[int, int] | None = None) -> bool:
+        """True iff a call of ``n_tokens`` tokens takes the small-batch kernels (``decode_max_tokens``)."""
+        if not 1 <= n_tokens <= self.decode_max_tokens:
+            return False
+        if not self.force and device_type not in self.device_types:
+            return False
+        return self.force or self.shapes is None or (shape is not None and tuple(shape) in self.shapes)
 
 
 def _check_tokens(n_tokens: object) -> None:

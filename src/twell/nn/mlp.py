@@ -523,8 +523,9 @@ class SparseGatedMLP(nn.Module):
         if sparse is None:
             # Unknown density counts as 1 (fully dense): only an "always sparse" row says sparse then.
             density = 1.0 if estimate is None else min(1.0, max(0.0, estimate / self.intermediate_size))
-            sparse = policy.use_sparse(
-                n_tokens, density, device_type=device_type, shape=(self.hidden_size, self.intermediate_size)
+            shape = (self.hidden_size, self.intermediate_size)
+            sparse = policy.use_decode(n_tokens, device_type=device_type, shape=shape) or policy.use_sparse(
+                n_tokens, density, device_type=device_type, shape=shape
             )
             if len(state.decisions) < _MAX_CACHED_DECISIONS:
                 state.decisions[key] = sparse
@@ -539,8 +540,11 @@ class SparseGatedMLP(nn.Module):
         w_gate, w_up, w_down = self._weights()
         prep = self._prepare_sparse(w_gate, w_up, w_down)
         x = x.contiguous()
+        # The small-batch kernels take no hot set: a decode call neither uses nor re-chooses one.
+        decode = self.policy.use_decode(x.shape[0], device_type=x.device.type,
+                                        shape=(self.hidden_size, self.intermediate_size))
         plan = None
-        if prep.hot_cold:
+        if prep.hot_cold and not decode:
             # Hot units re-chosen on refresh calls only (the choice synchronises with the host).
             if self._state.refresh_now or not self._hot_cold.chosen:
                 self._hot_cold.refresh(x, w_gate, w_up, w_down)
@@ -548,7 +552,10 @@ class SparseGatedMLP(nn.Module):
         w_down_t = self._buffers["_wd_unit_major"]  # current: _prepare_sparse rebuilt it if Wd changed
         if w_down_t is None or prep.key is None:
             w_down_t = self.w_down_unit_major()
-        if plan is not None:
+        if decode:
+            out, counts = torch.ops.twell.decode_gated_ffn_unchecked(x, w_gate, w_up, w_down_t, self.precision,
+                                                                    prep.backend)
+        elif plan is not None:
             out, counts = torch.ops.twell.hot_cold_gated_ffn_unchecked(
                 x, w_gate, w_up, w_down_t, plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t, self.tile,
                 prep.capacity, prep.backend,

@@ -11,8 +11,11 @@ no autograd formula: it is the inference path (training goes through the sparse 
 capacity, backend)`` is the same for the hot/cold split (``twell.ops.hot_cold``), the plan passed as
 its four tensors; its counts are per (row, tile of cold columns, then of hot units).
 
-``torch.ops.twell.sparse_gated_ffn_unchecked`` and ``torch.ops.twell.hot_cold_gated_ffn_unchecked``
-are the same computations for a caller that has validated everything already (``SparseGatedMLP``
+``torch.ops.twell.decode_gated_ffn_unchecked(x, w_gate, w_up, w_down_t, precision, backend)`` is the
+small-batch path (``twell.ops.decode``, 1 to 64 tokens): ``(out [M, d], counts [M, ceil(F / 16)])``.
+
+``torch.ops.twell.sparse_gated_ffn_unchecked``, ``torch.ops.twell.hot_cold_gated_ffn_unchecked`` and the
+decode op are the same computations for a caller that has validated everything already (``SparseGatedMLP``
 checks its weights once per weight change and ``x`` per call): they skip the ops' input checks and
 take Wd^T ([F, d], contiguous) directly, a resolved backend (``"torch"`` or ``"triton"``) and a
 resolved capacity (> 0).  On the CPU (d=64, F=256, Triton launches stubbed out, so host time only;
@@ -27,6 +30,8 @@ import torch
 
 from ..reference import inference as _ref
 from . import inference as _inference
+from .decode_kernels import _HIDDEN_BU as _DECODE_BU
+from .decode_kernels import decode_blocks
 from .hot_cold_plan import HotColdPlan
 from .inference import hot_cold_gated_ffn as _hot_cold_gated_ffn
 from .inference import sparse_gated_ffn as _sparse_gated_ffn
@@ -184,3 +189,34 @@ def hot_cold_gated_ffn_unchecked_op(
 @hot_cold_gated_ffn_unchecked_op.register_fake
 def _(x, w_gate, w_up, w_down_t, hot, cold, w_gemm, w_down_hot_t, tile, capacity, backend):  # noqa: ANN001, ANN202
     return _fake_hot_cold(x, hot, cold, w_down_t.shape[1], tile)
+
+
+@torch.library.custom_op("twell::decode_gated_ffn_unchecked", mutates_args=())
+def decode_gated_ffn_unchecked_op(
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down_t: torch.Tensor,
+    precision: str,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``decode_gated_ffn`` for validated inputs: x [1 <= M <= 64, d], Wg/Wu/Wd^T [F >= 1, d] contiguous, one
+    dtype and device; also the active units per (token, block of 16 units)."""
+    if backend == "torch":
+        out = _ref.dense_gated_ffn(x, w_gate, w_up, w_down_t.t(), precision=precision)
+        g = _ref._matmul_nt(x, w_gate, _ref._acc_dtype(x.dtype)).to(x.dtype)
+        active = ((g > 0) | torch.isnan(g)).to(torch.int32)
+        f = active.shape[1]
+        pad = decode_blocks(f) * _DECODE_BU - f
+        counts = torch.nn.functional.pad(active, (0, pad)).view(x.shape[0], -1, _DECODE_BU).sum(2, dtype=torch.int32)
+        return out, counts
+    from .decode import launch_decode_ffn
+
+    return launch_decode_ffn(x, w_gate, w_up, w_down_t, match=precision == "match")
+
+
+@decode_gated_ffn_unchecked_op.register_fake
+def _(x, w_gate, w_up, w_down_t, precision, backend):  # noqa: ANN001, ANN202
+    m = x.shape[0]
+    return (x.new_empty((m, w_down_t.shape[1])),
+            x.new_empty((m, decode_blocks(w_gate.shape[0])), dtype=torch.int32))

@@ -1,0 +1,157 @@
+"""Triton kernels of the small-batch (decode) gated FFN: M <= 64 tokens, two launches, no TwELL.
+
+At decode sizes the FFN is bound by reading weights and by launches, not by FLOPs: the dense FFN reads
+all of Wg, Wu and Wd (3 x 23 MB at d=2048, F=5632 in bf16) in five launches, while the TwELL paths add
+a pack and a per-token gather on top of the gate GEMM (0.21-0.30 ms at M=1 against 0.07 ms dense on an
+H200, bench_results/h200/ffn_small_m_dispatch.log).  Here:
+
+* :func:`launch_decode_hidden` (one program per block of BU units): g = round(x Wg[blk]^T) by tensor-core
+  dots (every Wg row is read: which units fire is only known from g), a = relu(g), and only for the
+  units that fire for at least one of the M tokens u = x Wu[j]^T, from masked loads that fetch no other
+  Wu row; h = round(a round(u)) is written as a dense [M, F] tile (zeros where inactive), plus one
+  "fires for some token" flag per unit.
+* :func:`launch_decode_down` (one program per BD output columns): out = round(h Wd^T), the K loop over
+  all units with Wd^T rows loaded under the unit flags, so that only the rows of firing units are read.
+
+Rounding as the dense bf16 FFN (``precision="match"``): g, u and h rounded to the input dtype, fp32
+accumulation; ``precision="fp32"`` keeps u and h in fp32 (h is then an fp32 tensor).  Every sum runs
+in a fixed order: bitwise reproducible.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._runtime import interpreting, next_pow2
+from .gate_kernel import relu_keep_nan, round_to
+
+#: Largest token count of the decode path: the hidden kernel keeps a [BM, BU] tile per program with
+#: BM = next power of two >= M, and the down kernel a [BM, BD] accumulator.
+DECODE_MAX_TOKENS = 64
+#: Units per program of the hidden kernel: 352 programs at F=5632 for the 132 SMs of an H200; a block
+#: of 16 units holds one of ~28 active units of a token at 0.5 % density with probability ~8 %, so at
+#: M=1 the up projection reads ~8 % of Wu.
+_HIDDEN_BU, _HIDDEN_BK = 16, 128
+#: Output columns per program of the down kernel (64 programs at d=2048) and units per K step.
+_DOWN_BD, _DOWN_BU = 32, 64
+
+
+@triton.jit
+def _decode_hidden_kernel(
+    x_ptr, wg_ptr, wu_ptr, h_ptr, act_ptr, cnt_ptr, M, D, F, stride_xm, stride_wg, stride_wu, stride_hm, n_blocks,
+    BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr, MATCH: tl.constexpr,
+):
+    units = tl.program_id(0) * BU + tl.arange(0, BU)
+    u_ok = units < F
+    rows = tl.arange(0, BM)
+    r_ok = rows < M
+    offs_k = tl.arange(0, BK)
+    w_rows = units.to(tl.int64)
+    acc = tl.zeros((BM, BU), dtype=tl.float32)
+    for k0 in range(0, D, BK):
+        k = k0 + offs_k
+        k_ok = k < D
+        xt = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+        wt = tl.load(wg_ptr + w_rows[None, :] * stride_wg + k[:, None], mask=u_ok[None, :] & k_ok[:, None], other=0.0)
+        if DOT_FP32:
+            acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xt, wt, acc)
+    a = relu_keep_nan(round_to(acc, x_ptr.dtype.element_ty).to(tl.float32))  # g rounded as a dense linear
+    act = (a != 0) & r_ok[:, None] & u_ok[None, :]
+    unit_act = tl.max(act.to(tl.int32), axis=0) > 0
+    acc = tl.zeros((BM, BU), dtype=tl.float32)
+    if tl.sum(unit_act.to(tl.int32), axis=0) > 0:
+        for k0 in range(0, D, BK):
+            k = k0 + offs_k
+            k_ok = k < D
+            xt = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=r_ok[:, None] & k_ok[None, :],
+                         other=0.0)
+            # Rows of units that fire for no token are masked off: the load fetches nothing for them.
+            wt = tl.load(wu_ptr + w_rows[None, :] * stride_wu + k[:, None], mask=unit_act[None, :] & k_ok[:, None],
+                         other=0.0)
+            if DOT_FP32:
+                acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(xt, wt, acc)
+    if MATCH:
+        h = round_to(a * round_to(acc, x_ptr.dtype.element_ty).to(tl.float32), h_ptr.dtype.element_ty)
+    else:
+        h = a * acc
+    h = tl.where(act, h, 0.0)
+    tl.store(h_ptr + rows[:, None] * stride_hm + units[None, :], h, mask=r_ok[:, None] & u_ok[None, :])
+    tl.store(act_ptr + units, unit_act.to(tl.int8), mask=u_ok)
+    tl.store(cnt_ptr + rows * n_blocks + tl.program_id(0), tl.sum(act.to(tl.int32), axis=1), mask=r_ok)
+
+
+@triton.jit
+def _decode_down_kernel(
+    h_ptr, act_ptr, wdt_ptr, out_ptr, M, D, F, stride_hm, stride_wdt, stride_om,
+    BM: tl.constexpr, BD: tl.constexpr, BU: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    cols = tl.program_id(0) * BD + tl.arange(0, BD)
+    c_ok = cols < D
+    rows = tl.arange(0, BM)
+    r_ok = rows < M
+    acc = tl.zeros((BM, BD), dtype=tl.float32)
+    for f0 in range(0, F, BU):
+        units = f0 + tl.arange(0, BU)
+        fires = tl.load(act_ptr + units, mask=units < F, other=0) != 0
+        ht = tl.load(h_ptr + rows[:, None] * stride_hm + units[None, :], mask=r_ok[:, None] & fires[None, :],
+                     other=0.0)
+        wt = tl.load(wdt_ptr + units.to(tl.int64)[:, None] * stride_wdt + cols[None, :],
+                     mask=fires[:, None] & c_ok[None, :], other=0.0)
+        if DOT_FP32:
+            acc = tl.dot(ht.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(ht, wt, acc)
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], round_to(acc, out_ptr.dtype.element_ty),
+             mask=r_ok[:, None] & c_ok[None, :])
+
+
+def _block_m(m: int) -> int:
+    return max(16, next_pow2(m))  # tl.dot needs 16 rows at least
+
+
+def decode_blocks(n_units: int) -> int:
+    """Unit blocks of the hidden kernel: the second dimension of its per-token counts."""
+    return triton.cdiv(n_units, _HIDDEN_BU)
+
+
+def launch_decode_hidden(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, *, match: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(h [M, F], fires [F] int8, counts [M, decode_blocks(F)] int32)`` for x [M, d] (rows contiguous,
+    1 <= M <= DECODE_MAX_TOKENS), Wg and Wu [F, d] (rows contiguous); h in x's dtype with ``match``, else
+    fp32; ``counts`` the active units per (token, unit block): each row sums to the token's l0."""
+    m, d = x.shape
+    f = w_gate.shape[0]
+    h = torch.empty((m, f), dtype=x.dtype if match else torch.float32, device=x.device)
+    fires = torch.empty((f,), dtype=torch.int8, device=x.device)
+    n_blocks = decode_blocks(f)
+    counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
+    bk = min(_HIDDEN_BK, max(16, next_pow2(d)))
+    _decode_hidden_kernel[(n_blocks,)](
+        x, w_gate, w_up, h, fires, counts, m, d, f, x.stride(0), w_gate.stride(0), w_up.stride(0), h.stride(0),
+        n_blocks, BM=_block_m(m), BU=_HIDDEN_BU, BK=bk, DOT_FP32=x.dtype == torch.float32 or interpreting(),
+        MATCH=match, num_warps=4,
+    )
+    return h, fires, counts
+
+
+def launch_decode_down(h: torch.Tensor, fires: torch.Tensor, w_down_t: torch.Tensor, out_dtype: torch.dtype
+                       ) -> torch.Tensor:
+    """``round(h Wd^T)`` [M, d] in ``out_dtype`` from h [M, F], the unit flags and Wd^T [F, d] (rows
+    contiguous); the Wd^T rows of units whose flag is 0 are not read."""
+    m, f = h.shape
+    d = w_down_t.shape[1]
+    out = torch.empty((m, d), dtype=out_dtype, device=h.device)
+    bd = min(_DOWN_BD, max(16, next_pow2(d)))
+    bu = min(_DOWN_BU, max(16, next_pow2(f)))
+    _decode_down_kernel[(triton.cdiv(d, bd),)](
+        h, fires, w_down_t, out, m, d, f, h.stride(0), w_down_t.stride(0), out.stride(0),
+        BM=_block_m(m), BD=bd, BU=bu, DOT_FP32=h.dtype == torch.float32 or interpreting(), num_warps=4,
+    )
+    return out

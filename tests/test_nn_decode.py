@@ -1,0 +1,67 @@
+"""SparseGatedMLP's small-batch (decode) path: which calls take it, its outputs and l0, and the policy field."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_nn_mlp import FF, D, dense_ref, make_layer, make_x
+
+from twell.nn import DispatchPolicy
+from twell.ops import DECODE_MAX_TOKENS
+from twell.tolerances import REL_TOL, rel_error
+
+
+def _count_calls(monkeypatch, name: str) -> list[int]:
+    """Record the token count of every call of ``torch.ops.twell.<name>`` (the op still runs)."""
+    calls: list[int] = []
+    op = getattr(torch.ops.twell, name)
+
+    class Spy:
+        def __call__(self, x, *args):  # noqa: ANN001, ANN204
+            calls.append(x.shape[0])
+            return op(x, *args)
+
+    monkeypatch.setattr(torch.ops.twell, name, Spy())
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_small_calls_take_the_decode_kernels_and_larger_ones_the_table(backend, monkeypatch):
+    policy = DispatchPolicy(table=((0, 1.0),), decode_max_tokens=8, force=True)
+    layer = make_layer(torch.float32, backend=backend, policy=policy).eval()
+    decode_calls = _count_calls(monkeypatch, "decode_gated_ffn_unchecked")
+    table_calls = _count_calls(monkeypatch, "sparse_gated_ffn_unchecked")
+    for m in (1, 8, 9):
+        x = make_x((m, D), seed=m, dtype=torch.float32)
+        with torch.no_grad():
+            out = layer(x)
+        assert rel_error(out, dense_ref(layer, x)) <= REL_TOL[torch.float32]
+        assert layer.last_l0 is not None
+        g = x.double() @ layer.gate_proj.weight.detach().double().T
+        assert float(layer.last_l0) == pytest.approx(float((g > 0).sum()) / m)
+    assert decode_calls == [1, 8] and table_calls == [9]
+
+
+def test_decode_path_keeps_leading_dimensions_and_skips_the_hot_set(monkeypatch):
+    policy = DispatchPolicy(table=(), decode_max_tokens=DECODE_MAX_TOKENS, force=True)
+    layer = make_layer(torch.float32, backend="torch", policy=policy, hot_cold=True).eval()
+    calls = _count_calls(monkeypatch, "decode_gated_ffn_unchecked")
+    x = make_x((2, 3, D), seed=4, dtype=torch.float32)
+    with torch.no_grad():
+        out = layer(x)
+    assert out.shape == (2, 3, D) and calls == [6]
+    assert rel_error(out, dense_ref(layer, x)) <= REL_TOL[torch.float32]
+    assert not layer._hot_cold.chosen  # a decode call neither uses nor chooses a hot set
+
+
+def test_default_policy_leaves_decode_off_until_measured():
+    assert DispatchPolicy().decode_max_tokens == 0
+    assert not DispatchPolicy().use_decode(1, shape=(2048, 5632))
+    on = DispatchPolicy(decode_max_tokens=16)
+    assert on.use_decode(16, shape=(2048, 5632)) and not on.use_decode(17, shape=(2048, 5632))
+    assert not on.use_decode(0, shape=(2048, 5632))
+    assert not on.use_decode(4, device_type="cpu", shape=(2048, 5632))  # not measured there
+    assert not on.use_decode(4, shape=(D, FF))  # unmeasured shape
+    for bad in (-1, DECODE_MAX_TOKENS + 1, True, 2.0):
+        with pytest.raises(ValueError, match="decode_max_tokens"):
+            DispatchPolicy(decode_max_tokens=bad)

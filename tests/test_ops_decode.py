@@ -1,0 +1,109 @@
+"""The small-batch (decode) FFN (twell.ops.decode): Triton kernels against the dense reference, bad inputs.
+
+Inputs come from test_ops_kernels.make_problem (exact-grid values, a bias channel setting the density):
+the gates are exact, so which units fire is the reference's exactly and the outputs agree within the
+dtype's tolerance.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_ops_kernels import make_problem
+
+from twell.ops.decode import DECODE_MAX_TOKENS, decode_gated_ffn
+from twell.ops.decode_kernels import launch_decode_hidden
+from twell.reference import inference as ref
+from twell.tolerances import REL_TOL, rel_error
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+CASES = [
+    # m, d, f, frac_pos
+    (1, 32, 128, 0.05),  # one token: most unit blocks stay idle
+    (7, 48, 200, 0.10),  # partial unit block and partial K chunk, d not a power of two
+    (16, 32, 96, 0.0),  # nothing fires: zero output, no Wu or Wd row read
+    (33, 64, 160, 0.5),  # BM = 64, half the units fire
+    (64, 32, 64, 1.0),  # the largest M, every unit fires
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"m{c[0]}-d{c[1]}-f{c[2]}-p{c[3]}" for c in CASES])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("precision", ["match", "fp32"])
+def test_matches_dense_reference(case, dtype, precision, device):
+    m, d, f, frac = case
+    p = make_problem(m, d, f, frac_pos=frac, seed=m + f, dtype=dtype, device=device)
+    args = (p["x"], p["w_gate"], p["w_up"], p["w_down"])
+    out = decode_gated_ffn(*args, precision=precision, backend="triton")
+    want = ref.dense_gated_ffn(*args, precision=precision)
+    assert out.dtype == dtype and out.shape == (m, d)
+    assert rel_error(out, want) <= REL_TOL[dtype]
+    assert torch.equal(decode_gated_ffn(*args, precision=precision, backend="triton"), out)  # deterministic
+    assert torch.equal(decode_gated_ffn(*args, precision=precision, backend="torch"), want)
+
+
+def test_unit_flags_and_hidden_tile_are_exact(device):
+    """The hidden kernel's per-unit flags are "fires for some token", its h the dense h with zeros, its
+    counts sum to each token's l0."""
+    p = make_problem(5, 32, 128, frac_pos=0.08, seed=3, dtype=torch.float32, device=device)
+    h, fires, counts = launch_decode_hidden(p["x"], p["w_gate"], p["w_up"], match=True)
+    g = p["x"] @ p["w_gate"].T
+    assert torch.equal(fires.cpu() != 0, (g > 0).any(0).cpu())
+    want = torch.relu(g) * (p["x"] @ p["w_up"].T)
+    assert torch.equal((h != 0).cpu(), (want != 0).cpu())
+    assert rel_error(h, want) <= REL_TOL[torch.float32]
+    assert torch.equal(counts.sum(1).cpu(), (g > 0).sum(1).to(torch.int32).cpu())  # per-token l0
+
+
+def test_nan_propagates_like_the_dense_ffn(device):
+    p = make_problem(3, 32, 64, frac_pos=0.2, seed=5, dtype=torch.float32, device=device)
+    p["x"][1, 3] = float("nan")
+    out = decode_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], backend="triton")
+    want = ref.dense_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"])
+    assert torch.equal(torch.isnan(out).cpu(), torch.isnan(want).cpu())
+    assert bool(torch.isnan(out[1]).any()) and not bool(torch.isnan(out[0]).any())
+    with pytest.raises(ValueError, match="NaN"):
+        decode_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], backend="triton", nan_policy="raise")
+
+
+def test_empty_inputs(device):
+    p = make_problem(2, 16, 32, frac_pos=0.3, seed=1, dtype=torch.float32, device=device)
+    out = decode_gated_ffn(p["x"][:0], p["w_gate"], p["w_up"], p["w_down"], backend="triton")
+    assert out.shape == (0, 16)
+
+
+def test_bad_inputs_are_refused(device):
+    p = make_problem(2, 16, 32, frac_pos=0.3, seed=1, dtype=torch.float32, device=device)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    big = torch.zeros((DECODE_MAX_TOKENS + 1, 16), device=device)
+    with pytest.raises(ValueError, match=f"at most {DECODE_MAX_TOKENS} tokens"):
+        decode_gated_ffn(big, wg, wu, wd)
+    with pytest.raises(ValueError, match="w_down has shape"):
+        decode_gated_ffn(x, wg, wu, wd.T)
+    with pytest.raises(ValueError, match="w_up has shape"):
+        decode_gated_ffn(x, wg, wu[:16], wd)
+    with pytest.raises(TypeError, match="dtype"):
+        decode_gated_ffn(x, wg, wu.half(), wd)
+    with pytest.raises(TypeError, match="float64"):
+        decode_gated_ffn(x.double(), wg.double(), wu.double(), wd.double(), backend="triton")
+    with pytest.raises(ValueError, match="precision"):
+        decode_gated_ffn(x, wg, wu, wd, precision="fp16")
+    with pytest.raises(ValueError, match="x has shape|w_gate has shape"):
+        decode_gated_ffn(x[:, :8], wg, wu, wd)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 8, 64])
+def test_gpu_bf16_real_shape(m):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    p = synthetic_ffn_problem(m, 2048, 5632, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
+    args = (p["x"], p["w_gate"], p["w_up"], p["w_down"])
+    out = decode_gated_ffn(*args)
+    want = ref.dense_gated_ffn(*(t.float() for t in args)).to(torch.bfloat16)
+    assert not bool(torch.isnan(out).any())
+    assert rel_error(out, want) <= REL_TOL[torch.bfloat16]
