@@ -2,7 +2,10 @@
 
 Per point it times (median of many reps, same process, same inputs): the dense PyTorch FFN with
 separate linears, the cuBLAS gate GEMM alone (the floor: the sparse FFN cannot beat it), the TwELL
-gate kernel alone, and the whole TwELL FFN; it checks the TwELL output against an fp32 dense
+gate kernel alone, the whole TwELL FFN, the hot/cold split, ``SparseGatedMLP`` with the default
+dispatch and the dense FFN module (``DenseReluGatedMLP``: a module's per-call overhead is part of what
+a model pays), and at M <= 64 the small-batch kernels (``twell.ops.decode``) alone and through the
+module with the decode path on; it checks the TwELL output against an fp32 dense
 reference and reports l0 as measured on the kernel's own output.  A fast but wrong point is
 reported as wrong (``ok = False``), a slow one as slow.
 """
@@ -18,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from ..nn import SparseGatedMLP
+from ..nn import DEFAULT_POLICY, DenseReluGatedMLP, DispatchPolicy, SparseGatedMLP
 from ..reference.inference import dense_gated_ffn
 from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from ..tolerances import REL_TOL, rel_error
@@ -85,7 +88,11 @@ def run_point(
     plan = ops.build_hot_cold_plan(wg, wu, wd, hot)
     row["n_hot"] = plan.n_hot
     row["hotcold_rel_err"] = rel_error(ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, backend=cfg.backend), ref)
-    row["ok"] = bool(err <= REL_TOL[cfg.dtype] and row["hotcold_rel_err"] <= REL_TOL[cfg.dtype])
+    decode = 1 <= m <= ops.DECODE_MAX_TOKENS
+    if decode:  # the small-batch kernels (twell.ops.decode)
+        row["decode_rel_err"] = rel_error(ops.decode_gated_ffn(x, wg, wu, wd_t, backend=cfg.backend), ref)
+    row["ok"] = bool(err <= REL_TOL[cfg.dtype] and row["hotcold_rel_err"] <= REL_TOL[cfg.dtype]
+                     and row.get("decode_rel_err", 0.0) <= REL_TOL[cfg.dtype])
     del ref, dense_out
 
     row["dense_ms"] = time_ms(lambda: _dense_ffn(x, wg, wu, wd), device=device, rep_ms=cfg.rep_ms)
@@ -107,6 +114,23 @@ def run_point(
         row["dispatch_sparse"] = bool(mlp._use_sparse(m, x.device.type))
         row["dispatch_ms"] = time_ms(lambda: mlp(x), device=device, rep_ms=cfg.rep_ms)
     row["dispatch_speedup"] = row["dense_ms"] / row["dispatch_ms"]
+    # The dense FFN as a model holds it (an nn.Module around the same five ops): the baseline of a
+    # module's per-call overhead, which at M <= 256 is comparable to the FFN itself.
+    dense_mlp: DenseReluGatedMLP = mlp.to_dense().eval()
+    with torch.no_grad():
+        row["dense_module_ms"] = time_ms(lambda: dense_mlp(x), device=device, rep_ms=cfg.rep_ms)
+    row["dispatch_vs_dense_module"] = row["dense_module_ms"] / row["dispatch_ms"]
+    if decode:
+        row["decode_ms"] = time_ms(lambda: ops.decode_gated_ffn(x, wg, wu, wd_t, backend=cfg.backend),
+                                   device=device, rep_ms=cfg.rep_ms)
+        row["decode_speedup"] = row["dense_ms"] / row["decode_ms"]
+        # The module with the decode path switched on (off in the default policy until measured).
+        policy = DispatchPolicy(table=DEFAULT_POLICY.table, shapes=None, decode_max_tokens=ops.DECODE_MAX_TOKENS)
+        mlp_dec = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend, policy=policy).eval()
+        with torch.no_grad():
+            mlp_dec(x)
+            row["decode_module_ms"] = time_ms(lambda: mlp_dec(x), device=device, rep_ms=cfg.rep_ms)
+        row["decode_module_speedup"] = row["dense_ms"] / row["decode_module_ms"]
     row["method"] = "block-union" if m >= ops.inference.BLOCK_UNION_MIN_TOKENS else "row-gather"
     row["speedup"] = row["dense_ms"] / row["twell_ms"]
     row["ceiling"] = row["dense_ms"] / row["gate_cublas_ms"]
@@ -164,6 +188,9 @@ def format_row(r: dict) -> str:
         f"hot-cold(H={r['n_hot']})={r['hotcold_ms']:8.3f} {r['hotcold_speedup']:5.2f}x err={r['hotcold_rel_err']:.1e} "
         f"{'ok' if r['ok'] else 'WRONG'} dispatched={r['dispatch_speedup']:.2f}x "
         f"({'sparse' if r['dispatch_sparse'] else 'dense'})"
+        + (f" vs dense module {r['dispatch_vs_dense_module']:.2f}x" if "dispatch_vs_dense_module" in r else "")
+        + (f" decode={r['decode_ms']:.3f} {r['decode_speedup']:.2f}x err={r['decode_rel_err']:.1e} "
+           f"module+decode {r['decode_module_speedup']:.2f}x" if "decode_ms" in r else "")
     )
 
 

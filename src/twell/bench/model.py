@@ -10,8 +10,9 @@ Parts (``--parts``, default all three; they always run in this order):
 
 Each sparse variant runs under a dispatch policy (``--forward-policies``, ``--decode-policies``):
 ``default`` (what a :class:`~twell.nn.SparseGatedMLP` user gets: the measured H200 table, so dense where
-the table says dense, e.g. at decode token counts) and ``always-sparse`` (the TwELL kernels in every layer
-and call).
+the table says dense, e.g. at decode token counts), ``decode`` (that table plus the small-batch kernels of
+:mod:`twell.ops.decode` for calls of 1 to 64 tokens) and ``always-sparse`` (the TwELL kernels in every
+layer and call).
 
 The model (:mod:`twell.bench.model_setup`) is a randomly initialised TwellLlama of a published shape,
 given realistic activation sparsity by the calibration of :mod:`twell.bench.model_sparsity` (read its
@@ -110,7 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-len", type=int, default=128)
     g.add_argument("--new-tokens", type=int, default=128)
     g.add_argument("--decode-reps", type=int, default=3)
-    g.add_argument("--decode-policies", type=_csv(str), default=("default", "always-sparse"))
+    g.add_argument("--decode-policies", type=_csv(str), default=("default", "decode", "always-sparse"),
+                   help=f"dispatch policies of the sparse variants ({', '.join(POLICIES)}; 'decode' = the default "
+                        "table plus the small-batch kernels for 1 to 64 tokens per call)")
     g = p.add_argument_group("output and execution")
     g.add_argument("--out", type=Path, default=Path("bench-results"))
     g.add_argument("--stem", default=None, help="file name stem (default model_<preset>)")

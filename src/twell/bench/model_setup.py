@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from torch import nn
 
 from ..models import TwellLlamaConfig, TwellLlamaForCausalLM, apply, revert
 from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP
+from ..ops import DECODE_MAX_TOKENS
 from ..train.model import ModelSpec
 from .model_measure import synchronize
 from .model_sparsity import SparsityTarget, calibrate, install_bias_channel
@@ -45,7 +47,13 @@ PRESETS: dict[str, ModelSpec] = {
 DEFAULT_L0: dict[str, float] = {"tiny": 8.0, "0.5b": 29.0, "1b": 29.0, "1.5b": 29.0, "2b": 29.0}
 
 #: Dispatch policies a sparse set can run under (``--forward-policies`` / ``--decode-policies``).
-POLICIES: dict[str, DispatchPolicy] = {"default": DEFAULT_POLICY, "always-sparse": DispatchPolicy.always_sparse()}
+POLICIES: dict[str, DispatchPolicy] = {
+    "default": DEFAULT_POLICY,
+    "always-sparse": DispatchPolicy.always_sparse(),
+    # the default table plus the small-batch kernels for calls of 1 to 64 tokens (decode steps); like the
+    # table, only for the measured layer shape (the published presets have it, "tiny" does not)
+    "decode": dataclasses.replace(DEFAULT_POLICY, decode_max_tokens=DECODE_MAX_TOKENS),
+}
 
 
 @contextlib.contextmanager
