@@ -92,3 +92,20 @@ def test_hot_cold_training_matches_dense_autograd_and_refreshes_hot_set():
         layer.zero_grad()
     assert chosen[0] is chosen[1] and chosen[2] is not chosen[1]  # refreshed on calls 0 and 2
     assert chosen[0].n_hot == 64
+
+
+def test_hot_cold_training_rechooses_the_hot_set_when_the_token_count_moves():
+    """A set chosen on few tokens (a check batch) sizes the op's buffers for those: a call with more than
+    twice (or under half) as many tokens chooses again; one inside the band keeps it."""
+    layer = _layer(l0_refresh_every=1000)
+    layer.train_impl = "hot-cold"
+    layer.train()
+    chosen = []
+    for m in (8, 16, 40, 24, 12):
+        out = layer(_x(m, seed=m).requires_grad_(True))
+        out.sum().backward()
+        chosen.append(layer._train_hot)
+        assert layer.last_spilled_tokens is not None and layer.last_spilled_tokens.shape == (1,)
+    assert chosen[1] is chosen[0]  # 16 = 2 x 8: inside the band
+    assert chosen[2] is not chosen[1]  # 40 > 2 x 8
+    assert chosen[3] is chosen[2] and chosen[4] is not chosen[3]  # 24 inside [20, 80]; 12 < 40 / 2

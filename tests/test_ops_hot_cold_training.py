@@ -24,6 +24,7 @@ from twell.ops.hot_cold_training import (
     HotColdGatedFFNL1,
     HotUnits,
     choose_training_hot_units,
+    default_cont_rows,
     default_width,
     hot_units,
     hot_units_from_frequency,
@@ -62,7 +63,7 @@ CASES = [
     (12, 16, 64, 0.5, 0, 8, 20, "spill"),  # no hot unit (v1's setting) with both overflow paths
     (12, 16, 64, 1.0, 0, None, 12, "continuation"),  # 100 %, H = 0: W = 32 < 64 cold pairs per token
     (12, 16, 64, 1.0, 64, None, None, "no cold unit"),  # 100 %, H = F
-    (1, 32, 128, 0.3, 16, 4, None, "spill"),  # M = 1: C = M // 2 = 0
+    (1, 32, 128, 0.3, 16, 4, None, "spill"),  # M = 1: C = M = 1 row, fewer than the token needs
 ]
 
 
@@ -74,7 +75,7 @@ def test_matches_dense_reference_fp32(case, device):
     units = hot_units(hot, f)
     w = width or default_width(units)
     n_over, rows = overflow_stats(inputs, hot, w)
-    capacity = m // 2 if cont_rows is None else cont_rows
+    capacity = default_cont_rows(m) if cont_rows is None else cont_rows
     if path == "continuation":
         assert 0 < rows <= capacity
     elif path == "spill":

@@ -222,6 +222,10 @@ def _record_l0(model: nn.Module, entry: dict[str, Any], key: str) -> None:
     layer_l0 = [getattr(layer.mlp, "last_l0", None) for layer in model.model.layers]
     if all(v is not None for v in layer_l0):
         entry[key] = [float(v) for v in layer_l0]
+    # The hot/cold op's tokens recomputed densely because their cold pairs did not fit (slow when many).
+    spilled = [getattr(layer.mlp, "last_spilled_tokens", None) for layer in model.model.layers]
+    if all(v is not None for v in spilled):
+        entry[key.replace("layer_l0", "layer_spilled_tokens")] = [int(v) for v in spilled]
 
 
 def _check_ok(result: dict[str, Any], dtype: torch.dtype) -> None:

@@ -306,9 +306,14 @@ class SparseGatedMLP(nn.Module):
         self.last_l0: torch.Tensor | None = None
         self.last_l1: torch.Tensor | None = None
         self._train_switch = TrainSwitch()
-        # hot set of train_impl="hot-cold", re-chosen every l0_refresh_every training calls
+        # hot set of train_impl="hot-cold", re-chosen every l0_refresh_every training calls, and the
+        # token count it was chosen at
         self._train_hot: HotUnits | None = None
         self._train_hot_calls = 0
+        self._train_hot_tokens = 0
+        #: Tokens of the last hot/cold training call whose cold pairs overflowed the op's buffers and were
+        #: recomputed densely (int32 [1] on the device; slow when large: a hot set chosen on other tokens).
+        self.last_spilled_tokens: torch.Tensor | None = None
         self._hot_cold = HotColdCache()
 
     # ------------------------------------------------------------------ construction from weights
@@ -448,13 +453,23 @@ class SparseGatedMLP(nn.Module):
         self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``train_impl="hot-cold"``: the hot set is re-chosen from the call's tokens every
-        ``l0_refresh_every`` calls (one extra sample GEMM and a host sync), never during a checkpointed
-        forward's recomputation (which must see the hot set the forward saw)."""
+        ``l0_refresh_every`` calls and when the token count leaves [M0 / 2, 2 M0] of the call it was
+        chosen on (one extra sample GEMM and a host sync), never during a checkpointed forward's
+        recomputation (which must see the hot set the forward saw).  The op sizes its buffers from the
+        set's cold l0 estimate: a set chosen on a 2048-token check batch of one sequence, then used on
+        16384-token steps, is the case the token-count rule covers."""
+        m = x.shape[0]
         if not _in_backward():
-            if self._train_hot is None or self._train_hot_calls % self.l0_refresh_every == 0:
+            m0 = self._train_hot_tokens
+            if (self._train_hot is None or self._train_hot_calls % self.l0_refresh_every == 0
+                    or not m0 // 2 <= m <= 2 * m0):
                 self._train_hot = choose_training_hot_units(x, w_gate)
+                self._train_hot_tokens = m
             self._train_hot_calls += 1
-        return twell_gated_ffn_l1_hot_cold(x, w_gate, w_up, w_down, self._train_hot)
+        stats: dict[str, torch.Tensor] = {}
+        out = twell_gated_ffn_l1_hot_cold(x, w_gate, w_up, w_down, self._train_hot, stats=stats)
+        self.last_spilled_tokens = stats.get("spilled_tokens")
+        return out
 
     def _needs_grad(self, x: torch.Tensor) -> bool:
         return torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in self._weights()))

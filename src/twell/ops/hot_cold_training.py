@@ -176,8 +176,11 @@ def default_width(hot: HotUnits) -> int:
 
 
 def default_cont_rows(m: int) -> int:
-    """Continuation-row capacity C = M / 2 (W / 2 extra cold pairs per token on average)."""
-    return m // 2
+    """Continuation-row capacity C = M: with W >= 2 cold_l0 the main and continuation rows hold
+    2 M W >= 4 M cold_l0 pairs, so a batch whose cold l0 runs up to 4x the hot set's estimate (a hot
+    set chosen on other tokens) still spills no token.  Each extra row costs 18 W bytes (ids, vals, u,
+    dg, du): 4.7 MB at M=16384, W=16."""
+    return m
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
@@ -227,6 +230,7 @@ class HotColdGatedFFNL1(torch.autograd.Function):
             ctx.shapes = (x.shape, w_gate.shape, w_up.shape, w_down.shape)
             if stats is not None:
                 stats["l0"] = torch.zeros((), dtype=torch.float32, device=x.device)
+                stats["spilled_tokens"] = torch.zeros((1,), dtype=torch.int32, device=x.device)
             return torch.zeros((m, d), dtype=x.dtype, device=x.device), torch.zeros((), device=x.device)
         x, wg, wu = x.contiguous(), w_gate.contiguous(), w_up.contiguous()
         wdt = _unit_major(w_down)
@@ -256,6 +260,7 @@ class HotColdGatedFFNL1(torch.autograd.Function):
         if stats is not None:
             nz = counts.sum(dtype=torch.int64) + hot_nz.sum(dtype=torch.int64)
             stats["l0"] = (nz.to(torch.float64) / m).to(torch.float32)
+            stats["spilled_tokens"] = n_spill
         return out, l1
 
     @staticmethod
@@ -323,6 +328,7 @@ def twell_gated_ffn_l1_hot_cold(
     *,
     width: int | None = None,
     cont_rows: int | None = None,
+    stats: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sparse gated FFN with L1 penalty, hot units dense: ``(out [M, d], l1, l0)`` (module docstring).
 
@@ -335,7 +341,10 @@ def twell_gated_ffn_l1_hot_cold(
     (one extra [4096, F] GEMM and a synchronisation per call).  Which units are hot never changes the
     result beyond fp32 summation order and the rounding of hot GEMM operands, only the time.
     ``width``: cold row-ELL width W (default :func:`default_width`); ``cont_rows``: continuation-row
-    capacity C (default M / 2; 0 sends every token with more than W cold pairs to the dense recompute).
+    capacity C (default :func:`default_cont_rows`; 0 sends every token with more than W cold pairs to the
+    dense recompute).  ``stats``, if given, receives ``"spilled_tokens"`` (int32 [1], on the device: the
+    tokens whose cold pairs did not fit and were recomputed densely -- slow, so a count to watch) and
+    ``"l0"``.
     """
     _check_gated_weights(x, w_gate, w_up, w_down)
     if x.dtype not in _DTYPES:
@@ -352,6 +361,6 @@ def twell_gated_ffn_l1_hot_cold(
         raise ValueError(f"cont_rows must be an int >= 0, got {cont_rows!r}")
     else:
         c = cont_rows
-    stats: dict[str, torch.Tensor] = {}
+    stats = {} if stats is None else stats
     out, l1 = HotColdGatedFFNL1.apply(x, w_gate, w_up, w_down, units, w, c, stats)
     return out, l1, stats["l0"]
