@@ -137,6 +137,8 @@ def cases(p: dict[str, torch.Tensor], x: torch.Tensor, backend: str, tile: int) 
     default = layer_for(p, DispatchPolicy(), **kw)
     hot = layer_for(p, DispatchPolicy.always_sparse(), hot_cold=True, **kw)
     plain = layer_for(p, DispatchPolicy.always_sparse(), hot_cold=False, **kw)
+    # the small-batch kernels (twell.ops.decode) for every call of up to 64 tokens, any shape or device
+    decode = layer_for(p, DispatchPolicy(table=(), decode_max_tokens=ops.DECODE_MAX_TOKENS, force=True), **kw)
     plan = ops.build_hot_cold_plan(wg, wu, wd, ops.choose_hot_units(ops.unit_frequency(x, wg), multiple=16))
     hc_args = (x, wg, wu, wd_t, plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t, tile, 0, backend)
     sp_args = (x, wg, wu, wd_t, tile, 0, "match", "auto", backend)
@@ -157,6 +159,7 @@ def cases(p: dict[str, torch.Tensor], x: torch.Tensor, backend: str, tile: int) 
         ("module, default policy", lambda: default(x)),
         ("module, sparse hot/cold", lambda: hot(x)),
         ("module, sparse plain", lambda: plain(x)),
+        *([("module, decode kernels", lambda: decode(x))] if x.shape[0] <= ops.DECODE_MAX_TOKENS else []),
         ("op twell::hot_cold_gated_ffn", lambda: torch.ops.twell.hot_cold_gated_ffn(*hc_args)),
         ("ops.hot_cold_gated_ffn (Python)",
          lambda: ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, tile=tile, backend=backend, return_counts=True)),

@@ -6,30 +6,33 @@ import pytest
 import torch
 from test_nn_mlp import FF, D, dense_ref, make_layer, make_x
 
+import twell.nn.mlp as mlp_mod
 from twell.nn import DispatchPolicy
 from twell.ops import DECODE_MAX_TOKENS
 from twell.tolerances import REL_TOL, rel_error
 
 
-def _count_calls(monkeypatch, name: str) -> list[int]:
-    """Record the token count of every call of ``torch.ops.twell.<name>`` (the op still runs)."""
+def _count_calls(monkeypatch, name: str, owner: object = torch.ops.twell) -> list[int]:
+    """Record the token count of every call of ``owner.<name>`` (it still runs)."""
     calls: list[int] = []
-    op = getattr(torch.ops.twell, name)
+    fn = getattr(owner, name)
 
-    class Spy:
-        def __call__(self, x, *args):  # noqa: ANN001, ANN204
-            calls.append(x.shape[0])
-            return op(x, *args)
+    def spy(x, *args, **kwargs):  # noqa: ANN001, ANN202
+        calls.append(x.shape[0])
+        return fn(x, *args, **kwargs)
 
-    monkeypatch.setattr(torch.ops.twell, name, Spy())
+    monkeypatch.setattr(owner, name, spy)
     return calls
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_small_calls_take_the_decode_kernels_and_larger_ones_the_table(backend, monkeypatch):
     policy = DispatchPolicy(table=((0, 1.0),), decode_max_tokens=8, force=True)
-    layer = make_layer(torch.float32, backend=backend, policy=policy).eval()
-    decode_calls = _count_calls(monkeypatch, "decode_gated_ffn_unchecked")
+    # every call an l0-refresh call: a decode call measures l0 on those only
+    layer = make_layer(torch.float32, backend=backend, policy=policy, l0_refresh_every=1).eval()
+    # eager Triton decode calls go to the launchers directly; the custom op is for torch.compile and "torch"
+    decode_calls = (_count_calls(monkeypatch, "launch_decode_ffn", mlp_mod) if backend == "triton"
+                    else _count_calls(monkeypatch, "decode_gated_ffn_unchecked"))
     table_calls = _count_calls(monkeypatch, "sparse_gated_ffn_unchecked")
     for m in (1, 8, 9):
         x = make_x((m, D), seed=m, dtype=torch.float32)
@@ -52,6 +55,18 @@ def test_decode_path_keeps_leading_dimensions_and_skips_the_hot_set(monkeypatch)
     assert out.shape == (2, 3, D) and calls == [6]
     assert rel_error(out, dense_ref(layer, x)) <= REL_TOL[torch.float32]
     assert not layer._hot_cold.chosen  # a decode call neither uses nor chooses a hot set
+
+
+def test_decode_calls_measure_l0_on_refresh_calls_only(monkeypatch):
+    policy = DispatchPolicy(table=(), decode_max_tokens=8, force=True)
+    layer = make_layer(torch.float32, backend="torch", policy=policy, l0_refresh_every=3).eval()
+    measured = []
+    with torch.no_grad():
+        for i in range(6):
+            layer.last_l0 = None
+            layer(make_x((2, D), seed=i, dtype=torch.float32))
+            measured.append(layer.last_l0 is not None)
+    assert measured == [True, False, False, True, False, False]
 
 
 def test_default_policy_leaves_decode_off_until_measured():

@@ -53,6 +53,7 @@ from .. import ops as _ops  # noqa: F401 - registers torch.ops.twell.*
 from .._validation import FLOAT_DTYPES, check_positive_int, check_same_device, check_same_dtype, check_tensor
 from ..format.twell import DEFAULT_TILE, MAX_TILE, default_capacity
 from ..ops._runtime import BACKENDS, resolve_backend
+from ..ops.decode import launch_decode_ffn
 from ..ops.hot_cold_training import HotUnits, choose_training_hot_units, twell_gated_ffn_l1_hot_cold
 from ..ops.inference import PRECISIONS, TRITON_TILES, _check_triton_dtype
 from ..ops.training import twell_gated_ffn_l1
@@ -568,8 +569,14 @@ class SparseGatedMLP(nn.Module):
         if w_down_t is None or prep.key is None:
             w_down_t = self.w_down_unit_major()
         if decode:
-            out, counts = torch.ops.twell.decode_gated_ffn_unchecked(x, w_gate, w_up, w_down_t, self.precision,
-                                                                    prep.backend)
+            if prep.backend == "triton" and not torch.compiler.is_compiling():
+                # Eager decode steps call the launchers directly: the custom op's dispatch alone cost 14 us
+                # a call on the CPU (scripts/module_overhead.py), most of a decode call's host time; under
+                # torch.compile the custom op is what gets captured.
+                out, counts = launch_decode_ffn(x, w_gate, w_up, w_down_t, match=self.precision == "match")
+            else:
+                out, counts = torch.ops.twell.decode_gated_ffn_unchecked(x, w_gate, w_up, w_down_t, self.precision,
+                                                                        prep.backend)
         elif plan is not None:
             out, counts = torch.ops.twell.hot_cold_gated_ffn_unchecked(
                 x, w_gate, w_up, w_down_t, plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t, self.tile,
@@ -581,8 +588,11 @@ class SparseGatedMLP(nn.Module):
             )
         # Two device ops (an fp32 sum, exact while M * l0 < 2^24 and off by ~1e-7 relative beyond, and an
         # in-place divide) where an int64 sum, two casts and a divide took four: 4.94 vs 9.67 us of host
-        # time on the CPU (scripts/module_overhead.py), and two kernel launches fewer on the GPU.
-        self.last_l0 = counts.sum(dtype=torch.float32).div_(x.shape[0])
+        # time on the CPU (scripts/module_overhead.py), and two kernel launches fewer on the GPU.  A decode
+        # call (two kernel launches of its own) measures l0 on refresh calls only, as the dense path does:
+        # the sum would double its launches.
+        if not decode or self._state.refresh_now:
+            self.last_l0 = counts.sum(dtype=torch.float32).div_(x.shape[0])
         return out
 
     def _prepare_sparse(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> _SparsePrep:

@@ -20,6 +20,8 @@ in a fixed order: bitwise reproducible.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -111,8 +113,14 @@ def _decode_down_kernel(
              mask=r_ok[:, None] & c_ok[None, :])
 
 
-def _block_m(m: int) -> int:
-    return max(16, next_pow2(m))  # tl.dot needs 16 rows at least
+@functools.lru_cache(maxsize=1024)
+def _meta(m: int, d: int, f: int) -> tuple[int, int, int, int, int, int]:
+    """``(BM, BK, unit blocks, BD, BU, down-kernel programs)`` of a shape: cached, since at decode sizes
+    the launchers' Python is most of a call (2.3 us of block arithmetic per call on the CPU)."""
+    bm = max(16, next_pow2(m))  # tl.dot needs 16 rows at least
+    bd = min(_DOWN_BD, max(16, next_pow2(d)))
+    return (bm, min(_HIDDEN_BK, max(16, next_pow2(d))), triton.cdiv(f, _HIDDEN_BU), bd,
+            min(_DOWN_BU, max(16, next_pow2(f))), triton.cdiv(d, bd))
 
 
 def decode_blocks(n_units: int) -> int:
@@ -128,14 +136,13 @@ def launch_decode_hidden(
     fp32; ``counts`` the active units per (token, unit block): each row sums to the token's l0."""
     m, d = x.shape
     f = w_gate.shape[0]
+    bm, bk, n_blocks = _meta(m, d, f)[:3]
     h = torch.empty((m, f), dtype=x.dtype if match else torch.float32, device=x.device)
     fires = torch.empty((f,), dtype=torch.int8, device=x.device)
-    n_blocks = decode_blocks(f)
     counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
-    bk = min(_HIDDEN_BK, max(16, next_pow2(d)))
     _decode_hidden_kernel[(n_blocks,)](
         x, w_gate, w_up, h, fires, counts, m, d, f, x.stride(0), w_gate.stride(0), w_up.stride(0), h.stride(0),
-        n_blocks, BM=_block_m(m), BU=_HIDDEN_BU, BK=bk, DOT_FP32=x.dtype == torch.float32 or interpreting(),
+        n_blocks, BM=bm, BU=_HIDDEN_BU, BK=bk, DOT_FP32=x.dtype == torch.float32 or interpreting(),
         MATCH=match, num_warps=4,
     )
     return h, fires, counts
@@ -147,11 +154,10 @@ def launch_decode_down(h: torch.Tensor, fires: torch.Tensor, w_down_t: torch.Ten
     contiguous); the Wd^T rows of units whose flag is 0 are not read."""
     m, f = h.shape
     d = w_down_t.shape[1]
+    bm, _, _, bd, bu, grid = _meta(m, d, f)
     out = torch.empty((m, d), dtype=out_dtype, device=h.device)
-    bd = min(_DOWN_BD, max(16, next_pow2(d)))
-    bu = min(_DOWN_BU, max(16, next_pow2(f)))
-    _decode_down_kernel[(triton.cdiv(d, bd),)](
+    _decode_down_kernel[(grid,)](
         h, fires, w_down_t, out, m, d, f, h.stride(0), w_down_t.stride(0), out.stride(0),
-        BM=_block_m(m), BD=bd, BU=bu, DOT_FP32=h.dtype == torch.float32 or interpreting(), num_warps=4,
+        BM=bm, BD=bd, BU=bu, DOT_FP32=h.dtype == torch.float32 or interpreting(), num_warps=4,
     )
     return out
