@@ -32,9 +32,9 @@ from .gate_kernel import relu_keep_nan, round_to
 #: Largest token count of the decode path: the hidden kernel keeps a [BM, BU] tile per program with
 #: BM = next power of two >= M, and the down kernel a [BM, BD] accumulator.
 DECODE_MAX_TOKENS = 64
-#: Units per program of the hidden kernel: 352 programs at F=5632 for the 132 SMs of an H200; a block
-#: of 16 units holds one of ~28 active units of a token at 0.5 % density with probability ~8 %, so at
-#: M=1 the up projection reads ~8 % of Wu.
+#: Units per program of the hidden kernel: 352 programs at F=5632 for the 132 SMs of an H200.  At M=1
+#: and 0.5 % density (~28 active units) ~8 % of the blocks hold an active unit and run the up
+#: projection loop at all; within it only the active units' Wu rows are loaded.
 _HIDDEN_BU, _HIDDEN_BK = 16, 128
 #: Output columns per program of the down kernel (64 programs at d=2048) and units per K step.
 _DOWN_BD, _DOWN_BU = 32, 64
