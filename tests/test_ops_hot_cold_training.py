@@ -176,11 +176,14 @@ def test_overflow_layout_kernel_matches_its_twin(m, width, cont_rows, device):
     gen = torch.Generator().manual_seed(m + width)
     counts = torch.randint(0, 3 * width, (m,), generator=gen, dtype=torch.int32)
     counts[::37] = 20 * width  # a few long rows
-    counts = counts.to(device)
-    got = launch_overflow_layout(counts, width, cont_rows)
+    hot_nz = torch.randint(0, 50, (m,), generator=gen, dtype=torch.int32)
+    counts, hot_nz = counts.to(device), hot_nz.to(device)
+    got = launch_overflow_layout(counts, hot_nz, width, cont_rows)
     want = overflow_layout_reference(counts, width, cont_rows)
-    for name, a, b in zip(("lo", "hi", "ocum", "n_spill"), got, want, strict=True):
+    for name, a, b in zip(("lo", "hi", "ocum", "n_spill"), got[:4], want, strict=True):
         assert a.dtype == torch.int32 and torch.equal(a, b.to(torch.int32)), name
+    l0 = (counts.double().sum() + hot_nz.double().sum()) / m
+    assert got[4].dtype == torch.float32 and float(got[4]) == float(l0.float())
     if cont_rows == 90:
         assert 0 < int(got[3]) < int((counts > width).sum())  # the capacity ran out part way
 
@@ -288,8 +291,8 @@ KERNELS = {
                  "hnz_ptr:*i32 M:i32 H:i32 stride_gm:i32", {"BM": k._HOT_PACK_BM, "BH": k._HOT_PACK_BH}),
     "cold_pack": (k._cold_pack_kernel, "g_ptr:*bf16 unit_ptr:*i64 ids_ptr:*i32 val_ptr:*bf16 cnt_ptr:*i32 M:i32 "
                   "NC:i32 H:i32 W:i32 stride_gm:i32", {"BM": k._PACK_BM, "BF": k._PACK_BF, "WP": 16}),
-    "overflow_layout": (k._overflow_layout_kernel, "cnt_ptr:*i32 lo_ptr:*i32 hi_ptr:*i32 ocum_ptr:*i32 "
-                        "nspill_ptr:*i32 M:i32 W:i32 C:i32", {"BLOCK": k._LAYOUT_BLOCK}),
+    "overflow_layout": (k._overflow_layout_kernel, "cnt_ptr:*i32 hnz_ptr:*i32 lo_ptr:*i32 hi_ptr:*i32 "
+                        "ocum_ptr:*i32 nspill_ptr:*i32 l0_ptr:*fp32 M:i32 W:i32 C:i32", {"BLOCK": k._LAYOUT_BLOCK}),
     "pack_cont": (k._pack_cont_kernel, "g_ptr:*bf16 unit_ptr:*i64 ids_ptr:*i32 val_ptr:*bf16 owner_ptr:*i32 "
                   "order_ptr:*i32 cnt_ptr:*i32 lo_ptr:*i32 hi_ptr:*i32 ocum_ptr:*i32 M:i32 NC:i32 H:i32 W:i32 "
                   "stride_gm:i32", {"BF": 1024}),

@@ -233,18 +233,22 @@ def launch_pack(
 
 
 @triton.jit
-def _overflow_layout_kernel(cnt_ptr, lo_ptr, hi_ptr, ocum_ptr, nspill_ptr, M, W, C, BLOCK: tl.constexpr):
+def _overflow_layout_kernel(cnt_ptr, hnz_ptr, lo_ptr, hi_ptr, ocum_ptr, nspill_ptr, l0_ptr, M, W, C,
+                            BLOCK: tl.constexpr):
     """One program, tokens in order, BLOCK at a time with carried running sums: the continuation rows
     [lo, hi) of each overflowing token (-1 when they would pass the capacity C: spilled), the inclusive
     count of overflowing tokens, and the number of spilled ones.  One launch where the same arithmetic
-    in PyTorch ops (:func:`twell.ops.hot_cold_training.overflow_layout_reference`) took about a dozen."""
+    in PyTorch ops (:func:`twell.ops.hot_cold_training.overflow_layout_reference`) took about a dozen.
+    It also gives l0 (cold plus hot non-zeros per token, mean over tokens), which took five more."""
     rows_before = tl.sum(tl.zeros((BLOCK,), dtype=tl.int32), axis=0)
     over_before = rows_before
     n_spill = rows_before
+    nz = tl.sum(tl.zeros((BLOCK,), dtype=tl.int64), axis=0)
     for m0 in range(0, M, BLOCK):
         offs = m0 + tl.arange(0, BLOCK)
         ok = offs < M
         cnt = tl.load(cnt_ptr + offs, mask=ok, other=0)
+        nz += tl.sum(cnt.to(tl.int64) + tl.load(hnz_ptr + offs, mask=ok, other=0).to(tl.int64), axis=0)
         over = (cnt > W) & ok
         n_cont = tl.where(over, (cnt - 1) // W, 0)  # ceil((count - W) / W) rows past the main one
         hi = rows_before + tl.cumsum(n_cont, axis=0)
@@ -258,23 +262,26 @@ def _overflow_layout_kernel(cnt_ptr, lo_ptr, hi_ptr, ocum_ptr, nspill_ptr, M, W,
         over_before += tl.sum(over_i, axis=0)
         n_spill += tl.sum(spill.to(tl.int32), axis=0)
     tl.store(nspill_ptr, n_spill)
+    tl.store(l0_ptr, (nz.to(tl.float64) / M).to(tl.float32))
 
 
 def launch_overflow_layout(
-    counts: torch.Tensor, width: int, cont_rows: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(lo, hi, ocum, n_spill)`` int32 for the cold counts [M] (M >= 1): continuation rows [lo, hi)
-    per token (-1: spilled), the inclusive count of overflowing tokens, and the number of spilled
-    tokens (1 element).  Fixed sizes, on the device, no host synchronisation."""
+    counts: torch.Tensor, hot_nz: torch.Tensor, width: int, cont_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(lo, hi, ocum, n_spill, l0)`` for the cold counts [M] and hot non-zeros [M] (int32, M >= 1):
+    continuation rows [lo, hi) per token (-1: spilled), the inclusive count of overflowing tokens, the
+    number of spilled tokens (int32, 1 element) and l0 (fp32 scalar: exact sum, one rounding).  Fixed
+    sizes, on the device, no host synchronisation."""
     m = counts.shape[0]
     lo = torch.empty((m,), dtype=torch.int32, device=counts.device)
     hi = torch.empty_like(lo)
     ocum = torch.empty_like(lo)
     n_spill = torch.empty((1,), dtype=torch.int32, device=counts.device)
+    l0 = torch.empty((), dtype=torch.float32, device=counts.device)
     block = min(next_pow2(m), 256 if interpreting() else _LAYOUT_BLOCK)
-    _overflow_layout_kernel[(1,)](counts, lo, hi, ocum, n_spill, m, width, cont_rows, BLOCK=block,
+    _overflow_layout_kernel[(1,)](counts, hot_nz, lo, hi, ocum, n_spill, l0, m, width, cont_rows, BLOCK=block,
                                   num_warps=_LAYOUT_WARPS)
-    return lo, hi, ocum, n_spill
+    return lo, hi, ocum, n_spill, l0
 
 
 @triton.jit

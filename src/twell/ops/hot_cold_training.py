@@ -246,7 +246,7 @@ class HotColdGatedFFNL1(torch.autograd.Function):
             wd_hot = wdt.index_select(0, hot.ids)  # Wd[:, hot]^T [H, d]
             u_hot = _mm(x, w_hot[n_hot:].t(), torch.float32)
         ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz = launch_pack(g, hot.columns, n_hot, u_hot, width, cont_rows)
-        lo, hi, ocum, n_spill = launch_overflow_layout(counts, width, cont_rows)
+        lo, hi, ocum, n_spill, l0 = launch_overflow_layout(counts, hot_nz, width, cont_rows)
         order, owner = launch_pack_continuation(g, hot.columns, n_hot, ids, vals, counts, lo, hi, ocum)
         del g
         init = _mm(h_hot, wd_hot, torch.float32) if n_hot else None
@@ -258,8 +258,7 @@ class HotColdGatedFFNL1(torch.autograd.Function):
         ctx.save_for_backward(x, wg, wu, wdt, w_hot, wd_hot, a_hot, u_hot, hot.slot, ids, vals, u, counts, lo, hi,
                               order, owner, ocum, n_spill)
         if stats is not None:
-            nz = counts.sum(dtype=torch.int64) + hot_nz.sum(dtype=torch.int64)
-            stats["l0"] = (nz.to(torch.float64) / m).to(torch.float32)
+            stats["l0"] = l0
             stats["spilled_tokens"] = n_spill
         return out, l1
 
