@@ -106,6 +106,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="sequences of the float32 gradient check (0: skip)")
     g.add_argument("--train-warmup", type=int, default=2)
     g.add_argument("--train-reps", type=int, default=5)
+    g.add_argument("--train-profile", action="store_true",
+                   help="profile one more step per variant (CUDA): its largest kernels, kernel vs wall time")
     g = p.add_argument_group("decode")
     g.add_argument("--decode-batches", type=_csv(int), default=(1, 8, 64))
     g.add_argument("--prompt-len", type=int, default=128)
@@ -188,7 +190,7 @@ def _run_part(part: str, bench: BenchModel, a: argparse.Namespace, log: _Log,
         return run_decode(bench, cfg, log, update)
     impl = a.train_impl or ("hot-cold" if bench.device.type == "cuda" else "sparse-reference")
     cfg = TrainConfig(batch=a.train_batch, check_seqs=a.train_check_seqs, impl=impl, lr=a.train_lr,
-                      warmup=a.train_warmup, reps=a.train_reps)
+                      warmup=a.train_warmup, reps=a.train_reps, profile=a.train_profile)
     return run_train(bench, cfg, log, update)
 
 
