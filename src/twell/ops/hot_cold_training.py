@@ -38,7 +38,7 @@ Choices, with the numbers behind them:
   second, narrow GEMM with an fp32 output (the oracle keeps u in fp32) rather than extra columns of
   the gate GEMM as in inference.
 * Cold overflow without a dense fallback tail: a token with more than W cold pairs continues in
-  continuation rows (up to C of them, default M / 2), and the row kernels start with those tokens.  v1
+  continuation rows (up to C of them, default M), and the row kernels start with those tokens.  v1
   computes such rows densely in one program (F rows of Wg, Wu and Wd^T each, serially): at M=4096 it took
   14.2 ms (dense 1.4 ms) with 2 such rows (train_ffn.json), which that serial tail would explain (not
   profiled).  Only tokens past the capacity ("spilled") use v1's dense recomputation, so the result
@@ -235,7 +235,7 @@ class HotColdGatedFFNL1(torch.autograd.Function):
         x, wg, wu = x.contiguous(), w_gate.contiguous(), w_up.contiguous()
         wdt = _unit_major(w_down)
         # The hot-first gate (hot units' columns first): the hot columns are then contiguous for the hot
-        # pack and the cold pack scans only the cold ones (the row copy of Wg: ~0.02 ms at 2048 x 5632).
+        # pack and the cold pack scans only the cold ones (the price: a 23 MB row copy of Wg at 2048 x 5632).
         g = _dense_gate(x, wg.index_select(0, hot.columns) if n_hot else wg)
         w_hot = wd_hot = None
         u_hot = torch.empty((m, 0), dtype=torch.float32, device=x.device)
