@@ -17,8 +17,7 @@ the pure-PyTorch sparse reference is slower than dense matmuls) the policy answe
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["DEFAULT_POLICY", "H200_BF16_TABLE", "DispatchPolicy", "DispatchTable"]
 
@@ -90,10 +89,6 @@ class DispatchPolicy:
     force: bool = False
     shapes: tuple[tuple[int, int], ...] | None = ((2048, 5632),)
     decode_max_tokens: int = 0
-    #: The rows' ``min_tokens`` for the bisect of :meth:`max_density`, built once in ``__post_init__``
-    #: rather than per call (use_sparse: 0.47 instead of 0.64 us on the CPU, scripts/module_overhead.py);
-    #: left out of ``__init__``, equality, hashing and repr.
-    _starts: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "table", _check_table(self.table))
@@ -110,7 +105,6 @@ class DispatchPolicy:
                     f"shapes must be None or pairs (hidden_size, intermediate_size), got {self.shapes!r}"
                 ) from None
             object.__setattr__(self, "shapes", shapes)
-        object.__setattr__(self, "_starts", tuple(row[0] for row in self.table))
         from ..ops.decode_kernels import DECODE_MAX_TOKENS
 
         dm = self.decode_max_tokens
@@ -132,8 +126,14 @@ class DispatchPolicy:
     def max_density(self, n_tokens: int) -> float | None:
         """The ``max_density`` of the row that applies to ``n_tokens``, or None below the first row."""
         _check_tokens(n_tokens)
-        i = bisect.bisect_right(self._starts, n_tokens) - 1
-        return None if i < 0 else self.table[i][1]
+        # A scan of the (one to a few) rows rather than bisect: torch.compile traces it, where the C
+        # bisect is a graph break (SparseGatedMLP's compiled inference path calls this).
+        limit = None
+        for start, max_density in self.table:
+            if start > n_tokens:
+                break
+            limit = max_density
+        return limit
 
     def use_sparse(
         self, n_tokens: int, density: float, *, device_type: str = "cuda", shape: tuple[int, int] | None = None

@@ -401,7 +401,39 @@ class SparseGatedMLP(nn.Module):
         _check_input(x, self.hidden_size, weights[0])
         if self.last_l1 is not None:
             self.last_l1 = None  # drop the previous training graph; l1_loss() now refers to nothing
+        if torch.compiler.is_compiling():
+            return self._ffn_infer_traced(x, weights)
         return self._ffn_infer(x, weights)
+
+    def _ffn_infer_traced(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+                          ) -> torch.Tensor:
+        """The inference FFN as torch.compile traces it: the path chosen from the current l0 estimate (a
+        constant of the graph, guarded) with no call counting, l0 refresh or cached weight layouts --
+        state that changes every call made the eager path recompile on every call, up to dynamo's cache
+        limit, after which it ran uncompiled (8 recompilations in 12 calls, CPU).  ``last_l0`` is not
+        updated: run eager calls to refresh the estimate.  Sparse calls go through the custom ops
+        (captured whole): the small-batch kernels with Wd read in place, or the TwELL op with a Wd^T
+        copy per call; the hot/cold split (its plan is cached state) is not used here."""
+        w_gate, w_up, w_down = weights
+        m = x.numel() // self.hidden_size
+        device_type = x.device.type
+        shape = (self.hidden_size, self.intermediate_size)
+        policy, estimate = self.policy, self._state.estimate
+        backend = resolve_backend(self.backend, x.device)
+        if m == 0 or self._needs_grad(x):
+            return _dense_ffn(x, *weights)[0]
+        x2 = x.reshape(m, self.hidden_size)
+        if policy.use_decode(m, device_type=device_type, shape=shape):
+            out, _ = torch.ops.twell.decode_gated_ffn_unchecked(x2, w_gate, w_up, w_down.t(), self.precision,
+                                                                backend)
+            return out.view(x.shape)
+        density = 1.0 if estimate is None else min(1.0, max(0.0, estimate / self.intermediate_size))
+        if policy.use_sparse(m, density, device_type=device_type, shape=shape):
+            out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
+                x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), self.tile,
+                self.capacity or default_capacity(self.tile), self.precision, backend)
+            return out.view(x.shape)
+        return _dense_ffn(x, *weights)[0]
 
     def _ffn_train(self, x: torch.Tensor) -> torch.Tensor:
         """The one place the training FFN is called (see ``train_impl``)."""

@@ -138,7 +138,7 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
                        num_warps=4)
         results[f"decode_hidden_bm{bm}"] = {"local_memory": ".local" in ptx}
         down_sig = {"h_ptr": "*bf16", "act_ptr": "*i8", "wdt_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "D": "i32",
-                    "F": "i32", "stride_hm": "i32", "stride_wdt": "i32", "stride_om": "i32"}
+                    "F": "i32", "stride_hm": "i32", "stride_wf": "i32", "stride_wd": "i32", "stride_om": "i32"}
         ptx = _compile(_decode_down_kernel, down_sig, {"BM": bm, "BD": 32, "BU": 64, "DOT_FP32": False}, target,
                        num_warps=4)
         results[f"decode_down_bm{bm}"] = {"local_memory": ".local" in ptx}

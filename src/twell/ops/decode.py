@@ -15,7 +15,7 @@ from .._validation import FLOAT_DTYPES, check_finite, check_same_device, check_s
 from ..reference import inference as ref
 from ._runtime import resolve_backend
 from .decode_kernels import DECODE_MAX_TOKENS, launch_decode_down, launch_decode_hidden
-from .inference import _check_triton_dtype, _check_x_w, _unit_major, check_precision
+from .inference import _check_triton_dtype, _check_x_w, check_precision
 
 __all__ = ["DECODE_MAX_TOKENS", "decode_gated_ffn"]
 
@@ -60,14 +60,15 @@ def decode_gated_ffn(
     _check_triton_dtype(x)
     if m == 0 or f == 0:
         return torch.zeros((m, x.shape[1]), dtype=x.dtype, device=device)
-    return launch_decode_ffn(x, w_gate, w_up, _unit_major(w_down), match=precision == "match")[0]
+    return launch_decode_ffn(x, w_gate, w_up, w_down.t(), match=precision == "match")[0]
 
 
 def launch_decode_ffn(
     x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor, *, match: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out [M, d], counts [M, decode_blocks(F)])`` of :func:`decode_gated_ffn` on the Triton kernels,
-    without the checks, Wd given unit-major (Wd^T [F, d]): for callers that validated once
-    (``SparseGatedMLP``, the custom op).  1 <= M <= DECODE_MAX_TOKENS, F >= 1, one dtype and device."""
+    without the checks, Wd given as Wd^T [F, d] (a contiguous unit-major copy or the ``.t()`` view of the
+    [d, F] weight: no copy either way): for callers that validated once (``SparseGatedMLP``, the custom
+    op).  1 <= M <= DECODE_MAX_TOKENS, F >= 1, one dtype and device."""
     h, fires, counts = launch_decode_hidden(x.contiguous(), w_gate.contiguous(), w_up.contiguous(), match=match)
-    return launch_decode_down(h, fires, w_down_t.contiguous(), x.dtype), counts
+    return launch_decode_down(h, fires, w_down_t, x.dtype), counts

@@ -90,7 +90,7 @@ def _decode_hidden_kernel(
 
 @triton.jit
 def _decode_down_kernel(
-    h_ptr, act_ptr, wdt_ptr, out_ptr, M, D, F, stride_hm, stride_wdt, stride_om,
+    h_ptr, act_ptr, wdt_ptr, out_ptr, M, D, F, stride_hm, stride_wf, stride_wd, stride_om,
     BM: tl.constexpr, BD: tl.constexpr, BU: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     cols = tl.program_id(0) * BD + tl.arange(0, BD)
@@ -103,7 +103,9 @@ def _decode_down_kernel(
         fires = tl.load(act_ptr + units, mask=units < F, other=0) != 0
         ht = tl.load(h_ptr + rows[:, None] * stride_hm + units[None, :], mask=r_ok[:, None] & fires[None, :],
                      other=0.0)
-        wt = tl.load(wdt_ptr + units.to(tl.int64)[:, None] * stride_wdt + cols[None, :],
+        # Wd^T [F, d] through its two strides: unit-major rows (SparseGatedMLP's cached copy) or the
+        # nn.Linear weight [d, F] itself, transposed as a view (no copy; coalesced along units then).
+        wt = tl.load(wdt_ptr + units.to(tl.int64)[:, None] * stride_wf + cols.to(tl.int64)[None, :] * stride_wd,
                      mask=fires[:, None] & c_ok[None, :], other=0.0)
         if DOT_FP32:
             acc = tl.dot(ht.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
@@ -150,14 +152,15 @@ def launch_decode_hidden(
 
 def launch_decode_down(h: torch.Tensor, fires: torch.Tensor, w_down_t: torch.Tensor, out_dtype: torch.dtype
                        ) -> torch.Tensor:
-    """``round(h Wd^T)`` [M, d] in ``out_dtype`` from h [M, F], the unit flags and Wd^T [F, d] (rows
-    contiguous); the Wd^T rows of units whose flag is 0 are not read."""
+    """``round(h Wd^T)`` [M, d] in ``out_dtype`` from h [M, F], the unit flags and Wd^T [F, d] (any
+    strides: a contiguous unit-major copy, or ``w_down.t()`` of an nn.Linear weight); the Wd^T rows of
+    units whose flag is 0 are not read."""
     m, f = h.shape
     d = w_down_t.shape[1]
     bm, _, _, bd, bu, grid = _meta(m, d, f)
     out = torch.empty((m, d), dtype=out_dtype, device=h.device)
     _decode_down_kernel[(grid,)](
-        h, fires, w_down_t, out, m, d, f, h.stride(0), w_down_t.stride(0), out.stride(0),
+        h, fires, w_down_t, out, m, d, f, h.stride(0), w_down_t.stride(0), w_down_t.stride(1), out.stride(0),
         BM=bm, BD=bd, BU=bu, DOT_FP32=h.dtype == torch.float32 or interpreting(), num_warps=4,
     )
     return out
