@@ -33,3 +33,31 @@ def test_compiled_layer_is_one_graph_with_eager_outputs(name):
         for _ in range(12):
             assert torch.equal(compiled(x), want)
     assert counters["frames"]["total"] == 1  # no recompilation and no graph break
+
+
+@pytest.mark.parametrize("always", ["dense", "sparse"])
+def test_compiled_training_layer_never_recompiles(always, monkeypatch):
+    """train_impl="auto" under torch.compile: the switch decides from its estimate without counting calls
+    (the count recompiled the graph every call).  The sparse path is the PyTorch reference Function here
+    (the Triton interpreter is not something to trace); it breaks the graph, which is allowed;
+    recompiling is not."""
+    import twell.nn.mlp as mlp_mod
+    from twell.nn.train_dispatch import TrainDispatchPolicy
+    from twell.reference.training import gated_ffn_l1
+
+    monkeypatch.setattr(mlp_mod, "sparse_train_fn", lambda device: gated_ffn_l1)
+    policy = TrainDispatchPolicy.always_dense() if always == "dense" else TrainDispatchPolicy.always_sparse()
+    torch._dynamo.reset()
+    counters.clear()
+    layer = make_layer(torch.float32, train_impl="auto", train_policy=policy).train()
+    x0 = make_x((8, D), seed=0, dtype=torch.float32)
+    layer(x0).sum().backward()  # an eager call: the switch's l0 estimate
+    eager_calls = layer._train_switch.calls
+    compiled = torch.compile(layer, backend="aot_eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):  # a recompilation raises
+        for _ in range(10):
+            x = x0.clone().requires_grad_(True)
+            (compiled(x).sum() + layer.l1_loss()).backward()
+    assert layer._train_switch.calls == eager_calls  # the compiled calls counted nothing
+    if always == "dense":
+        assert counters["frames"]["total"] == 1

@@ -441,10 +441,17 @@ class SparseGatedMLP(nn.Module):
             raise ValueError(f"train_impl must be one of {', '.join(TRAIN_IMPLS)}; got {self.train_impl!r}")
         weights = (self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
         if self.train_impl == "auto":
-            sparse = self._train_switch.choose(
-                self.train_policy, x.shape[0], device=x.device, shape=(self.hidden_size, self.intermediate_size),
-                dtype=compute_dtype(x), last_l0=self.last_l0, refresh_every=self.l0_refresh_every,
-            )
+            shape = (self.hidden_size, self.intermediate_size)
+            if torch.compiler.is_compiling():
+                # Traced: the decision from the switch's current estimate, no call counting or l0 read
+                # (per-call state recompiles the graph every call; eager calls refresh the estimate).
+                sparse = self._train_switch.traced_choice(self.train_policy, x.shape[0], device=x.device,
+                                                          shape=shape, dtype=compute_dtype(x))
+            else:
+                sparse = self._train_switch.choose(
+                    self.train_policy, x.shape[0], device=x.device, shape=shape, dtype=compute_dtype(x),
+                    last_l0=self.last_l0, refresh_every=self.l0_refresh_every,
+                )
             fn = dense_train_ffn_l1
             if sparse:
                 fn = sparse_train_fn(x.device)
@@ -492,7 +499,9 @@ class SparseGatedMLP(nn.Module):
         set's cold l0 estimate: a set chosen on a 2048-token check batch of one sequence, then used on
         16384-token steps, is the case the token-count rule covers."""
         m = x.shape[0]
-        if not _in_backward():
+        if torch.compiler.is_compiling() and self._train_hot is not None:
+            pass  # traced: the cached hot set, no counting (eager calls re-choose it)
+        elif not _in_backward():
             m0 = self._train_hot_tokens
             if (self._train_hot is None or self._train_hot_calls % self.l0_refresh_every == 0
                     or not m0 // 2 <= m <= 2 * m0):

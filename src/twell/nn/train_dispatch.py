@@ -174,6 +174,19 @@ class TrainSwitch:
         """Forget the estimate and the counter (e.g. after loading other weights)."""
         self.__init__()  # type: ignore[misc]
 
+    def traced_choice(
+        self, policy: TrainDispatchPolicy, n_tokens: int, *, device: torch.device, shape: Shape, dtype: torch.dtype
+    ) -> bool:
+        """:meth:`choose` for a call traced by torch.compile: the same rule on the current estimate, with
+        no counting and no l0 read (state that changes per call would recompile the graph every call)."""
+        if not policy.may_use_sparse(device_type=device.type, shape=shape, dtype=dtype) or n_tokens == 0:
+            return False
+        if device.type == "cuda" and not triton_available() and not policy.force:
+            return False
+        f = shape[1]
+        density = 1.0 if self.estimate is None or f == 0 else min(1.0, max(0.0, self.estimate / f))
+        return policy.use_sparse(n_tokens, density, device_type=device.type, shape=shape, dtype=dtype)
+
     def choose(
         self,
         policy: TrainDispatchPolicy,
