@@ -31,10 +31,10 @@ def decode_gated_ffn(
     nan_policy: str = "propagate",
 ) -> torch.Tensor:
     """``(relu(x Wg^T) * (x Wu^T)) Wd^T`` for x [M, d] with 1 <= M <= :data:`DECODE_MAX_TOKENS` (M = 0
-    gives an empty result); Wg, Wu [F, d], Wd [d, F] (the transpose view of a contiguous [F, d] tensor
-    spares a copy per call).  ``precision``: "match" rounds g, u and h to the input dtype as the dense
-    FFN does, "fp32" keeps u and h in fp32.  float16, bfloat16 or float32 on CUDA (or the CPU under
-    TRITON_INTERPRET=1); ``backend="torch"`` runs the dense reference.
+    gives an empty result); Wg, Wu [F, d], Wd [d, F] (read in place, in any layout).  ``precision``:
+    "match" rounds g, u and h to the input dtype as the dense FFN does, "fp32" keeps u and h in fp32.
+    float16, bfloat16 or float32 on CUDA (or the CPU under TRITON_INTERPRET=1); ``backend="torch"`` runs
+    the dense reference.
     """
     check_precision(precision)
     _check_x_w(x, w_gate, "w_gate")

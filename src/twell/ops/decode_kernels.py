@@ -2,7 +2,7 @@
 
 At decode sizes the FFN is bound by reading weights and by launches, not by FLOPs: the dense FFN reads
 all of Wg, Wu and Wd (3 x 23 MB at d=2048, F=5632 in bf16) in five launches, while the TwELL paths add
-a pack and a per-token gather on top of the gate GEMM (0.21-0.30 ms at M=1 against 0.07 ms dense on an
+a pack and a per-token gather on top of the gate GEMM (0.21-0.44 ms at M=1 against 0.07-0.08 ms dense on an
 H200, bench_results/h200/ffn_small_m_dispatch.log).  Here:
 
 * :func:`launch_decode_hidden` (one program per block of BU units): g = round(x Wg[blk]^T) by tensor-core
