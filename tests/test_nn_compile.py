@@ -61,3 +61,28 @@ def test_compiled_training_layer_never_recompiles(always, monkeypatch):
     assert layer._train_switch.calls == eager_calls  # the compiled calls counted nothing
     if always == "dense":
         assert counters["frames"]["total"] == 1
+
+
+def test_compiled_hot_cold_training_layer_matches_eager_without_recompiling():
+    """train_impl="hot-cold": the hot set chosen by an eager call; compiled calls run the custom-op form
+    of the op (twell::hot_cold_gated_ffn_l1) with that set, the eager results, no recompilation."""
+    layer = make_layer(torch.float32, train_impl="hot-cold").train()
+    x0 = make_x((24, D), seed=3, dtype=torch.float32)
+    layer(x0.clone().requires_grad_(True)).sum().backward()  # eager: chooses the hot set
+
+    def step(fn):
+        layer.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_(True)
+        out = fn(x)
+        (out.square().sum() + 0.5 * layer.l1_loss()).backward()
+        return out.detach(), x.grad, [p.grad for p in layer.parameters()]
+
+    want = step(layer)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager")
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(3):
+            got = step(compiled)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for a, b in zip(got[2], want[2], strict=True):
+        assert torch.equal(a, b)

@@ -1,6 +1,9 @@
 """Fused sparse ops: Triton kernels on CUDA, the pure-PyTorch reference elsewhere."""
 
-from . import custom_ops  # noqa: F401 - registers torch.ops.twell.sparse_gated_ffn
+from . import (
+    custom_ops,  # noqa: F401 - registers torch.ops.twell.sparse_gated_ffn
+    hot_cold_training_op,  # noqa: F401 - registers torch.ops.twell.hot_cold_gated_ffn_l1
+)
 from .decode import DECODE_MAX_TOKENS, decode_gated_ffn
 from .hot_cold_plan import HotColdPlan, build_hot_cold_plan, choose_hot_units, unit_frequency
 from .hot_cold_training import HotUnits, choose_training_hot_units, twell_gated_ffn_l1_hot_cold

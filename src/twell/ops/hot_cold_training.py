@@ -209,12 +209,85 @@ def overflow_layout_reference(
     return lo.masked_fill(spill, -1), hi.masked_fill(spill, -1), ocum, n_spill
 
 
+def _hc_forward(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, hot_ids: torch.Tensor,
+    columns: torch.Tensor, slot: torch.Tensor, width: int, cont_rows: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The forward of the op for M >= 1 tokens and F >= 1 units (module docstring): ``(out, l1, l0,
+    spilled, wdt, saved)`` with ``saved`` = (w_hot, wd_hot, a_hot, u_hot, ids, vals, u, counts, lo, hi,
+    order, owner, ocum, n_spill), fresh tensors ([0, d] / [M, 0] ones without hot units), and wdt the
+    unit-major Wd^T (a view of w_down when that is the transpose of a contiguous tensor)."""
+    m, d = x.shape
+    n_hot = hot_ids.shape[0]
+    x, wg, wu = x.contiguous(), w_gate.contiguous(), w_up.contiguous()
+    wdt = _unit_major(w_down)
+    # The hot-first gate (hot units' columns first): the hot columns are then contiguous for the hot
+    # pack and the cold pack scans only the cold ones (the price: a 23 MB row copy of Wg at 2048 x 5632).
+    g = _dense_gate(x, wg.index_select(0, columns) if n_hot else wg)
+    w_hot = torch.empty((2 * n_hot, d), dtype=x.dtype, device=x.device)  # [Wg[hot]; Wu[hot]]
+    if n_hot:
+        torch.index_select(wg, 0, hot_ids, out=w_hot[:n_hot])
+        torch.index_select(wu, 0, hot_ids, out=w_hot[n_hot:])
+        wd_hot = wdt.index_select(0, hot_ids)  # Wd[:, hot]^T [H, d]
+        u_hot = _mm(x, w_hot[n_hot:].t(), torch.float32)
+    else:
+        wd_hot = torch.empty((0, d), dtype=x.dtype, device=x.device)
+        u_hot = torch.empty((m, 0), dtype=torch.float32, device=x.device)
+    ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz = launch_pack(g, columns, n_hot, u_hot, width, cont_rows)
+    lo, hi, ocum, n_spill, l0 = launch_overflow_layout(counts, hot_nz, width, cont_rows)
+    order, owner = launch_pack_continuation(g, columns, n_hot, ids, vals, counts, lo, hi, ocum)
+    del g
+    init = _mm(h_hot, wd_hot, torch.float32) if n_hot else None
+    del h_hot
+    out, u, row_l1 = launch_forward_rows(x, wg, wu, wdt, slot, ids, vals, counts, lo, hi, order, init, hot_l1)
+    del init
+    l1 = row_l1.sum() / m
+    saved = (w_hot, wd_hot, a_hot, u_hot, ids, vals, u, counts, lo, hi, order, owner, ocum, n_spill)
+    return out, l1, l0, n_spill, wdt, saved
+
+
+def _hc_backward(
+    grad_out: torch.Tensor, grad_l1: torch.Tensor, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+    wdt: torch.Tensor, slot: torch.Tensor, saved: tuple[torch.Tensor, ...], need: tuple[bool, bool, bool, bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """``(dx, dWg, dWu, dWd^T)`` of :func:`_hc_forward` (None where ``need`` says no; dWd^T unit-major)."""
+    need_x, need_wg, need_wu, need_wd = need
+    (w_hot, wd_hot, a_hot, u_hot, ids, vals, u, counts, lo, hi, order, owner, ocum, n_spill) = saved
+    x, wg, wu = x.contiguous(), w_gate.contiguous(), w_up.contiguous()
+    f = wg.shape[0]
+    go = grad_out.to(x.dtype).contiguous()
+    gl1 = grad_l1.detach().to(torch.float32).reshape(1).contiguous()
+    need_w = need_wg or need_wu or need_wd
+    dx_init = hot_gu = hot_wd = None
+    if wd_hot.shape[0]:
+        dgu, h_hot = launch_hot_backward(_mm(go, wd_hot.t(), torch.float32), a_hot, u_hot, gl1)
+        if need_x:
+            dx_init = _mm(dgu, w_hot, torch.float32)
+        if need_w:
+            hot_gu = _mm(dgu.t(), x, wg.dtype)
+            hot_wd = _mm(h_hot.t(), go, wg.dtype)
+        del dgu, h_hot
+    dx, dg, du = launch_backward_rows(x, go, wg, wu, wdt, slot, ids, vals, counts, lo, hi, order, u, gl1, dx_init)
+    del dx_init
+    dwg = dwu = dwdt = None
+    if need_w:
+        sorted_ids, perm = torch.sort(ids.reshape(-1), stable=True)
+        starts = torch.searchsorted(sorted_ids, torch.arange(f + 1, dtype=sorted_ids.dtype, device=x.device))
+        del sorted_ids
+        dwg, dwu, dwdt = launch_unit_grads(x, go, wg, wu, wdt, slot, perm, starts, owner, vals, u, dg, du, order,
+                                           ocum, n_spill, gl1, hot_gu, hot_wd)
+    return ((dx if need_x else None), (dwg if need_wg else None), (dwu if need_wu else None),
+            (dwdt if need_wd else None))
+
+
 class HotColdGatedFFNL1(torch.autograd.Function):
     """``(out, l1) = HotColdGatedFFNL1.apply(x, w_gate, w_up, w_down, hot, width, cont_rows, stats)``.
 
     ``hot`` a :class:`HotUnits` on x's device, ``width`` the ELL width W (<= the cold unit count),
-    ``cont_rows`` the continuation capacity C; ``stats`` (dict or None) receives ``"l0"``.  Inputs are
-    validated by :func:`twell_gated_ffn_l1_hot_cold`; the module docstring has the algorithm.
+    ``cont_rows`` the continuation capacity C; ``stats`` (dict or None) receives ``"l0"`` and
+    ``"spilled_tokens"``.  Inputs are validated by :func:`twell_gated_ffn_l1_hot_cold`; the module
+    docstring has the algorithm.  Under torch.compile the same computation runs as the custom op
+    ``twell::hot_cold_gated_ffn_l1`` (:mod:`twell.ops.hot_cold_training_op`).
     """
 
     @staticmethod
@@ -223,7 +296,7 @@ class HotColdGatedFFNL1(torch.autograd.Function):
         hot: HotUnits, width: int, cont_rows: int, stats: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         m, d = x.shape
-        f, n_hot = w_gate.shape[0], hot.n_hot
+        f = w_gate.shape[0]
         ctx.down_view = w_down.t().is_contiguous()  # then dWd is returned as the same kind of view
         ctx.empty = m == 0 or f == 0
         if ctx.empty:
@@ -232,31 +305,9 @@ class HotColdGatedFFNL1(torch.autograd.Function):
                 stats["l0"] = torch.zeros((), dtype=torch.float32, device=x.device)
                 stats["spilled_tokens"] = torch.zeros((1,), dtype=torch.int32, device=x.device)
             return torch.zeros((m, d), dtype=x.dtype, device=x.device), torch.zeros((), device=x.device)
-        x, wg, wu = x.contiguous(), w_gate.contiguous(), w_up.contiguous()
-        wdt = _unit_major(w_down)
-        # The hot-first gate (hot units' columns first): the hot columns are then contiguous for the hot
-        # pack and the cold pack scans only the cold ones (the price: a 23 MB row copy of Wg at 2048 x 5632).
-        g = _dense_gate(x, wg.index_select(0, hot.columns) if n_hot else wg)
-        w_hot = wd_hot = None
-        u_hot = torch.empty((m, 0), dtype=torch.float32, device=x.device)
-        if n_hot:
-            w_hot = torch.empty((2 * n_hot, d), dtype=x.dtype, device=x.device)  # [Wg[hot]; Wu[hot]]
-            torch.index_select(wg, 0, hot.ids, out=w_hot[:n_hot])
-            torch.index_select(wu, 0, hot.ids, out=w_hot[n_hot:])
-            wd_hot = wdt.index_select(0, hot.ids)  # Wd[:, hot]^T [H, d]
-            u_hot = _mm(x, w_hot[n_hot:].t(), torch.float32)
-        ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz = launch_pack(g, hot.columns, n_hot, u_hot, width, cont_rows)
-        lo, hi, ocum, n_spill, l0 = launch_overflow_layout(counts, hot_nz, width, cont_rows)
-        order, owner = launch_pack_continuation(g, hot.columns, n_hot, ids, vals, counts, lo, hi, ocum)
-        del g
-        init = _mm(h_hot, wd_hot, torch.float32) if n_hot else None
-        del h_hot
-        out, u, row_l1 = launch_forward_rows(x, wg, wu, wdt, hot.slot, ids, vals, counts, lo, hi, order, init,
-                                             hot_l1)
-        del init
-        l1 = row_l1.sum() / m
-        ctx.save_for_backward(x, wg, wu, wdt, w_hot, wd_hot, a_hot, u_hot, hot.slot, ids, vals, u, counts, lo, hi,
-                              order, owner, ocum, n_spill)
+        out, l1, l0, n_spill, wdt, saved = _hc_forward(x, w_gate, w_up, w_down, hot.ids, hot.columns, hot.slot,
+                                                       width, cont_rows)
+        ctx.save_for_backward(x, w_gate, w_up, wdt, hot.slot, *saved)
         if stats is not None:
             stats["l0"] = l0
             stats["spilled_tokens"] = n_spill
@@ -264,41 +315,17 @@ class HotColdGatedFFNL1(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor, grad_l1: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        need_x, need_wg, need_wu, need_wd = ctx.needs_input_grad[:4]
+        need = tuple(ctx.needs_input_grad[:4])
         nones = (None,) * 4
         if ctx.empty:
             return tuple(
-                torch.zeros(s, dtype=grad_out.dtype, device=grad_out.device) if need else None
-                for s, need in zip(ctx.shapes, (need_x, need_wg, need_wu, need_wd), strict=True)
+                torch.zeros(s, dtype=grad_out.dtype, device=grad_out.device) if n else None
+                for s, n in zip(ctx.shapes, need, strict=True)
             ) + nones
-        (x, wg, wu, wdt, w_hot, wd_hot, a_hot, u_hot, slot, ids, vals, u, counts, lo, hi, order, owner, ocum,
-         n_spill) = ctx.saved_tensors
-        f = wg.shape[0]
-        go = grad_out.to(x.dtype).contiguous()
-        gl1 = grad_l1.detach().to(torch.float32).reshape(1).contiguous()
-        need_w = need_wg or need_wu or need_wd
-        dx_init = hot_gu = hot_wd = None
-        if w_hot is not None:
-            dgu, h_hot = launch_hot_backward(_mm(go, wd_hot.t(), torch.float32), a_hot, u_hot, gl1)
-            if need_x:
-                dx_init = _mm(dgu, w_hot, torch.float32)
-            if need_w:
-                hot_gu = _mm(dgu.t(), x, wg.dtype)
-                hot_wd = _mm(h_hot.t(), go, wg.dtype)
-            del dgu, h_hot
-        dx, dg, du = launch_backward_rows(x, go, wg, wu, wdt, slot, ids, vals, counts, lo, hi, order, u, gl1,
-                                          dx_init)
-        del dx_init
-        dwg = dwu = dwd = None
-        if need_w:
-            sorted_ids, perm = torch.sort(ids.reshape(-1), stable=True)
-            starts = torch.searchsorted(sorted_ids, torch.arange(f + 1, dtype=sorted_ids.dtype, device=x.device))
-            del sorted_ids
-            dwg, dwu, dwdt = launch_unit_grads(x, go, wg, wu, wdt, slot, perm, starts, owner, vals, u, dg, du, order,
-                                               ocum, n_spill, gl1, hot_gu, hot_wd)
-            dwd = dwdt.t() if ctx.down_view else dwdt.t().contiguous()
-            dwg, dwu, dwd = (dwg if need_wg else None), (dwu if need_wu else None), (dwd if need_wd else None)
-        return (dx if need_x else None), dwg, dwu, dwd, *nones
+        x, wg, wu, wdt, slot, *saved = ctx.saved_tensors
+        dx, dwg, dwu, dwdt = _hc_backward(grad_out, grad_l1, x, wg, wu, wdt, slot, tuple(saved), need)
+        dwd = None if dwdt is None else (dwdt.t() if ctx.down_view else dwdt.t().contiguous())
+        return dx, dwg, dwu, dwd, *nones
 
 
 def _resolve_hot(hot: object, x: torch.Tensor, w_gate: torch.Tensor) -> HotUnits:
@@ -361,5 +388,12 @@ def twell_gated_ffn_l1_hot_cold(
     else:
         c = cont_rows
     stats = {} if stats is None else stats
+    if torch.compiler.is_compiling() and x.shape[0] and w_gate.shape[0]:
+        # Traced by torch.compile: the custom-op form, which dynamo keeps in the graph (the Function breaks it).
+        from .hot_cold_training_op import hot_cold_gated_ffn_l1_op
+
+        res = hot_cold_gated_ffn_l1_op(x, w_gate, w_up, w_down, units.ids, units.columns, units.slot, w, c)
+        stats["l0"], stats["spilled_tokens"] = res[2], res[3]
+        return res[0], res[1], res[2]
     out, l1 = HotColdGatedFFNL1.apply(x, w_gate, w_up, w_down, units, w, c, stats)
     return out, l1, stats["l0"]
