@@ -112,6 +112,13 @@ def _point(dev: torch.device, m: int, pct: float) -> None:
             print(f"  {name} layer through make_graphed_callables: {t_g:.3f} ms (eager dense {t_d:.3f})", flush=True)
         except Exception as exc:  # noqa: BLE001 - report and go on
             print(f"  {name}: make_graphed_callables failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        # torch.compile with CUDA graphs (inductor's cudagraph trees); the hot/cold op is a custom op there
+        try:
+            t_c = _compiled_layer_ms(ws, impl, policy, x, gout, gl1)
+            print(f"  {name} layer under torch.compile(mode='reduce-overhead'): {t_c:.3f} ms", flush=True)
+        except Exception as exc:  # noqa: BLE001 - report and go on
+            print(f"  {name}: torch.compile(mode='reduce-overhead') failed: {type(exc).__name__}: "
+                  f"{str(exc)[:300]}", flush=True)
     if KERNEL_TABLES:
         _kernel_table(dense, "dense")
         _kernel_table(auto, "module auto")
@@ -146,6 +153,25 @@ def _graphed_layer_ms(ws: tuple, impl: str, policy, x: torch.Tensor, gout: torch
         torch.autograd.grad((out, l1), (xs, *params), (gout, gl1))
 
     step()
+    return time_ms(step, device=x.device)
+
+
+def _compiled_layer_ms(ws: tuple, impl: str, policy, x: torch.Tensor, gout: torch.Tensor,  # noqa: ANN001
+                       gl1: torch.Tensor) -> float:
+    kw = {} if policy is None else {"train_policy": policy}
+    mlp = SparseGatedMLP.from_weights(*(w.detach() for w in ws), train_impl=impl, **kw).train()
+    xs = x.detach().clone().requires_grad_(True)
+    wrapped = _WithL1(mlp)
+    wrapped(xs)  # an eager call first: the layer's hot set and l0 estimate
+    compiled = torch.compile(wrapped, mode="reduce-overhead")
+    params = tuple(mlp.parameters())
+
+    def step() -> None:
+        out, l1 = compiled(xs)
+        torch.autograd.grad((out, l1), (xs, *params), (gout, gl1))
+
+    for _ in range(3):  # compilation, then the CUDA graphs' recording
+        step()
     return time_ms(step, device=x.device)
 
 
