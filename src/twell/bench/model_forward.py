@@ -27,7 +27,7 @@ import torch
 from ..nn import SparseGatedMLP
 from ..tolerances import REL_TOL
 from .model_energy import EnergyMeter
-from .model_measure import describe_error, free_device_memory, peak_memory, time_interleaved
+from .model_measure import describe_error, free_device_memory, peak_memory, profile_kernels, time_interleaved
 from .model_setup import BenchModel
 from .model_sparsity import measure_layers
 
@@ -41,6 +41,11 @@ class ForwardConfig:
     energy_seconds: float = 3.0
     check_seqs: int = 2
     policies: tuple[str, ...] = ("default", "always-sparse")
+    profile: bool = False  # one more forward per variant under torch.profiler: its largest GPU kernels
+
+
+#: Kernels listed per variant by the ``profile`` option (largest total GPU time first).
+PROFILE_TOP = 25
 
 
 def _rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -137,6 +142,17 @@ def run_forward(bench: BenchModel, cfg: ForwardConfig, log: Callable[[str], None
             if dense_ms is not None:
                 entry["speedup"] = dense_ms / ms
         update(result)
+
+        if cfg.profile and device.type == "cuda":
+            # Where the time goes, attention included: the dense model's non-FFN time at 1.5B, 64 x 2048
+            # tokens (~650 of 1040 ms) is ~2x its FLOP count.
+            for name in runnable:
+                entry = result["variants"][name]
+                if "error" not in entry:
+                    entry["profile"] = profile_kernels(call(name), device, PROFILE_TOP)
+                    log(f"forward: {name}: kernels of one forward (ms, calls):\n" + "\n".join(
+                        f"  {r['ms']:9.3f} {r['calls']:5d}  {r['kernel'][:100]}" for r in entry["profile"]["kernels"]))
+            update(result)
 
         meter = EnergyMeter(device)
         result["energy_method"] = meter.method or f"unavailable ({meter.reason})"

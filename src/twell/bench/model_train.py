@@ -24,7 +24,6 @@ before this benchmark) cannot take the dense numbers with it.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +34,7 @@ from torch import nn
 
 from ..nn import DenseReluGatedMLP
 from ..tolerances import REL_TOL_GRAD
-from .model_measure import describe_error, free_device_memory, peak_memory, time_interleaved
+from .model_measure import describe_error, free_device_memory, peak_memory, profile_kernels, time_interleaved
 from .model_setup import BenchModel
 
 __all__ = ["DenseL1MLP", "TrainConfig", "run_train", "train_rows"]
@@ -216,7 +215,7 @@ def _time_variant(bench: BenchModel, ids: torch.Tensor, cfg: TrainConfig, entry:
         entry["memory"] = peak_memory(step, device)
         _record_l0(model, entry, "layer_l0_last_step")
         if cfg.profile and device.type == "cuda":
-            entry["profile"] = _profile_step(step, device)
+            entry["profile"] = profile_kernels(step, device, PROFILE_TOP)
             log(f"train: {name}: kernels of one step (ms, calls):\n" + "\n".join(
                 f"  {r['ms']:9.3f} {r['calls']:5d}  {r['kernel'][:100]}" for r in entry["profile"]["kernels"]))
     except Exception as exc:  # noqa: BLE001 - recorded; the next variant goes on
@@ -225,28 +224,6 @@ def _time_variant(bench: BenchModel, ids: torch.Tensor, cfg: TrainConfig, entry:
         optimizer.clear()
         model.zero_grad(set_to_none=True)
         free_device_memory(device)
-
-
-def _profile_step(step: Callable[[], None], device: torch.device) -> dict[str, Any]:
-    """One step under ``torch.profiler``: its GPU kernel time by kernel (largest :data:`PROFILE_TOP`) and
-    in all, and the wall time of the profiled step (host time shows as the difference)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        step()
-        torch.cuda.synchronize(device)
-        wall_ms = (time.perf_counter() - t0) * 1e3
-    rows = []
-    for ev in prof.key_averages():
-        t = getattr(ev, "device_time_total", None)
-        if t is None:
-            t = ev.cuda_time_total
-        if t > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
-            rows.append({"kernel": ev.key, "ms": t / 1e3, "calls": ev.count})
-    rows.sort(key=lambda r: -r["ms"])
-    return {"wall_ms": wall_ms, "kernel_ms": sum(r["ms"] for r in rows), "kernels": rows[:PROFILE_TOP]}
 
 
 def _record_l0(model: nn.Module, entry: dict[str, Any], key: str) -> None:
