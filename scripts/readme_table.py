@@ -19,9 +19,11 @@ def _header(meta: dict, path: Path) -> None:
 
 
 def ffn_table(rows: list[dict]) -> None:
+    decode = any("decode_ms" in r for r in rows)  # sweeps from when the small-batch kernels existed
     print("| d x F | tokens M | density | l0 | dense ms | cuBLAS gate ms | hot/cold ms (hot units) | hot/cold speedup "
-          "| row-gather / block-union speedup | with dispatch | rel. error |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| row-gather / block-union speedup | with dispatch | rel. error |"
+          + (" decode kernels | module + decode | dispatch vs dense module |" if decode else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if decode else ""))
     for r in rows:
         if "error" in r:
             print(f"| {r['d']}x{r['f']} | {r['m']} | {r['density_pct']}% | | | | | {r['error']} | | | |")
@@ -29,9 +31,15 @@ def ffn_table(rows: list[dict]) -> None:
         hc = f"{r['hotcold_ms']:.3f} ({r['n_hot']})" if "hotcold_ms" in r else "-"
         hcs = f"{r['hotcold_speedup']:.2f}x" if "hotcold_speedup" in r else "-"
         err = max(r["rel_err"], r.get("hotcold_rel_err", 0.0))
+        extra = ""
+        if decode:
+            dk = f"{r['decode_ms']:.3f} ({r['decode_speedup']:.2f}x)" if "decode_ms" in r else "-"
+            dm = f"{r['decode_module_speedup']:.2f}x" if "decode_module_speedup" in r else "-"
+            vm = f"{r['dispatch_vs_dense_module']:.2f}x" if "dispatch_vs_dense_module" in r else "-"
+            extra = f" {dk} | {dm} | {vm} |"
         print(f"| {r['d']}x{r['f']} | {r['m']} | {r['density_pct']}% | {r['l0']:.1f} | {r['dense_ms']:.3f} | "
               f"{r['gate_cublas_ms']:.3f} | {hc} | {hcs} | {r['speedup']:.2f}x | "
-              f"{r['dispatch_speedup']:.2f}x ({'sparse' if r['dispatch_sparse'] else 'dense'}) | {err:.1e} |")
+              f"{r['dispatch_speedup']:.2f}x ({'sparse' if r['dispatch_sparse'] else 'dense'}) | {err:.1e} |" + extra)
 
 
 def train_table(rows: list[dict]) -> None:
