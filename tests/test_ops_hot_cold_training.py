@@ -82,9 +82,16 @@ def test_matches_dense_reference_fp32(case, device):
         assert n_over > 0 and rows > capacity
     elif path != "no cold unit":
         assert n_over == 0
+    stats: dict = {}
     got = run(twell_gated_ffn_l1_hot_cold, inputs, device=device, hot=hot.to(device), width=width,
-              cont_rows=cont_rows)
+              cont_rows=cont_rows, stats=stats)
     check_close(got, reference(inputs))
+    # the op's spill count: the tokens whose cold pairs did not fit, as the layout's PyTorch twin counts them
+    x, wg = inputs[0].float(), inputs[1].float()
+    cold = (x @ wg.T > 0) & (units.slot < 0)
+    want_spill = overflow_layout_reference(cold.sum(1).to(torch.int32), w, capacity)[3]
+    assert int(stats["spilled_tokens"]) == int(want_spill)
+    assert (int(want_spill) > 0) == (path == "spill")
     if frac == 0.0:
         assert torch.count_nonzero(got[0]) == 0 and float(got[1]) == 0.0
 
