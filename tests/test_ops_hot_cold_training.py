@@ -279,6 +279,19 @@ def test_bench_train_ffn_times_and_checks_the_hot_cold_op(tmp_path, capsys):
     assert "| hot units | W |" in capsys.readouterr().out
 
 
+def test_bench_train_ffn_compiled_columns(tmp_path, capsys):
+    """--compiled: dense and hot/cold timed again with the forward under torch.compile (aot_eager here)."""
+    code = train_ffn.main(["--ms", "16", "--densities", "5", "--shape", "32x128", "--dtype", "float32",
+                           "--rep-ms", "1", "--warmup-ms", "1", "--sparse-impl", "hot-cold", "--compiled",
+                           "--out", str(tmp_path), "--stem", "t"])
+    assert code == 0
+    (r,) = json.loads((tmp_path / "t.json").read_text())["rows"]
+    assert "compiled_error" not in r, r.get("compiled_error")
+    assert r["dense_compiled_ms"] > 0 and r["hotcold_compiled_ms"] > 0
+    assert r["hotcold_compiled_speedup"] == pytest.approx(r["dense_compiled_ms"] / r["hotcold_compiled_ms"])
+    assert "| compiled speedup |" in capsys.readouterr().out
+
+
 # Tier 3 (docs/design section 5): build the kernels for sm_90 without a GPU, in a subprocess because this
 # session interprets Triton.  Catches compile errors the interpreter cannot see and register spills.
 _SM90_SCRIPT = r'''

@@ -98,6 +98,7 @@ class TrainFfnSweep:
     max_call_s: float = 10.0
     train_policy: TrainDispatchPolicy | None = None  # of the "auto" path; None: the library default
     sparse_impl: str = "v1"  # SPARSE_IMPLS
+    compiled: bool = False  # also time dense and hot/cold under torch.compile (CUDA graphs on CUDA)
     tags: dict = field(default_factory=dict)
 
 
@@ -213,6 +214,32 @@ def _time_paths(timed: dict[str, tuple[Step, float]], row: dict, cfg: TrainFfnSw
         row[f"{name}_timing"] = f"{len(samples)} call{'s' if len(samples) > 1 else ''}"
 
 
+def _time_compiled(x: torch.Tensor, ws: tuple, gout: torch.Tensor, gl1: torch.Tensor, hot: HotUnits | None,
+                   row: dict, cfg: TrainFfnSweep, device: torch.device) -> None:
+    """``row["dense_compiled_ms"]`` and ``row["hotcold_compiled_ms"]``: the same forward+backward with the
+    forward under torch.compile, ``mode="reduce-overhead"`` on CUDA (inductor with CUDA graphs: the host's
+    per-call launch and Python time leave the step, for dense and sparse alike; the hot/cold op is a
+    custom op there), ``backend="aot_eager"`` elsewhere (tests)."""
+    options: dict = {"mode": "reduce-overhead"} if device.type == "cuda" else {"backend": "aot_eager"}
+    forwards: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+        "dense": lambda xi, *wi: dense_train_ffn_l1(xi, *wi, with_l0=False)[:2]}
+    if hot is not None:
+        forwards["hotcold"] = lambda xi, *wi: twell_gated_ffn_l1_hot_cold(xi, *wi, hot)[:2]
+    for name, forward in forwards.items():
+        torch._dynamo.reset()  # shapes change per point: without a reset the recompilations hit dynamo's limit
+        compiled = torch.compile(forward, **options)
+
+        def step(compiled: Callable[..., tuple[torch.Tensor, torch.Tensor]] = compiled) -> None:
+            out, l1 = compiled(x, *ws)
+            torch.autograd.grad((out, l1), (x, *ws), (gout, gl1))
+
+        for _ in range(3):  # compilation, then the CUDA graphs' recording
+            step()
+        row[f"{name}_compiled_ms"] = time_ms(step, device=device, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms)
+    if "hotcold_compiled_ms" in row:
+        row["hotcold_compiled_speedup"] = row["dense_compiled_ms"] / row["hotcold_compiled_ms"]
+
+
 def _measure(name: str, fn: Step, ref: Result | None, row: dict, cfg: TrainFfnSweep, device: torch.device,
              timed: dict[str, tuple[Step, float]]) -> None:
     """Memory, errors and determinism (two runs): fills ``row[name + "_*"]`` and queues ``fn`` in ``timed``
@@ -300,9 +327,10 @@ def run_point(
     else:
         _guard(row, "sparse", device, log, lambda: _measure("sparse", lambda: _sparse_step(x, ws, gout_rows, gl1, cfg),
                                                     ref, row, cfg, device, timed))  # type: ignore[arg-type]
+    hot_set: dict[str, HotUnits] = {}
     if cfg.sparse_impl != "v1":
         def hotcold() -> None:
-            hot = choose_training_hot_units(x, ws[0])  # once per point, outside the timing: a layer caches it
+            hot = hot_set["hot"] = choose_training_hot_units(x, ws[0])  # once per point, as a layer caches it
             row.update(hotcold_n_hot=hot.n_hot, hotcold_cold_l0=hot.cold_l0, hotcold_width=default_width(hot))
             _measure("hotcold", lambda: _hotcold_step(x, ws, gout_rows, gl1, hot), ref, row, cfg, device, timed)
 
@@ -325,6 +353,9 @@ def run_point(
     ref = None  # the float64 tensors go before the timing (not `del`: the closures above capture it)
     _free(device)
     _guard(row, "timing", device, log, lambda: _time_paths(timed, row, cfg, device))
+    if cfg.compiled:
+        _guard(row, "compiled", device, log,
+               lambda: _time_compiled(x, ws, gout_rows, gl1, hot_set.get("hot"), row, cfg, device))
     dense_ms, dense_mb = row.get("dense_ms"), row.get("dense_mem_mb")
     for name in ("sparse", "auto", "hotcold"):
         if dense_ms is not None and row.get(f"{name}_ms"):
@@ -473,18 +504,24 @@ def summary_table(rows: list[dict]) -> str:
 
 def _hotcold_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| d x F | M | density | l0 | hot units | W | dense ms | hot/cold ms | speedup | hot/cold MB | mem | "
+        "| d x F | M | density | l0 | hot units | W | dense ms | hot/cold ms | speedup | hot/cold MB | mem saved | "
         "max rel err | bitwise | ok |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    compiled = any("hotcold_compiled_ms" in r for r in rows)
+    if compiled:
+        lines[0] += " compiled dense ms | compiled hot/cold ms | compiled speedup |"
+        lines[1] += "---|---|---|"
     for r in rows:
         ok = {True: "yes", False: "NO", None: "-"}[r.get("hotcold_ok")]
+        tail = (f" {_fmt(r.get('dense_compiled_ms'), '.3f')} | {_fmt(r.get('hotcold_compiled_ms'), '.3f')} | "
+                f"{_fmt(r.get('hotcold_compiled_speedup'), '.2f', 'x')} |") if compiled else ""
         lines.append(
             f"| {r['d']}x{r['f']} | {r['m']} | {r['density_pct']}% | {r['l0']:.1f} | {r.get('hotcold_n_hot', '-')} | "
             f"{r.get('hotcold_width', '-')} | {_fmt(r.get('dense_ms'), '.3f')} | {_fmt(r.get('hotcold_ms'), '.3f')} | "
             f"{_fmt(r.get('hotcold_speedup'), '.2f', 'x')} | {_fmt(r.get('hotcold_mem_mb'), '.0f')} | "
             f"{_fmt(r.get('hotcold_mem_reduction_pct'), '+.0f', ' %')} | {_fmt(_max_err(r, 'hotcold'), '.1e')} | "
-            f"{r.get('hotcold_deterministic', '-')} | {ok} |"
+            f"{r.get('hotcold_deterministic', '-')} | {ok} |" + tail
         )
     return lines
 
@@ -513,6 +550,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token-splits", type=int, default=None, help="K of the sparse op's weight-gradient kernel")
     p.add_argument("--sparse-impl", choices=SPARSE_IMPLS, default="v1",
                    help="sparse op(s) measured: the v1 Triton op, the hot/cold split (hotcold_* columns), or both")
+    p.add_argument("--compiled", action="store_true",
+                   help="also time dense and hot/cold with the forward under torch.compile (mode reduce-overhead: "
+                        "CUDA graphs) -- compiles twice per point")
     p.add_argument("--rep-ms", type=float, default=100.0, help="do_bench measuring time per timing")
     p.add_argument("--warmup-ms", type=float, default=25.0)
     p.add_argument("--budget-s", type=float, default=180.0, help="skip the remaining points past this sweep time")
@@ -532,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         densities=tuple(a.densities or (QUICK_DENSITIES if a.quick else DEFAULT_DENSITIES)),
         dtype=getattr(torch, a.dtype), seed=a.seed, rep_ms=a.rep_ms, warmup_ms=a.warmup_ms, width=a.width,
         token_splits=a.token_splits, budget_s=a.budget_s, max_call_s=a.max_call_s, sparse_impl=a.sparse_impl,
+        compiled=a.compiled,
     )
     meta = environment(device)
     meta["sweep"] = {"ms": cfg.ms, "densities": cfg.densities, "shapes": cfg.shapes, "dtype": a.dtype,
