@@ -33,8 +33,9 @@ from .gate_kernel import relu_keep_nan, round_to
 #: BM = next power of two >= M, and the down kernel a [BM, BD] accumulator.
 DECODE_MAX_TOKENS = 64
 #: Units per program of the hidden kernel: 352 programs at F=5632 for the 132 SMs of an H200.  At M=1
-#: and 0.5 % density (~28 active units) ~8 % of the blocks hold an active unit and run the up
-#: projection loop at all; within it only the active units' Wu rows are loaded.
+#: and 0.5 % density (~28 active units) a block holds an active unit with probability
+#: 1 - (1 - 28/5632)^16 = 7.7 %, and only those blocks run the up projection loop, loading only the
+#: active units' Wu rows.
 _HIDDEN_BU, _HIDDEN_BK = 16, 128
 #: Output columns per program of the down kernel (64 programs at d=2048) and units per K step.
 _DOWN_BD, _DOWN_BU = 32, 64
