@@ -205,11 +205,7 @@ def decode_gated_ffn_unchecked_op(
     if backend == "torch":
         out = _ref.dense_gated_ffn(x, w_gate, w_up, w_down_t.t(), precision=precision)
         g = _ref._matmul_nt(x, w_gate, _ref._acc_dtype(x.dtype)).to(x.dtype)
-        active = ((g > 0) | torch.isnan(g)).to(torch.int32)
-        f = active.shape[1]
-        pad = decode_blocks(f) * _DECODE_BU - f
-        counts = torch.nn.functional.pad(active, (0, pad)).view(x.shape[0], -1, _DECODE_BU).sum(2, dtype=torch.int32)
-        return out, counts
+        return out, _ref.tile_counts(g, _DECODE_BU)
     from .decode import launch_decode_ffn
 
     return launch_decode_ffn(x, w_gate, w_up, w_down_t, match=precision == "match")

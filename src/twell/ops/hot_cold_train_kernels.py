@@ -43,7 +43,15 @@ import triton.language as tl
 
 from ._runtime import interpreting, next_pow2
 from .gate_kernel import relu_keep_nan, round_to
-from .train_kernels import _NUM_WARPS, _ell_row_backward, _ell_slots, _gate_of, _pair_grads, _sign, default_block
+from .train_kernels import (
+    _NUM_WARPS,
+    _ell_row_backward,
+    _ell_row_forward,
+    _gate_of,
+    _pair_grads,
+    _sign,
+    default_block,
+)
 
 #: Gate columns read per step of the continuation pack kernel (v1's choice; 128 under the interpreter).
 _PACK_BLOCK = 1024
@@ -338,22 +346,6 @@ def launch_pack_continuation(
 
 
 # ------------------------------------------------------------------------------------------ forward
-@triton.jit
-def _ell_row_forward(erow, n, W, x, acc, l1, ids_ptr, val_ptr, u_ptr, wu_ptr, wdt_ptr, offs_d, d_ok, D,
-                     SB: tl.constexpr):
-    """Adds the first n pairs of ELL row ``erow`` to the output row ``acc`` and ``l1``; stores their u."""
-    for s0 in range(0, n, SB):
-        live, slot, a, w_off, w_ok = _ell_slots(erow, s0, n, W, ids_ptr, val_ptr, offs_d, d_ok, D, SB)
-        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        u = tl.sum(wu * x[None, :], axis=1)
-        tl.store(u_ptr + slot, u, mask=live)
-        h = tl.where(live, a * u, 0.0)
-        wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        acc += tl.sum(h[:, None] * wd, axis=0)
-        l1 += tl.abs(h)
-    return acc, l1
-
-
 @triton.jit
 def _forward_rows_kernel(
     x_ptr, wg_ptr, wu_ptr, wdt_ptr, slot_ptr, ids_ptr, val_ptr, cnt_ptr, lo_ptr, hi_ptr, order_ptr,

@@ -165,6 +165,22 @@ def launch_pack_rows(g: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.T
 
 # ---------------------------------------------------------------------------------------- forward
 @triton.jit
+def _ell_row_forward(erow, n, W, x, acc, l1, ids_ptr, val_ptr, u_ptr, wu_ptr, wdt_ptr, offs_d, d_ok, D,
+                     SB: tl.constexpr):
+    """Adds the first n pairs of ELL row ``erow`` to the output row ``acc`` and ``l1``; stores their u."""
+    for s0 in range(0, n, SB):
+        live, slot, a, w_off, w_ok = _ell_slots(erow, s0, n, W, ids_ptr, val_ptr, offs_d, d_ok, D, SB)
+        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        u = tl.sum(wu * x[None, :], axis=1)
+        tl.store(u_ptr + slot, u, mask=live)
+        h = tl.where(live, a * u, 0.0)
+        wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+        acc += tl.sum(h[:, None] * wd, axis=0)
+        l1 += tl.abs(h)
+    return acc, l1
+
+
+@triton.jit
 def _forward_rows_kernel(
     x_ptr, wg_ptr, wu_ptr, wdt_ptr, ids_ptr, val_ptr, cnt_ptr, u_ptr, out_ptr, l1_ptr,
     F, D, W, stride_xm, stride_om,
@@ -179,15 +195,8 @@ def _forward_rows_kernel(
     l1 = tl.zeros((SB,), dtype=tl.float32)
     cnt = tl.load(cnt_ptr + row)
     n_ell = tl.where(cnt <= W, cnt, 0)
-    for s0 in range(0, n_ell, SB):
-        live, slot, a, w_off, w_ok = _ell_slots(row, s0, n_ell, W, ids_ptr, val_ptr, offs_d, d_ok, D, SB)
-        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        u = tl.sum(wu * x[None, :], axis=1)
-        tl.store(u_ptr + slot, u, mask=live)
-        h = tl.where(live, a * u, 0.0)
-        wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
-        out += tl.sum(h[:, None] * wd, axis=0)
-        l1 += tl.abs(h)
+    out, l1 = _ell_row_forward(row, n_ell, W, x, out, l1, ids_ptr, val_ptr, u_ptr, wu_ptr, wdt_ptr, offs_d, d_ok, D,
+                               SB)
     if cnt > W:
         for j0 in range(0, F, SB):
             w_off, w_ok, live, a, u, wg, wu = _dense_units(j0, x, offs_d, d_ok, wg_ptr, wu_ptr, F, D, dtype, SB)

@@ -315,20 +315,20 @@ def twell_relu_ffn(
     return out.to(x.dtype)
 
 
+def tile_counts(g: torch.Tensor, tile: int) -> torch.Tensor:
+    """Non-zeros of ``relu(g)`` (NaN counts) per (row, tile of ``tile`` columns), int32 [M, ceil(F / tile)]."""
+    nz = ((g > 0) | g.isnan()).to(torch.int32)
+    n_tiles = -(-nz.shape[1] // tile)
+    nz = torch.nn.functional.pad(nz, (0, n_tiles * tile - nz.shape[1]))
+    return nz.view(nz.shape[0], n_tiles, tile).sum(2, dtype=torch.int32)
+
+
 def split_counts(g: torch.Tensor, hot: torch.Tensor, cold: torch.Tensor, tile: int) -> torch.Tensor:
     """Non-zeros of ``relu(g)`` per (row, tile of the cold columns) then per (row, tile of the hot units).
 
     The count layout of the hot/cold split (``twell.ops.hot_cold_gated_ffn``); each row sums to its l0.
     """
-    nz = (g > 0) | g.isnan()
-    parts = []
-    for ids in (cold, hot):
-        sel = nz[:, ids.long()]
-        n_tiles = -(-sel.shape[1] // tile)
-        pad = n_tiles * tile - sel.shape[1]
-        sel = torch.nn.functional.pad(sel.to(torch.int32), (0, pad))
-        parts.append(sel.view(sel.shape[0], n_tiles, tile).sum(2, dtype=torch.int32))
-    return torch.cat(parts, 1)
+    return torch.cat([tile_counts(g[:, ids.long()], tile) for ids in (cold, hot)], 1)
 
 
 def hot_cold_gated_ffn(
