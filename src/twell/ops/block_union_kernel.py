@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ._runtime import interpreting, next_pow2
-from .gate_kernel import relu_keep_nan, round_to
+from .gate_kernel import dot_acc, relu_keep_nan, round_to
 from .twell_ffn_kernel import _tile_of_entry
 
 
@@ -97,10 +97,7 @@ def _union_up_kernel(
                         mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(wu_ptr + unit[None, :] * D + k0 + offs_k[:, None], mask=ok[None, :] & k_ok[:, None],
                         other=0.0)
-            if DOT_FP32:
-                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(a, b, acc)
+            acc = dot_acc(a, b, acc, DOT_FP32)
         both = m_ok[:, None] & ok[None, :]
         g = tl.load(g_ptr + rows64[:, None] * stride_gm + unit[None, :], mask=both, other=0.0).to(tl.float32)
         act = relu_keep_nan(g)
@@ -138,10 +135,7 @@ def _union_down_kernel(
         else:
             a = tl.load(h_ptr + rows64[:, None] * stride_hm + p[None, :], mask=both, other=0.0)
         b = tl.load(wdt_ptr + unit[:, None] * D + offs_d[None, :], mask=ok[:, None] & d_ok[None, :], other=0.0)
-        if DOT_FP32:
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = dot_acc(a, b, acc, DOT_FP32)
     tl.store(out_ptr + rows64[:, None] * stride_om + offs_d[None, :], round_to(acc, out_ptr.dtype.element_ty),
              mask=m_ok[:, None] & d_ok[None, :])
 

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ._runtime import interpreting, next_pow2
-from .gate_kernel import relu_keep_nan, round_to
+from .gate_kernel import dot_acc, relu_keep_nan, round_to
 
 #: Largest token count of the decode path: the hidden kernel keeps a [BM, BU] tile per program with
 #: BM = next power of two >= M, and the down kernel a [BM, BD] accumulator.
@@ -58,10 +58,7 @@ def _decode_hidden_kernel(
         k_ok = k < D
         xt = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
         wt = tl.load(wg_ptr + w_rows[None, :] * stride_wg + k[:, None], mask=u_ok[None, :] & k_ok[:, None], other=0.0)
-        if DOT_FP32:
-            acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(xt, wt, acc)
+        acc = dot_acc(xt, wt, acc, DOT_FP32)
     a = relu_keep_nan(round_to(acc, x_ptr.dtype.element_ty).to(tl.float32))  # g rounded as a dense linear
     act = (a != 0) & r_ok[:, None] & u_ok[None, :]
     unit_act = tl.max(act.to(tl.int32), axis=0) > 0
@@ -75,10 +72,7 @@ def _decode_hidden_kernel(
             # Rows of units that fire for no token are masked off: the load fetches nothing for them.
             wt = tl.load(wu_ptr + w_rows[None, :] * stride_wu + k[:, None], mask=unit_act[None, :] & k_ok[:, None],
                          other=0.0)
-            if DOT_FP32:
-                acc = tl.dot(xt.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(xt, wt, acc)
+            acc = dot_acc(xt, wt, acc, DOT_FP32)
     if MATCH:
         h = round_to(a * round_to(acc, x_ptr.dtype.element_ty).to(tl.float32), h_ptr.dtype.element_ty)
     else:
@@ -108,10 +102,7 @@ def _decode_down_kernel(
         # nn.Linear weight [d, F] itself, transposed as a view (no copy; coalesced along units then).
         wt = tl.load(wdt_ptr + units.to(tl.int64)[:, None] * stride_wf + cols.to(tl.int64)[None, :] * stride_wd,
                      mask=fires[:, None] & c_ok[None, :], other=0.0)
-        if DOT_FP32:
-            acc = tl.dot(ht.to(tl.float32), wt.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(ht, wt, acc)
+        acc = dot_acc(ht, wt, acc, DOT_FP32)
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], round_to(acc, out_ptr.dtype.element_ty),
              mask=r_ok[:, None] & c_ok[None, :])
 

@@ -40,6 +40,17 @@ def relu_keep_nan(g):
     return tl.where((g > 0) | (g != g), g, 0.0)
 
 
+@triton.jit
+def dot_acc(a, b, acc, DOT_FP32: tl.constexpr):
+    """``acc + a @ b``: with DOT_FP32, true fp32 products of fp32 operands (not tf32; fp32 inputs, and the
+    interpreter, which needs fp32 operands), else the operands' own tensor-core dot."""
+    if DOT_FP32:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
 def _gate_configs() -> list[triton.Config]:
     if interpreting():
         # The interpreter cannot autotune several configs without a GPU (design.md, section 5).
@@ -112,11 +123,7 @@ def _gate_twell_kernel(
             k_ok = offs_k < D - k0
             a = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             b = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-        if DOT_FP32:
-            # fp32 inputs get true fp32 products (not tf32); the interpreter needs fp32 operands.
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = dot_acc(a, b, acc, DOT_FP32)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
 
