@@ -15,6 +15,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from twell.bench.model_measure import profile_kernels
 from twell.bench.timing import time_ms
 from twell.nn import SparseGatedMLP
 from twell.nn.train_dispatch import TrainDispatchPolicy, dense_train_ffn_l1
@@ -38,21 +39,10 @@ def _step(fn, x, ws, gout, gl1):  # noqa: ANN001, ANN202 - a script
 def _kernel_table(fn, label: str) -> None:  # noqa: ANN001 - a script
     for _ in range(2):
         fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(STEPS):
-            fn()
-        torch.cuda.synchronize()
-    rows = []
-    for ev in prof.key_averages():
-        t = ev.device_time_total if hasattr(ev, "device_time_total") else ev.cuda_time_total
-        if t > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
-            rows.append((t / STEPS / 1000.0, ev.count // STEPS, ev.key))
-    rows.sort(reverse=True)
-    total = sum(r[0] for r in rows)
-    print(f"  {label}: kernels sum {total:.3f} ms per step")
-    for ms, n, key in rows[:18]:
-        print(f"    {ms:7.3f} ms  x{n:<3d} {key[:110]}")
+    prof = profile_kernels(fn, torch.device("cuda"), top=18, calls=STEPS)
+    print(f"  {label}: kernels sum {prof['kernel_ms']:.3f} ms per step")
+    for r in prof["kernels"]:
+        print(f"    {r['ms']:7.3f} ms  x{r['calls']:<3d} {r['kernel'][:110]}")
 
 
 def _point(dev: torch.device, m: int, pct: float) -> None:

@@ -102,23 +102,24 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> dict[str, float]
     return {"peak_gb": peak / 1e9, "above_start_gb": (peak - start) / 1e9}
 
 
-def profile_kernels(fn: Callable[[], Any], device: torch.device, top: int) -> dict[str, Any]:
-    """One call of ``fn`` under ``torch.profiler`` (CUDA): its GPU time by kernel (the ``top`` largest),
-    the kernels' total and the call's wall time (host time shows as the difference)."""
+def profile_kernels(fn: Callable[[], Any], device: torch.device, top: int, calls: int = 1) -> dict[str, Any]:
+    """``calls`` calls of ``fn`` under ``torch.profiler`` (CUDA): per call, the GPU time by kernel (the ``top``
+    largest), the kernels' total and the wall time (host time shows as the difference)."""
     from torch.profiler import ProfilerActivity, profile
 
     synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         synchronize(device)
-        wall_ms = (time.perf_counter() - t0) * 1e3
+        wall_ms = (time.perf_counter() - t0) * 1e3 / calls
     rows = []
     for ev in prof.key_averages():
         t = getattr(ev, "device_time_total", None)
         if t is None:
             t = ev.cuda_time_total
         if t > 0 and ev.device_type == torch.autograd.DeviceType.CUDA:
-            rows.append({"kernel": ev.key, "ms": t / 1e3, "calls": ev.count})
+            rows.append({"kernel": ev.key, "ms": t / 1e3 / calls, "calls": ev.count // calls})
     rows.sort(key=lambda r: -r["ms"])
     return {"wall_ms": wall_ms, "kernel_ms": sum(r["ms"] for r in rows), "kernels": rows[:top]}
