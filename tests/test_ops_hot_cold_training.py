@@ -15,7 +15,16 @@ import sys
 
 import pytest
 import torch
-from test_ops_training import F32, F64, check_close, make_problem, make_random_problem, reference, run
+from test_ops_training import (
+    F32,
+    F64,
+    assert_same_run,
+    check_close,
+    make_problem,
+    make_random_problem,
+    reference,
+    run,
+)
 
 from twell.bench import train_ffn
 from twell.ops.hot_cold_plan import build_hot_cold_plan
@@ -138,8 +147,7 @@ def test_deterministic_bitwise(device):
     assert overflow_stats(inputs, kw["hot"].cpu(), 4)[1] > 40  # continuation rows and spilled tokens
     a = run(twell_gated_ffn_l1_hot_cold, inputs, **kw)
     b = run(twell_gated_ffn_l1_hot_cold, inputs, **kw)
-    for p, q in zip([*a[:3], *a[3]], [*b[:3], *b[3]], strict=True):
-        assert torch.equal(p, q)
+    assert_same_run(a, b)
 
 
 def test_saves_no_dense_tensor_partial_grads_and_down_layout(device):
@@ -259,8 +267,7 @@ def test_gpu_realistic_size_matches_reference_and_is_deterministic():
     del p
     a = run(twell_gated_ffn_l1_hot_cold, inputs, dtype=BF16, device="cuda", hot=units)
     b = run(twell_gated_ffn_l1_hot_cold, inputs, dtype=BF16, device="cuda", hot=units)
-    for p_, q_ in zip([*a[:3], *a[3]], [*b[:3], *b[3]], strict=True):
-        assert torch.equal(p_, q_)
+    assert_same_run(a, b)
     want = run(dense_gated_ffn_l1, [t.to(F64) for t in inputs], dtype=F64, device="cuda")
     check_close(a, want, dtype=BF16, l0_exact=False)
 

@@ -59,6 +59,12 @@ def run(fn, inputs, *, dtype=F32, device="cpu", seed=0, out_weight=1.0, l1_weigh
     return out.detach(), l1.detach(), l0, [t.grad for t in leaves]
 
 
+def assert_same_run(a, b):
+    """Two results of :func:`run` are bitwise identical: out, l1, l0 and every gradient."""
+    for p, q in zip([*a[:3], *a[3]], [*b[:3], *b[3]], strict=True):
+        assert torch.equal(p, q)
+
+
 def reference(inputs, dtype=F32, **kw):
     """The oracle in float64 on the values of ``inputs`` rounded to ``dtype`` (on the CPU)."""
     vals = [t.to(dtype).to(F64).cpu() for t in inputs]
@@ -142,8 +148,7 @@ def test_deterministic_bitwise(device):
     inputs = make_problem(21, 32, 96, 0.3, seed=13)
     a = run(twell_gated_ffn_l1, inputs, device=device, width=8, token_splits=3)
     b = run(twell_gated_ffn_l1, inputs, device=device, width=8, token_splits=3)
-    for p, q in zip([*a[:3], *a[3]], [*b[:3], *b[3]], strict=True):
-        assert torch.equal(p, q)
+    assert_same_run(a, b)
 
 
 def test_saves_no_dense_gate_and_partial_grads(device):
@@ -227,7 +232,6 @@ def test_gpu_deterministic_bitwise_with_hot_units():
     inputs[1][:8, 0] = 10.0  # 8 units active for every token: segments of M pairs, split in 4
     a = run(twell_gated_ffn_l1, inputs, dtype=torch.bfloat16, device="cuda", width=64, token_splits=4)
     b = run(twell_gated_ffn_l1, inputs, dtype=torch.bfloat16, device="cuda", width=64, token_splits=4)
-    for p, q in zip([*a[:3], *a[3]], [*b[:3], *b[3]], strict=True):
-        assert torch.equal(p, q)
+    assert_same_run(a, b)
     want = reference([t.cuda() for t in inputs], dtype=torch.bfloat16)
     check_close(a, want, dtype=torch.bfloat16, l0_exact=False)
