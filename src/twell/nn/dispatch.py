@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_POLICY", "H200_BF16_TABLE", "DispatchPolicy", "DispatchTable"]
+__all__ = ["DEFAULT_POLICY", "H200_BF16_TABLE", "DispatchPolicy", "DispatchTable", "density_of"]
 
 #: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
 DispatchTable = tuple[tuple[int, float], ...]
@@ -166,6 +166,12 @@ class DispatchPolicy:
         if not self.force and device_type not in self.device_types:
             return False
         return self.force or self.shapes is None or (shape is not None and tuple(shape) in self.shapes)
+
+
+def density_of(l0: float | None, n_units: int) -> float:
+    """A layer's density l0 / F clamped to [0, 1] for a policy; an unknown l0 counts as 1 (fully dense),
+    so that only an "always sparse" row says sparse before a layer's first call has measured it."""
+    return 1.0 if l0 is None or n_units == 0 else min(1.0, max(0.0, l0 / n_units))
 
 
 def _check_tokens(n_tokens: object) -> None:

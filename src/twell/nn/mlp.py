@@ -58,7 +58,7 @@ from ..ops.hot_cold_training import HotUnits, choose_training_hot_units, twell_g
 from ..ops.inference import PRECISIONS, TRITON_TILES, _check_triton_dtype
 from ..ops.training import twell_gated_ffn_l1
 from ..reference.training import dense_gated_ffn_l1, gated_ffn_l1
-from .dispatch import DEFAULT_POLICY, DispatchPolicy
+from .dispatch import DEFAULT_POLICY, DispatchPolicy, density_of
 from .hot_cold_cache import HotColdCache
 from .train_dispatch import (
     DEFAULT_TRAIN_POLICY,
@@ -427,8 +427,7 @@ class SparseGatedMLP(nn.Module):
             out, _ = torch.ops.twell.decode_gated_ffn_unchecked(x2, w_gate, w_up, w_down.t(), self.precision,
                                                                 backend)
             return out.view(x.shape)
-        density = 1.0 if estimate is None else min(1.0, max(0.0, estimate / self.intermediate_size))
-        if policy.use_sparse(m, density, device_type=device_type, shape=shape):
+        if policy.use_sparse(m, density_of(estimate, self.intermediate_size), device_type=device_type, shape=shape):
             out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
                 x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), self.tile,
                 self.capacity or default_capacity(self.tile), self.precision, backend)
@@ -578,11 +577,9 @@ class SparseGatedMLP(nn.Module):
         key = (n_tokens, device_type)
         sparse = state.decisions.get(key)
         if sparse is None:
-            # Unknown density counts as 1 (fully dense): only an "always sparse" row says sparse then.
-            density = 1.0 if estimate is None else min(1.0, max(0.0, estimate / self.intermediate_size))
             shape = (self.hidden_size, self.intermediate_size)
             sparse = policy.use_decode(n_tokens, device_type=device_type, shape=shape) or policy.use_sparse(
-                n_tokens, density, device_type=device_type, shape=shape
+                n_tokens, density_of(estimate, self.intermediate_size), device_type=device_type, shape=shape
             )
             if len(state.decisions) < _MAX_CACHED_DECISIONS:
                 state.decisions[key] = sparse

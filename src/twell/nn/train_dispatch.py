@@ -42,7 +42,7 @@ from ..ops._runtime import interpreting, triton_available
 from ..ops.training import twell_gated_ffn_l1
 from ..reference.inference import _acc_dtype
 from ..reference.training import gated_ffn_l1
-from .dispatch import DispatchPolicy, DispatchTable, _check_tokens
+from .dispatch import DispatchPolicy, DispatchTable, _check_tokens, density_of
 
 __all__ = [
     "DEFAULT_TRAIN_POLICY",
@@ -174,18 +174,23 @@ class TrainSwitch:
         """Forget the estimate and the counter (e.g. after loading other weights)."""
         self.__init__()  # type: ignore[misc]
 
+    @staticmethod
+    def _possible(policy: TrainDispatchPolicy, n_tokens: int, device_type: str, shape: Shape,
+                  dtype: torch.dtype) -> bool:
+        """Whether any density could give the sparse path (if not, l0 need not be read at all)."""
+        if n_tokens == 0 or not policy.may_use_sparse(device_type=device_type, shape=shape, dtype=dtype):
+            return False
+        return device_type != "cuda" or triton_available() or policy.force
+
     def traced_choice(
         self, policy: TrainDispatchPolicy, n_tokens: int, *, device: torch.device, shape: Shape, dtype: torch.dtype
     ) -> bool:
         """:meth:`choose` for a call traced by torch.compile: the same rule on the current estimate, with
         no counting and no l0 read (state that changes per call would recompile the graph every call)."""
-        if not policy.may_use_sparse(device_type=device.type, shape=shape, dtype=dtype) or n_tokens == 0:
+        if not self._possible(policy, n_tokens, device.type, shape, dtype):
             return False
-        if device.type == "cuda" and not triton_available() and not policy.force:
-            return False
-        f = shape[1]
-        density = 1.0 if self.estimate is None or f == 0 else min(1.0, max(0.0, self.estimate / f))
-        return policy.use_sparse(n_tokens, density, device_type=device.type, shape=shape, dtype=dtype)
+        return policy.use_sparse(n_tokens, density_of(self.estimate, shape[1]), device_type=device.type, shape=shape,
+                                 dtype=dtype)
 
     def choose(
         self,
@@ -200,10 +205,7 @@ class TrainSwitch:
     ) -> bool:
         """Sparse (True) or dense for this call; reads ``last_l0`` on the host only on refresh calls."""
         device_type = device.type
-        possible = policy.may_use_sparse(device_type=device_type, shape=shape, dtype=dtype)
-        if device_type == "cuda" and not triton_available() and not policy.force:
-            possible = False
-        if not possible or n_tokens == 0:
+        if not self._possible(policy, n_tokens, device_type, shape, dtype):
             self.last_sparse = False
             return False
         if not _in_backward():
@@ -213,9 +215,7 @@ class TrainSwitch:
                 self.estimate = float(last_l0)  # the switch's only device-to-host synchronisation
                 self.host_reads += 1
             self.calls += 1
-        # Unknown density counts as 1 (fully dense): the first call measures it on the dense path.
-        f = shape[1]
-        density = 1.0 if self.estimate is None or f == 0 else min(1.0, max(0.0, self.estimate / f))
+        density = density_of(self.estimate, shape[1])
         self.last_sparse = policy.use_sparse(n_tokens, density, device_type=device_type, shape=shape, dtype=dtype)
         return self.last_sparse
 
