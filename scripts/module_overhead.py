@@ -45,6 +45,7 @@ if not torch.cuda.is_available():
 from twell import ops  # noqa: E402 - after the environment variable
 from twell.format.twell import default_capacity  # noqa: E402
 from twell.nn import DispatchPolicy, SparseGatedMLP  # noqa: E402
+from twell.ops.decode import launch_decode_ffn  # noqa: E402
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem  # noqa: E402
 
 Fn = Callable[[], object]
@@ -159,7 +160,11 @@ def cases(p: dict[str, torch.Tensor], x: torch.Tensor, backend: str, tile: int) 
         ("module, default policy", lambda: default(x)),
         ("module, sparse hot/cold", lambda: hot(x)),
         ("module, sparse plain", lambda: plain(x)),
-        *([("module, decode kernels", lambda: decode(x))] if x.shape[0] <= ops.DECODE_MAX_TOKENS else []),
+        *([("module, decode kernels", lambda: decode(x)),
+           ("op twell::decode_gated_ffn_unchecked", lambda: torch.ops.twell.decode_gated_ffn_unchecked(
+               x, wg, wu, wd.t(), "match", backend)),
+           ("launch_decode_ffn (Python)", lambda: launch_decode_ffn(x, wg, wu, wd.t()))]
+          if x.shape[0] <= ops.DECODE_MAX_TOKENS else []),
         ("op twell::hot_cold_gated_ffn", lambda: torch.ops.twell.hot_cold_gated_ffn(*hc_args)),
         ("ops.hot_cold_gated_ffn (Python)",
          lambda: ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, tile=tile, backend=backend, return_counts=True)),

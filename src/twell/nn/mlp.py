@@ -410,7 +410,7 @@ class SparseGatedMLP(nn.Module):
         """The inference FFN as torch.compile traces it: the path chosen from the current l0 estimate (a
         constant of the graph, guarded) with no call counting, l0 refresh or cached weight layouts --
         state that changes every call made the eager path recompile on every call, up to dynamo's cache
-        limit, after which it ran uncompiled (8 recompilations in 12 calls, CPU).  ``last_l0`` is not
+        limit, after which it ran uncompiled (tests/test_nn_compile.py now pins one graph).  ``last_l0`` is not
         updated: run eager calls to refresh the estimate.  Sparse calls go through the custom ops
         (captured whole): the small-batch kernels with Wd read in place, or the TwELL op with a Wd^T
         copy per call; the hot/cold split (its plan is cached state) is not used here."""
@@ -608,9 +608,10 @@ class SparseGatedMLP(nn.Module):
             w_down_t = self.w_down_unit_major()
         if decode:
             if prep.backend == "triton" and not torch.compiler.is_compiling():
-                # Eager decode steps call the launchers directly: the custom op's dispatch alone cost 14 us
-                # a call on the CPU (scripts/module_overhead.py), most of a decode call's host time; under
-                # torch.compile the custom op is what gets captured.
+                # Eager decode steps call the launchers directly: through the custom op a call took 25.5 us
+                # on the CPU against 11.7 for the launchers it wraps (launches stubbed; M=1,
+                # bench_results/cpu/module_overhead_session3.log); under torch.compile the custom op is
+                # what gets captured.
                 out, counts = launch_decode_ffn(x, w_gate, w_up, w_down_t, match=self.precision == "match")
             else:
                 out, counts = torch.ops.twell.decode_gated_ffn_unchecked(x, w_gate, w_up, w_down_t, self.precision,

@@ -110,7 +110,8 @@ def _decode_down_kernel(
 @functools.lru_cache(maxsize=1024)
 def _meta(m: int, d: int, f: int) -> tuple[int, int, int, int, int, int]:
     """``(BM, BK, unit blocks, BD, BU, down-kernel programs)`` of a shape: cached, since at decode sizes
-    the launchers' Python is most of a call (2.3 us of block arithmetic per call on the CPU)."""
+    the launchers' Python is most of a call's host time (launch_decode_ffn: 11.7 us a call on the CPU with
+    the launches stubbed, bench_results/cpu/module_overhead_session3.log)."""
     bm = max(16, next_pow2(m))  # tl.dot needs 16 rows at least
     bd = min(_DOWN_BD, max(16, next_pow2(d)))
     return (bm, min(_HIDDEN_BK, max(16, next_pow2(d))), triton.cdiv(f, _HIDDEN_BU), bd,

@@ -34,7 +34,8 @@ Choices, with the numbers behind them:
   d=2048, F=5632, since the weights change every step), so that the hot columns of g are contiguous and
   the cold pack scans only the cold ones with a column -> unit map.  Extracting the hot columns from g
   in unit order inside one pack (slot lookup and scattered stores per element) took 0.61-0.89 ms at
-  M=16384, 0.5 % on an H200 (3.4-5.3 ms at M=65536, 2 %), 20-30x the time to read g.  u_hot stays a
+  M=16384, 0.5 % on an H200 over the tile shapes tried (3.1-6.7 ms at M=65536, 2 %;
+  train_hot_cold_profile_pack2d.log), 15-22x the ~0.04 ms that reading g takes at 4.8 TB/s.  u_hot stays a
   second, narrow GEMM with an fp32 output (the oracle keeps u in fp32) rather than extra columns of
   the gate GEMM as in inference.
 * Cold overflow without a dense fallback tail: a token with more than W cold pairs continues in
