@@ -21,7 +21,7 @@ count and the layer's density l0 / F.  The decision must not cost a device-to-ho
 call (that would stall the CPU's kernel queue every layer of every decode step), so it reads a host
 float ``_l0_estimate`` that is refreshed from the device-side ``last_l0`` only once every
 ``l0_refresh_every`` inference calls.  The sparse path gets ``last_l0`` for free from the TwELL counts
-(a device-side reduction, every call); the dense path measures it (a ``count_nonzero`` of the gate
+(a device-side reduction, every call); the dense path measures it (``mean_active_per_token`` of the gate
 activation) only on those refresh calls.  Before the first estimate the density is taken as 1, the
 worst case, which means dense under any table that is not "always sparse", and the call measures it.
 The policy's answer is cached per token count until the policy or the estimate changes.
@@ -53,6 +53,7 @@ from .. import ops as _ops  # noqa: F401 - registers torch.ops.twell.*
 from .._validation import FLOAT_DTYPES, check_positive_int, check_same_device, check_same_dtype, check_tensor
 from ..format.twell import DEFAULT_TILE, MAX_TILE, default_capacity
 from ..ops._runtime import BACKENDS, resolve_backend
+from ..ops.active_count import mean_active_per_token
 from ..ops.decode import launch_decode_ffn
 from ..ops.hot_cold_training import HotUnits, choose_training_hot_units, twell_gated_ffn_l1_hot_cold
 from ..ops.inference import PRECISIONS, TRITON_TILES, _check_triton_dtype
@@ -688,9 +689,7 @@ class SparseGatedMLP(nn.Module):
     @staticmethod
     def _measure_dense_l0(a: torch.Tensor) -> torch.Tensor:
         """Mean active units per token of a dense activation ``[..., F]``, on its device (NaN counts as active)."""
-        with torch.no_grad():
-            tokens = a.numel() // max(1, a.shape[-1])
-            return (torch.count_nonzero(a).to(torch.float64) / max(1, tokens)).to(torch.float32)
+        return mean_active_per_token(a)
 
     def _sync_l0_estimate(self) -> None:
         """The only device-to-host synchronisation of the inference path (every ``l0_refresh_every`` calls)."""

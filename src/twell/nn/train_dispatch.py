@@ -12,10 +12,11 @@ So the decision is taken per layer and per call from two things:
   ``l0 / F <= max_density``; below the first row, dense).  The thresholds are measurements of
   ``twell bench train-ffn`` on the target GPU and dtype, nothing else;
 * the layer's **l0** (mean active units per token).  Both paths produce it on the device every call
-  (the sparse op from its row counts, the dense path with a ``count_nonzero`` of the gate activation,
-  ~1 % of a dense step), and the host reads it (one synchronisation) only every ``l0_refresh_every``
-  training calls, at the *start* of a call, from the previous call's value (by then long computed,
-  so the read rarely waits).  Calls in between take no host sync.
+  (the sparse op from its row counts, the dense path with one Triton read of the gate activation,
+  :func:`twell.ops.active_count.mean_active_per_token`: ``count_nonzero`` took 10 % of a dense step),
+  and the host reads it (one synchronisation) only every ``l0_refresh_every`` training calls, at the
+  *start* of a call, from the previous call's value (by then long computed, so the read rarely waits).
+  Calls in between take no host sync.
 
 Gradient checkpointing re-runs the forward inside the backward; that re-run must take the path the
 original forward took or the recomputed tensors would not match.  The re-run is recognised by running
@@ -39,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..ops._runtime import interpreting, triton_available
+from ..ops.active_count import mean_active_per_token
 from ..ops.training import twell_gated_ffn_l1
 from ..reference.inference import _acc_dtype
 from ..reference.training import gated_ffn_l1
@@ -265,6 +267,5 @@ def dense_train_ffn_l1(
     l1 = h.abs().sum(dtype=_acc_dtype(h.dtype)) / max(1, m)
     l0 = None
     if with_l0:
-        with torch.no_grad():
-            l0 = (torch.count_nonzero(a).to(torch.float64) / max(1, m)).to(torch.float32)
+        l0 = mean_active_per_token(a)
     return out, l1, l0
