@@ -12,7 +12,7 @@ import torch
 from test_ops_kernels import make_problem
 
 from twell.ops.decode import DECODE_MAX_TOKENS, decode_gated_ffn
-from twell.ops.decode_kernels import launch_decode_hidden
+from twell.ops.decode_kernels import _DOWN_BC, launch_decode_down, launch_decode_hidden
 from twell.reference import inference as ref
 from twell.tolerances import REL_TOL, rel_error
 
@@ -25,6 +25,7 @@ CASES = [
     (16, 32, 96, 0.0),  # nothing fires: zero output, no Wu or Wd row read
     (33, 64, 160, 0.5),  # BM = 64, half the units fire
     (64, 32, 64, 1.0),  # the largest M, every unit fires
+    (1, 32, 1000, 0.02),  # F not a multiple of the down kernel's chunks (BC, BU)
 ]
 
 
@@ -54,6 +55,51 @@ def test_unit_flags_and_hidden_tile_are_exact(device):
     assert torch.equal((h != 0).cpu(), (want != 0).cpu())
     assert rel_error(h, want) <= REL_TOL[torch.float32]
     assert torch.equal(counts.sum(1).cpu(), (g > 0).sum(1).to(torch.int32).cpu())  # per-token l0
+
+
+DOWN_CASES = [
+    # m, d, f, fraction of units that fire
+    (1, 32, 96, 0.05),  # one token, a few units: one K step
+    (64, 48, 1000, 0.3),  # the largest M; F < BC, not a power of two; d not a multiple of BD
+    (3, 40, 2 * _DOWN_BC + 452, 0.02),  # several compaction chunks, the last one partial
+    (8, 32, 1000, 1.0),  # every unit fires (the dense case): 32 K steps
+    (16, 32, 96, 0.0),  # no unit fires: no K step at all
+]
+
+
+def _down_problem(m, d, f, frac, dtype, h_dtype, layout, device):  # noqa: ANN001, ANN202
+    """h, flags and Wd^T where the h columns and Wd^T rows of non-firing units are NaN: any read of
+    them would reach the output.  ``layout``: a contiguous unit-major Wd^T, or the ``.t()`` view of an
+    nn.Linear weight [d, F]."""
+    gen = torch.Generator().manual_seed(m * 1000 + f)
+    fires = torch.rand(f, generator=gen) < frac
+    h = torch.randn(m, f, generator=gen).to(h_dtype)
+    wdt = torch.randn(f, d, generator=gen).to(dtype)
+    h[:, ~fires] = float("nan")
+    wdt[~fires] = float("nan")
+    want = h.double()[:, fires] @ wdt.double()[fires]
+    if layout == "transposed_view":
+        wdt = wdt.t().contiguous().t()
+        assert wdt.stride() == (1, f)
+    return h.to(device), fires.to(torch.int8).to(device), wdt.to(device), want, int(fires.sum())
+
+
+@pytest.mark.parametrize("case", DOWN_CASES, ids=[f"m{c[0]}-d{c[1]}-f{c[2]}-p{c[3]}" for c in DOWN_CASES])
+@pytest.mark.parametrize("layout", ["unit_major", "transposed_view"])
+@pytest.mark.parametrize(("dtype", "h_dtype"), [(torch.float32, torch.float32), (torch.float16, torch.float16),
+                                                (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)],
+                         ids=["fp32", "fp16", "bf16", "bf16-h_fp32"])
+def test_down_kernel_reads_only_firing_units_and_is_reproducible(case, layout, dtype, h_dtype, device):
+    m, d, f, frac = case
+    h, fires, wdt, want, n_fire = _down_problem(m, d, f, frac, dtype, h_dtype, layout, device)
+    assert (n_fire == f) == (frac == 1.0) and (n_fire == 0) == (frac == 0.0)
+    out = launch_decode_down(h, fires, wdt, dtype)
+    assert out.dtype == dtype and out.shape == (m, d)
+    if n_fire == 0:
+        assert torch.equal(out.cpu(), torch.zeros((m, d), dtype=dtype))  # exact zeros, no NaN read
+    else:
+        assert rel_error(out, want) <= REL_TOL[dtype]
+    assert torch.equal(launch_decode_down(h, fires, wdt, dtype), out)  # bitwise, run to run
 
 
 def test_nan_propagates_like_the_dense_ffn(device):

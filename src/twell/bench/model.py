@@ -102,8 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--train-batch", type=int, default=8, help="sequences per training step")
     g.add_argument("--train-impl", choices=["hot-cold", "auto", "triton", "sparse-reference"], default=None,
                    help="train_impl of the sparse variant (default: hot-cold on CUDA, else sparse-reference)")
-    g.add_argument("--train-lr", type=float, default=1e-6,
-                   help="small so that the bf16 weights (and the sparsity) do not drift over the timed steps")
+    g.add_argument("--train-lr", type=float, default=0.0,
+                   help="AdamW learning rate of the timed steps; 0 (default) runs the same optimizer kernels "
+                        "but keeps the calibrated sparsity, which any update destroys (see model_train)")
     g.add_argument("--train-check-seqs", type=int, default=1,
                    help="sequences of the float32 gradient check (0: skip)")
     g.add_argument("--train-warmup", type=int, default=2)

@@ -12,8 +12,17 @@ per-layer L1 penalty (mean over tokens of ``sum_j |h_j|``), on the same weights 
   (``triton``: the sparse Triton training kernels).
 
 Parameters, gradients and AdamW states are bf16 (no float32 master copy); the learning rate defaults to
-1e-6 so that the bf16 weights, and with them the calibrated sparsity, do not drift over the timed steps
-(AdamW does the same work at any learning rate).  Before timing, one forward + backward of each variant
+0: AdamW then runs the same kernels (its update is scaled by the rate) and the weights stay put.  The
+calibrated sparsity of the untrained model (:mod:`.model_sparsity`) puts every unit's threshold
+half-way between two tokens' gate inputs, so any weight update tips tokens over: at lr=1e-6 the
+per-layer l0 in layers 14-27 had risen from 14-35 (check step) to 74-1090 (last step) within 7 steps
+(H200, 1.5B preset, bench_results/h200/model/model_1.5b_session4_lr1e-6.json), and the forced hot/cold
+op then spilled up to 4,067 of the 16,384 tokens per layer to its exact fallback (0.29x of dense).  A
+model trained with L1 keeps its sparsity under training; this calibrated one does not.  At lr=0 the
+last step's l0 stayed at 15-46 with no token spilled, and the step ran 1.29x of dense
+(bench_results/h200/model/model_1.5b_train_session4.json).
+
+Before timing, one forward + backward of each variant
 and of a float32 copy of the model (dense FFN, same loss) runs on the first ``--train-check-seqs``
 sequences; the loss and the gradients of a few weights are compared with the float32 ones, and a sparse
 variant is ``ok`` when each gradient error is within 1.5x the dense bf16 error or the bf16 bar.  The dense variant runs
@@ -45,7 +54,7 @@ class TrainConfig:
     batch: int = 8
     check_seqs: int = 1
     impl: str = "hot-cold"
-    lr: float = 1e-6
+    lr: float = 0.0  # see the module docs: the calibrated sparsity does not survive updates
     weight_decay: float = 0.1
     l1_coef: float = 2e-5
     warmup: int = 2

@@ -10,8 +10,21 @@ H200, bench_results/h200/ffn_small_m_dispatch.log).  Here:
   units that fire for at least one of the M tokens u = x Wu[j]^T, from masked loads that fetch no other
   Wu row; h = round(a round(u)) is written as a dense [M, F] tile (zeros where inactive), plus one
   "fires for some token" flag per unit.
-* :func:`launch_decode_down` (one program per BD output columns): out = round(h Wd^T), the K loop over
-  all units with Wd^T rows loaded under the unit flags, so that only the rows of firing units are read.
+* :func:`launch_decode_down` (one program per BD output columns): out = round(h Wd^T) over the firing
+  units only.  Each program first compacts the indices of the units whose flag is set into its own
+  int32 scratch row (chunks of BC flags: exclusive prefix sum of the flags gives each firing unit its
+  slot, in ascending unit order), then gathers h[:, idx] and Wd^T[idx, cols] for BU compacted units at
+  a time and dots them.  The previous design looped over all F units in steps of 64, each step a
+  dependent "load the flags -> masked loads of h and Wd^T -> dot" chain (~0.6 us on an H200): 88 steps at
+  F=5632 and 224 at F=14336, 50-130 us although only ~20-30 units fire at M=1 (H200 bf16 at 0.5 %
+  density: 0.065 ms against 0.044 ms dense at d=2048, F=5632; 0.163 ms against 0.112 ms at d=4096,
+  F=14336).  Now the K loop runs cdiv(active units, BU) steps: one at M=1.
+  Prediction (before measuring): the down kernel at M=1 takes a few microseconds (two dependent passes
+  instead of F/64).  Measured (H200 bf16, 0.5 % density, CUDA-graph GPU time, scripts/decode_probe.py):
+  M=1: 6.5 us at d=2048, F=5632 (was 49 us) and 15 us at d=4096, F=14336 (was 117 us); the whole op
+  0.024 ms against 0.031 ms dense and 0.068 against 0.102 ms.  M=8: 19 us (was 108) and 55 us (was
+  276), but the op (0.038 and 0.129 ms) is still slower than dense there; at M=64 (1500-3800 units in
+  the union) the down kernel takes 0.09-0.24 ms, the op 3x dense.
 
 Rounding as the dense bf16 FFN (``precision="match"``): g, u and h rounded to the input dtype, fp32
 accumulation; ``precision="fp32"`` keeps u and h in fp32 (h is then an fp32 tensor).  Every sum runs
@@ -37,8 +50,17 @@ DECODE_MAX_TOKENS = 64
 #: 1 - (1 - 28/5632)^16 = 7.7 %, and only those blocks run the up projection loop, loading only the
 #: active units' Wu rows.
 _HIDDEN_BU, _HIDDEN_BK = 16, 128
-#: Output columns per program of the down kernel (64 programs at d=2048) and units per K step.
-_DOWN_BD, _DOWN_BU = 32, 64
+#: Down kernel, by token count (``(BD, BU, warps, K-loop stages)`` for BM = 16, i.e. M <= 16, and for
+#: larger M): BD output columns per program, BU compacted units per K step; BC unit flags per compaction
+#: chunk.  Chosen on an H200 (bf16, synthetic problem at 0.5 % density, per-kernel CUDA-graph times;
+#: the old kernel's time in brackets): at M <= 16, BD = 16 (the smallest tl.dot operand: 128 programs at
+#: d=2048, 256 at d=4096 for the 132 SMs) and BU = 64 with a 3-stage pipelined K loop (M=8: 17 us at
+#: d=2048 [28 us], 55 us at d=4096 [92 us]; BU = 32 unpipelined: 22 and 75 us).  At M > 16 every program
+#: gathers all of h[:, active] again, one 32-byte sector per element, so fewer programs win: BD = 32 (M=64
+#: at d=4096, 4400 active units: 276 us against 424 us with BD = 16).  BC = 4096: the compaction pass
+#: is F/BC dependent steps (2 at F=5632, 4 at F=14336) over flags the hidden kernel just wrote (in L2);
+#: BC = 1024 cost 3 us more at d=2048 and 10 us more at d=4096 (M=1); BC = 8192 (8 warps) was slower at d=4096.
+_DOWN_SMALL_M, _DOWN_LARGE_M, _DOWN_BC = (16, 64, 8, 3), (32, 32, 8, 1), 4096
 
 
 @triton.jit
@@ -85,37 +107,54 @@ def _decode_hidden_kernel(
 
 @triton.jit
 def _decode_down_kernel(
-    h_ptr, act_ptr, wdt_ptr, out_ptr, M, D, F, stride_hm, stride_wf, stride_wd, stride_om,
-    BM: tl.constexpr, BD: tl.constexpr, BU: tl.constexpr, DOT_FP32: tl.constexpr,
+    h_ptr, act_ptr, wdt_ptr, out_ptr, idx_ptr, M, D, F, stride_hm, stride_wf, stride_wd, stride_om,
+    BM: tl.constexpr, BD: tl.constexpr, BU: tl.constexpr, BC: tl.constexpr, DOT_FP32: tl.constexpr,
+    K_STAGES: tl.constexpr,
 ):
-    cols = tl.program_id(0) * BD + tl.arange(0, BD)
+    pid = tl.program_id(0)
+    cols = pid * BD + tl.arange(0, BD)
     c_ok = cols < D
     rows = tl.arange(0, BM)
     r_ok = rows < M
+    # 1. Compaction: the firing units' indices, ascending, into this program's scratch row idx[pid, :].
+    idx_row = idx_ptr + pid.to(tl.int64) * F
+    n_active = tl.zeros((), dtype=tl.int32)
+    for f0 in range(0, F, BC):
+        units = f0 + tl.arange(0, BC)
+        v = (tl.load(act_ptr + units, mask=units < F, other=0) != 0).to(tl.int32)
+        slot = n_active + tl.cumsum(v, axis=0) - v  # exclusive prefix sum: the unit's place in the list
+        tl.store(idx_row + slot, units, mask=v != 0)
+        n_active += tl.sum(v, axis=0)
+    tl.debug_barrier()  # the CTA's stores above are visible to all its threads below
+    # 2. K loop over the compacted units, BU at a time, in ascending unit order (fixed: reproducible).
     acc = tl.zeros((BM, BD), dtype=tl.float32)
-    for f0 in range(0, F, BU):
-        units = f0 + tl.arange(0, BU)
-        fires = tl.load(act_ptr + units, mask=units < F, other=0) != 0
-        ht = tl.load(h_ptr + rows[:, None] * stride_hm + units[None, :], mask=r_ok[:, None] & fires[None, :],
+    for i0 in tl.range(0, n_active, BU, num_stages=K_STAGES):
+        i = i0 + tl.arange(0, BU)
+        i_ok = i < n_active
+        units = tl.load(idx_row + i, mask=i_ok, other=0)
+        ht = tl.load(h_ptr + rows[:, None] * stride_hm + units[None, :], mask=r_ok[:, None] & i_ok[None, :],
                      other=0.0)
         # Wd^T [F, d] through its two strides: unit-major rows (SparseGatedMLP's cached copy) or the
-        # nn.Linear weight [d, F] itself, transposed as a view (no copy; coalesced along units then).
+        # nn.Linear weight [d, F] itself, transposed as a view (no copy).
         wt = tl.load(wdt_ptr + units.to(tl.int64)[:, None] * stride_wf + cols.to(tl.int64)[None, :] * stride_wd,
-                     mask=fires[:, None] & c_ok[None, :], other=0.0)
+                     mask=i_ok[:, None] & c_ok[None, :], other=0.0)
         acc = dot_acc(ht, wt, acc, DOT_FP32)
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], round_to(acc, out_ptr.dtype.element_ty),
              mask=r_ok[:, None] & c_ok[None, :])
 
 
 @functools.lru_cache(maxsize=1024)
-def _meta(m: int, d: int, f: int) -> tuple[int, int, int, int, int, int]:
-    """``(BM, BK, unit blocks, BD, BU, down-kernel programs)`` of a shape: cached, since at decode sizes
-    the launchers' Python is most of a call's host time (launch_decode_ffn: 11.7 us a call on the CPU with
-    the launches stubbed, bench_results/cpu/module_overhead_session3.log)."""
+def _meta(m: int, d: int, f: int) -> tuple[int, ...]:
+    """``(BM, BK, unit blocks, BD, BU, BC, down-kernel programs, down-kernel warps, K-loop stages)`` of a
+    shape: cached, since at decode sizes the launchers' Python is most of a call's host time
+    (launch_decode_ffn: 11.7 us a call on the CPU with the launches stubbed,
+    bench_results/cpu/module_overhead_session3.log)."""
     bm = max(16, next_pow2(m))  # tl.dot needs 16 rows at least
-    bd = min(_DOWN_BD, max(16, next_pow2(d)))
-    return (bm, min(_HIDDEN_BK, max(16, next_pow2(d))), triton.cdiv(f, _HIDDEN_BU), bd,
-            min(_DOWN_BU, max(16, next_pow2(f))), triton.cdiv(d, bd))
+    bd, bu, warps, stages = _DOWN_SMALL_M if bm <= 16 else _DOWN_LARGE_M
+    bd = min(bd, max(16, next_pow2(d)))
+    bu = min(bu, max(16, next_pow2(f)))
+    return (bm, min(_HIDDEN_BK, max(16, next_pow2(d))), triton.cdiv(f, _HIDDEN_BU), bd, bu,
+            min(_DOWN_BC, max(16, next_pow2(f))), triton.cdiv(d, bd), warps, stages)
 
 
 def decode_blocks(n_units: int) -> int:
@@ -146,14 +185,16 @@ def launch_decode_hidden(
 def launch_decode_down(h: torch.Tensor, fires: torch.Tensor, w_down_t: torch.Tensor, out_dtype: torch.dtype
                        ) -> torch.Tensor:
     """``round(h Wd^T)`` [M, d] in ``out_dtype`` from h [M, F], the unit flags and Wd^T [F, d] (any
-    strides: a contiguous unit-major copy, or ``w_down.t()`` of an nn.Linear weight); the Wd^T rows of
-    units whose flag is 0 are not read."""
+    strides: a contiguous unit-major copy, or ``w_down.t()`` of an nn.Linear weight); neither the Wd^T rows
+    nor the h columns of units whose flag is 0 are read.  Sums in ascending unit order: reproducible."""
     m, f = h.shape
     d = w_down_t.shape[1]
-    bm, _, _, bd, bu, grid = _meta(m, d, f)
+    bm, _, _, bd, bu, bc, grid, warps, stages = _meta(m, d, f)
     out = torch.empty((m, d), dtype=out_dtype, device=h.device)
+    scratch = torch.empty((grid, f), dtype=torch.int32, device=h.device)  # per-program list of firing units
     _decode_down_kernel[(grid,)](
-        h, fires, w_down_t, out, m, d, f, h.stride(0), w_down_t.stride(0), w_down_t.stride(1), out.stride(0),
-        BM=bm, BD=bd, BU=bu, DOT_FP32=h.dtype == torch.float32 or interpreting(), num_warps=4,
+        h, fires, w_down_t, out, scratch, m, d, f, h.stride(0), w_down_t.stride(0), w_down_t.stride(1),
+        out.stride(0), BM=bm, BD=bd, BU=bu, BC=bc, DOT_FP32=h.dtype == torch.float32 or interpreting(),
+        K_STAGES=stages, num_warps=warps,
     )
     return out

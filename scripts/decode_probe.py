@@ -1,0 +1,128 @@
+"""GPU time of the small-batch (decode) FFN kernels against the dense F.linear chain, without host overhead.
+
+Per point (d, F, M tokens, density %) on the synthetic problem of ``twell bench ffn``: each callable is
+captured in a CUDA graph (after a warm-up on a side stream) and the graph replayed between CUDA events,
+so the times are GPU time only.  The graph cycles over copies of the weights (at least ~200 MB in all,
+4x the H200's L2) so that each call reads its weights from DRAM as a decode step does (the other layers
+evict them).  Columns: dense chain, hidden kernel alone, down kernel alone (Wd^T as the ``.t()`` view that
+decode_gated_ffn passes, and as a contiguous unit-major copy), the whole op, the dense/op ratio; then eager
+times (twell.bench.timing.time_ms, host overhead included) of the dense chain and the op and their ratio;
+the union of firing units; the op's error against an fp32 reference (Frobenius relative, and max |err| /
+max |ref|).  Usage:
+
+    PYTHONPATH=src python3 scripts/decode_probe.py                      # GPU machine
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/decode_probe.py --device cpu --tiny   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import torch.nn.functional as F
+
+from twell.bench.timing import time_ms
+from twell.ops.decode import decode_gated_ffn
+from twell.ops.decode_kernels import launch_decode_down, launch_decode_hidden
+from twell.reference import inference as ref
+from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+from twell.tolerances import rel_error
+
+FLUSH_BYTES = 200 * 2**20  # weights cycled per graph: ~4x an H200's 50 MB L2
+
+
+def dense(x, wg, wu, wd):  # noqa: ANN001, ANN201 - a script
+    return F.linear(torch.relu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+
+def graph_ms(fns, reps: int) -> float:  # noqa: ANN001 - a script
+    """GPU ms per call of the callables ``fns`` (run in turn), captured once in a CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            for fn in fns:
+                fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for fn in fns:
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / (reps * len(fns))
+
+
+def eager_ms(fns, device: torch.device, rep_ms: float) -> float:  # noqa: ANN001 - a script
+    return time_ms(lambda: [fn() for fn in fns], device=device, rep_ms=rep_ms) / len(fns)
+
+
+def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
+    device = torch.device(args.device)
+    gen = torch.Generator(device=device).manual_seed(1000 * m + f)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=dens / 100 * f), generator=gen, device=device)
+    x = p["x"]
+    w = (p["w_gate"], p["w_up"], p["w_down"])
+    n_sets = max(1, min(16, math.ceil(FLUSH_BYTES / sum(t.numel() * t.element_size() for t in w))))
+    if device.type != "cuda":
+        n_sets = 1
+    sets = [w] + [tuple(t.clone() for t in w) for _ in range(n_sets - 1)]
+    # per set: (wg, wu, wd, Wd^T unit-major copy, h, fires) with h and fires from the hidden kernel
+    sets = [(*s, s[2].t().contiguous(), *launch_decode_hidden(x, s[0], s[1], match=True)[:2]) for s in sets]
+    fns = {
+        "dense": [lambda s=s: dense(x, *s[:3]) for s in sets],
+        "hidden": [lambda s=s: launch_decode_hidden(x, s[0], s[1], match=True) for s in sets],
+        "down": [lambda s=s: launch_decode_down(s[4], s[5], s[2].t(), x.dtype) for s in sets],
+        "down_um": [lambda s=s: launch_decode_down(s[4], s[5], s[3], x.dtype) for s in sets],
+        "op": [lambda s=s: decode_gated_ffn(x, *s[:3], backend="triton") for s in sets],
+    }
+    if device.type == "cuda":
+        ms = {k: graph_ms(v * max(1, 16 // n_sets), args.reps) for k, v in fns.items()}
+    else:
+        ms = {k: eager_ms(v, device, args.rep_ms) for k, v in fns.items()}
+    eager = {k: eager_ms(fns[k], device, args.rep_ms) for k in ("dense", "op")}
+
+    out = decode_gated_ffn(x, *w, backend="triton")
+    want = ref.dense_gated_ffn(x.float(), *(t.float() for t in w))
+    rel = rel_error(out, want)
+    maxrel = float((out.float() - want).abs().max() / want.abs().max().clamp_min(1e-30))
+    union = int((sets[0][5] != 0).sum())
+    again = torch.equal(decode_gated_ffn(x, *w, backend="triton"), out)
+    timing = "graph" if device.type == "cuda" else "eager"
+    return (f"d={d:5d} F={f:6d} M={m:3d} dens={dens:4.1f}% | {timing} ms: dense {ms['dense']:.4f} "
+            f"hidden {ms['hidden']:.4f} down {ms['down']:.4f} down_um {ms['down_um']:.4f} op {ms['op']:.4f} "
+            f"dense/op {ms['dense'] / ms['op']:.2f} | eager ms: dense {eager['dense']:.4f} op {eager['op']:.4f} "
+            f"dense/op {eager['dense'] / eager['op']:.2f} | union {union} | rel {rel:.2e} maxrel {maxrel:.2e} "
+            f"reproducible {again} sets {n_sets}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="small shapes (CPU interpreter smoke test)")
+    ap.add_argument("--reps", type=int, default=50, help="graph replays per point")
+    ap.add_argument("--rep-ms", type=float, default=100.0, help="eager timing budget per callable")
+    args = ap.parse_args()
+    shapes, ms_, dens_ = [(2048, 5632), (4096, 14336)], (1, 8, 64), (0.5, 2.0)
+    if args.tiny:
+        shapes, ms_, dens_, args.rep_ms = [(64, 1100)], (1, 8), (0.5, 2.0), 1.0
+    if torch.cuda.is_available() and args.device == "cuda":
+        print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    for d, f in shapes:
+        for m in ms_:
+            for dens in dens_:
+                try:
+                    print(probe(d, f, m, dens, args), flush=True)
+                except Exception as exc:  # noqa: BLE001 - report every point, keep going
+                    print(f"d={d} F={f} M={m} dens={dens}%: FAILED {type(exc).__name__}: {exc}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
