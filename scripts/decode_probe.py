@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from twell.bench.timing import time_ms
+from twell.ops import decode_kernels
 from twell.ops.decode import decode_gated_ffn
 from twell.ops.decode_kernels import launch_decode_down, launch_decode_hidden
 from twell.reference import inference as ref
@@ -103,12 +104,48 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
             f"reproducible {again} sets {n_sets}")
 
 
+#: ``--hidden-variants``: hidden-kernel K-loop configurations (BK, stages, warps) timed per token-count class.
+HIDDEN_VARIANTS = {"small": [(128, 3, 4), (256, 3, 4), (256, 4, 4), (512, 3, 4), (256, 4, 8), (128, 6, 4)],
+                   "large": [(128, 3, 4), (64, 4, 4), (128, 4, 8), (256, 3, 8)]}
+
+
+def hidden_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
+    """Graph-timed hidden kernel per K-loop configuration at 0.5 % density, and the whole op's error with it."""
+    device = torch.device(args.device)
+    gen = torch.Generator(device=device).manual_seed(7 * m + f)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=0.005 * f), generator=gen, device=device)
+    x, w = p["x"], (p["w_gate"], p["w_up"], p["w_down"])
+    n_sets = max(1, min(16, math.ceil(FLUSH_BYTES / sum(t.numel() * t.element_size() for t in w))))
+    sets = [w] + [tuple(t.clone() for t in w) for _ in range(n_sets - 1)] if device.type == "cuda" else [w]
+    want = ref.dense_gated_ffn(x.float(), *(t.float() for t in w))
+    kind = "small" if m <= 16 else "large"
+    attr = "_HIDDEN_SMALL_M" if kind == "small" else "_HIDDEN_LARGE_M"
+    default = getattr(decode_kernels, attr)
+    parts = []
+    try:
+        for cfg in HIDDEN_VARIANTS[kind]:
+            setattr(decode_kernels, attr, cfg)
+            decode_kernels._meta.cache_clear()
+            fns = [lambda s=s: launch_decode_hidden(x, s[0], s[1], match=True) for s in sets]
+            ms = graph_ms(fns * max(1, 16 // len(sets)), args.reps) if device.type == "cuda" else eager_ms(
+                fns, device, args.rep_ms)
+            rel = rel_error(decode_gated_ffn(x, *w, backend="triton"), want)
+            parts.append(f"{cfg}: {ms:.4f} ms rel {rel:.1e}")
+    finally:
+        setattr(decode_kernels, attr, default)
+        decode_kernels._meta.cache_clear()
+    wg_mb = f * d * x.element_size() / 2**20
+    return f"hidden d={d} F={f} M={m} (Wg {wg_mb:.0f} MiB) default {default} | " + " | ".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="small shapes (CPU interpreter smoke test)")
     ap.add_argument("--reps", type=int, default=50, help="graph replays per point")
     ap.add_argument("--rep-ms", type=float, default=100.0, help="eager timing budget per callable")
+    ap.add_argument("--hidden-variants", action="store_true",
+                    help="also time the hidden kernel's K-loop configurations (HIDDEN_VARIANTS)")
     args = ap.parse_args()
     shapes, ms_, dens_ = [(2048, 5632), (4096, 14336)], (1, 8, 64), (0.5, 2.0)
     if args.tiny:
@@ -122,6 +159,13 @@ def main() -> None:
                     print(probe(d, f, m, dens, args), flush=True)
                 except Exception as exc:  # noqa: BLE001 - report every point, keep going
                     print(f"d={d} F={f} M={m} dens={dens}%: FAILED {type(exc).__name__}: {exc}", flush=True)
+    if args.hidden_variants:
+        for d, f in shapes:
+            for m in ms_:
+                try:
+                    print(hidden_variants(d, f, m, args), flush=True)
+                except Exception as exc:  # noqa: BLE001 - report every point, keep going
+                    print(f"hidden d={d} F={f} M={m}: FAILED {type(exc).__name__}: {exc}", flush=True)
 
 
 if __name__ == "__main__":

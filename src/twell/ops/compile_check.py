@@ -127,20 +127,21 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
                 "stride_xm": "i32", "stride_gm": "i32"}
     ptx = _compile(_unit_grads_kernel, unit_sig, rows, target, num_warps=4)
     results["train_unit_grads"] = {"local_memory": ".local" in ptx}
-    from .decode_kernels import _HIDDEN_BK, _HIDDEN_BU, _decode_down_kernel, _decode_hidden_kernel, _meta
+    from .decode_kernels import _HIDDEN_BU, _decode_down_kernel, _decode_hidden_kernel, _meta
 
     for bm in (16, 64):  # one token and the largest decode batch
+        # the launchers' configuration for this BM
+        _, bk, _, bd, bu, bc, _, warps, stages, hidden_stages, hidden_warps = _meta(bm, 2048, 5632)
         ptx = _compile(_decode_hidden_kernel, {"x_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "h_ptr": "*bf16",
                                                "act_ptr": "*i8", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32",
                                                "stride_xm": "i32", "stride_wg": "i32", "stride_wu": "i32",
                                                "stride_hm": "i32", "n_blocks": "i32"},
-                       {"BM": bm, "BU": _HIDDEN_BU, "BK": _HIDDEN_BK, "DOT_FP32": False, "MATCH": True}, target,
-                       num_warps=4)
+                       {"BM": bm, "BU": _HIDDEN_BU, "BK": bk, "DOT_FP32": False, "MATCH": True,
+                        "K_STAGES": hidden_stages}, target, num_warps=hidden_warps)
         results[f"decode_hidden_bm{bm}"] = {"local_memory": ".local" in ptx}
         down_sig = {"h_ptr": "*bf16", "act_ptr": "*i8", "wdt_ptr": "*bf16", "out_ptr": "*bf16", "idx_ptr": "*i32",
                     "M": "i32", "D": "i32", "F": "i32", "stride_hm": "i32", "stride_wf": "i32", "stride_wd": "i32",
                     "stride_om": "i32"}
-        _, _, _, bd, bu, bc, _, warps, stages = _meta(bm, 2048, 5632)  # the launcher's config for this BM
         ptx = _compile(_decode_down_kernel, down_sig, {"BM": bm, "BD": bd, "BU": bu, "BC": bc, "DOT_FP32": False,
                                                        "K_STAGES": stages}, target, num_warps=warps)
         results[f"decode_down_bm{bm}"] = {"local_memory": ".local" in ptx}

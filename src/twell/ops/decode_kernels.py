@@ -49,7 +49,17 @@ DECODE_MAX_TOKENS = 64
 #: and 0.5 % density (~28 active units) a block holds an active unit with probability
 #: 1 - (1 - 28/5632)^16 = 7.7 %, and only those blocks run the up projection loop, loading only the
 #: active units' Wu rows.
-_HIDDEN_BU, _HIDDEN_BK = 16, 128
+_HIDDEN_BU = 16
+#: Hidden kernel K loop, by token count: ``(BK, pipeline stages, warps)`` for BM = 16 (M <= 16) and for
+#: larger M.  With BK = 128 and Triton's default 3 stages it read Wg at 1.2-2.2 TB/s at M=1 (19.3 us for
+#: 23 MB at d=2048, F=5632; 55.9 us for 117 MB at d=4096, F=14336; H200, CUDA-graph times,
+#: bench_results/h200/decode_probe_hidden_variants.log).  The prediction that more bytes in flight per SM
+#: (BK = 256, 4 stages) would halve that missed: at M=1 every configuration tried (BK 128-512, 3-6
+#: stages, 4 warps) landed within 8 % (18.4-19.3 us and 51.8-56.6 us), 8 warps cost 50 %, so
+#: the kernel is not short of loads in flight; what bounds it is not yet known (an ncu profile is next).
+#: BK = 512 with 3 stages: 18.8 / 51.8 us at M=1, 19.0 / 74.7 us at M=8 (BK = 128: 19.5 / 73.0 us).
+#: At M > 16 the old configuration stayed the fastest of four (21.7 us at d=2048, M=64).
+_HIDDEN_SMALL_M, _HIDDEN_LARGE_M = (512, 3, 4), (128, 3, 4)
 #: Down kernel, by token count (``(BD, BU, warps, K-loop stages)`` for BM = 16, i.e. M <= 16, and for
 #: larger M): BD output columns per program, BU compacted units per K step; BC unit flags per compaction
 #: chunk.  Chosen on an H200 (bf16, synthetic problem at 0.5 % density, per-kernel CUDA-graph times;
@@ -67,6 +77,7 @@ _DOWN_SMALL_M, _DOWN_LARGE_M, _DOWN_BC = (16, 64, 8, 3), (32, 32, 8, 1), 4096
 def _decode_hidden_kernel(
     x_ptr, wg_ptr, wu_ptr, h_ptr, act_ptr, cnt_ptr, M, D, F, stride_xm, stride_wg, stride_wu, stride_hm, n_blocks,
     BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr, MATCH: tl.constexpr,
+    K_STAGES: tl.constexpr,
 ):
     units = tl.program_id(0) * BU + tl.arange(0, BU)
     u_ok = units < F
@@ -75,7 +86,7 @@ def _decode_hidden_kernel(
     offs_k = tl.arange(0, BK)
     w_rows = units.to(tl.int64)
     acc = tl.zeros((BM, BU), dtype=tl.float32)
-    for k0 in range(0, D, BK):
+    for k0 in tl.range(0, D, BK, num_stages=K_STAGES):
         k = k0 + offs_k
         k_ok = k < D
         xt = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
@@ -145,16 +156,17 @@ def _decode_down_kernel(
 
 @functools.lru_cache(maxsize=1024)
 def _meta(m: int, d: int, f: int) -> tuple[int, ...]:
-    """``(BM, BK, unit blocks, BD, BU, BC, down-kernel programs, down-kernel warps, K-loop stages)`` of a
-    shape: cached, since at decode sizes the launchers' Python is most of a call's host time
-    (launch_decode_ffn: 11.7 us a call on the CPU with the launches stubbed,
-    bench_results/cpu/module_overhead_session3.log)."""
+    """``(BM, BK, unit blocks, BD, BU, BC, down-kernel programs, down-kernel warps, down K-loop stages,
+    hidden K-loop stages, hidden warps)`` of a shape: cached, since at decode sizes the launchers'
+    Python is most of a call's host time (launch_decode_ffn: 11.7 us a call on the CPU with the launches
+    stubbed, bench_results/cpu/module_overhead_session3.log)."""
     bm = max(16, next_pow2(m))  # tl.dot needs 16 rows at least
     bd, bu, warps, stages = _DOWN_SMALL_M if bm <= 16 else _DOWN_LARGE_M
+    bk, hidden_stages, hidden_warps = _HIDDEN_SMALL_M if bm <= 16 else _HIDDEN_LARGE_M
     bd = min(bd, max(16, next_pow2(d)))
     bu = min(bu, max(16, next_pow2(f)))
-    return (bm, min(_HIDDEN_BK, max(16, next_pow2(d))), triton.cdiv(f, _HIDDEN_BU), bd, bu,
-            min(_DOWN_BC, max(16, next_pow2(f))), triton.cdiv(d, bd), warps, stages)
+    return (bm, min(bk, max(16, next_pow2(d))), triton.cdiv(f, _HIDDEN_BU), bd, bu,
+            min(_DOWN_BC, max(16, next_pow2(f))), triton.cdiv(d, bd), warps, stages, hidden_stages, hidden_warps)
 
 
 def decode_blocks(n_units: int) -> int:
@@ -170,14 +182,15 @@ def launch_decode_hidden(
     fp32; ``counts`` the active units per (token, unit block): each row sums to the token's l0."""
     m, d = x.shape
     f = w_gate.shape[0]
-    bm, bk, n_blocks = _meta(m, d, f)[:3]
+    meta = _meta(m, d, f)
+    bm, bk, n_blocks = meta[:3]
     h = torch.empty((m, f), dtype=x.dtype if match else torch.float32, device=x.device)
     fires = torch.empty((f,), dtype=torch.int8, device=x.device)
     counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
     _decode_hidden_kernel[(n_blocks,)](
         x, w_gate, w_up, h, fires, counts, m, d, f, x.stride(0), w_gate.stride(0), w_up.stride(0), h.stride(0),
         n_blocks, BM=bm, BU=_HIDDEN_BU, BK=bk, DOT_FP32=x.dtype == torch.float32 or interpreting(),
-        MATCH=match, num_warps=4,
+        MATCH=match, K_STAGES=meta[9], num_warps=meta[10],
     )
     return h, fires, counts
 
@@ -189,7 +202,7 @@ def launch_decode_down(h: torch.Tensor, fires: torch.Tensor, w_down_t: torch.Ten
     nor the h columns of units whose flag is 0 are read.  Sums in ascending unit order: reproducible."""
     m, f = h.shape
     d = w_down_t.shape[1]
-    bm, _, _, bd, bu, bc, grid, warps, stages = _meta(m, d, f)
+    bm, _, _, bd, bu, bc, grid, warps, stages = _meta(m, d, f)[:9]
     out = torch.empty((m, d), dtype=out_dtype, device=h.device)
     scratch = torch.empty((grid, f), dtype=torch.int32, device=h.device)  # per-program list of firing units
     _decode_down_kernel[(grid,)](
