@@ -71,9 +71,13 @@ class DispatchPolicy:
         force: apply the table on every device type and layer shape (tests, the interpreter, benchmarks).
         decode_max_tokens: calls of 1 to this many tokens (at most :data:`twell.ops.DECODE_MAX_TOKENS`)
             take the small-batch kernels of :mod:`twell.ops.decode` whatever the density (they read Wg
-            whole and Wu, Wd only at firing units: never more bytes than dense, in two launches); 0 (the
-            default until measured on the GPU) leaves such calls to the table.  Subject to
-            ``device_types`` and ``shapes`` like the table.
+            whole and Wu, Wd only at firing units); 0 (the default) leaves such calls to the table.
+            Measured on an H200 (bf16, bench_results/h200/decode_probe_hidden_variants.log): under
+            CUDA graphs (a compiled or graphed decode step) one token per call ran 1.33x of the dense
+            chain at 2048 x 5632 and 0.5 % density, 1.05x at 2 %, 1.45x at 4096 x 14336 (0.5 %); eight
+            tokens ran 0.48-0.83x; called eagerly, where the host's launches dominate, one token ran
+            0.59-0.87x.  So ``decode_max_tokens=1`` pays only in a graphed decode step, and the default
+            stays 0.  Subject to ``device_types`` and ``shapes`` like the table.
         shapes: the layer shapes ``(hidden_size, intermediate_size)`` the table was measured for (by
             default those of the default table), or None for a table that holds for any shape.
             Break-even densities move with the shape (at 4096 x 14336 on an H200 the sparse path lost
