@@ -1,6 +1,7 @@
 """``twell bench ffn``: the inference FFN sweep, dense vs TwELL, over token counts and densities.
 
-Per point it times (median of many reps, same process, same inputs): the dense PyTorch FFN with
+Per point it times (median of many reps, same process, same inputs; the dense chain, the hot/cold
+split and the two modules interleaved in three rounds, see ``time_ms_interleaved``): the dense PyTorch FFN with
 separate linears, the cuBLAS gate GEMM alone (the floor: the sparse FFN cannot beat it), the TwELL
 gate kernel alone, the whole TwELL FFN, the hot/cold split, ``SparseGatedMLP`` with the default
 dispatch and the dense FFN module (``DenseReluGatedMLP``: a module's per-call overhead is part of what
@@ -27,7 +28,7 @@ from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from ..tolerances import REL_TOL, rel_error
 from .environment import environment
 from .results import plot_speedup, write_results
-from .timing import time_ms
+from .timing import time_ms, time_ms_interleaved
 
 DEFAULT_MS = (1, 16, 256, 1024, 4096, 16384, 131072)
 DEFAULT_DENSITIES = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -95,7 +96,6 @@ def run_point(
                      and row.get("decode_rel_err", 0.0) <= REL_TOL[cfg.dtype])
     del ref, dense_out
 
-    row["dense_ms"] = time_ms(lambda: _dense_ffn(x, wg, wu, wd), device=device, rep_ms=cfg.rep_ms)
     row["gate_cublas_ms"] = time_ms(lambda: F.linear(x, wg), device=device, rep_ms=cfg.rep_ms)
     row["gate_twell_ms"] = time_ms(lambda: ops.gate_twell(x, wg, backend=cfg.backend), device=device, rep_ms=cfg.rep_ms)
     if device.type == "cuda":  # the single-kernel gate (epilogue writes TwELL), for the record
@@ -104,21 +104,25 @@ def run_point(
     row["twell_ms"] = time_ms(
         lambda: ops.sparse_gated_ffn(x, wg, wu, wd_t, backend=cfg.backend), device=device, rep_ms=cfg.rep_ms
     )
-    row["hotcold_ms"] = time_ms(lambda: ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, backend=cfg.backend),
-                                device=device, rep_ms=cfg.rep_ms)
-    row["hotcold_speedup"] = row["dense_ms"] / row["hotcold_ms"]
-    # What a user gets: SparseGatedMLP with the default dispatch policy (sparse or dense per call).
+    # What a user gets: SparseGatedMLP with the default dispatch policy (sparse or dense per call), and
+    # the dense FFN as a model holds it (an nn.Module around the same five ops: the baseline of a
+    # module's per-call overhead, which at M <= 256 is comparable to the FFN itself).  These and the
+    # plain dense chain are timed interleaved (time_ms_interleaved), as are the hot/cold op's calls.
     mlp = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend).eval()
+    dense_mlp: DenseReluGatedMLP = mlp.to_dense().eval()
     with torch.no_grad():
         mlp(x)  # first call measures l0 on the dense path and sets the estimate
         row["dispatch_sparse"] = bool(mlp._use_sparse(m, x.device.type))
-        row["dispatch_ms"] = time_ms(lambda: mlp(x), device=device, rep_ms=cfg.rep_ms)
+        timed = time_ms_interleaved({
+            "dense": lambda: _dense_ffn(x, wg, wu, wd),
+            "hotcold": lambda: ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, backend=cfg.backend),
+            "dispatch": lambda: mlp(x),
+            "dense_module": lambda: dense_mlp(x),
+        }, device=device, rep_ms=cfg.rep_ms)
+    for name, ms in timed.items():
+        row[f"{name}_ms"] = ms
+    row["hotcold_speedup"] = row["dense_ms"] / row["hotcold_ms"]
     row["dispatch_speedup"] = row["dense_ms"] / row["dispatch_ms"]
-    # The dense FFN as a model holds it (an nn.Module around the same five ops): the baseline of a
-    # module's per-call overhead, which at M <= 256 is comparable to the FFN itself.
-    dense_mlp: DenseReluGatedMLP = mlp.to_dense().eval()
-    with torch.no_grad():
-        row["dense_module_ms"] = time_ms(lambda: dense_mlp(x), device=device, rep_ms=cfg.rep_ms)
     row["dispatch_vs_dense_module"] = row["dense_module_ms"] / row["dispatch_ms"]
     if decode:
         row["decode_ms"] = time_ms(lambda: ops.decode_gated_ffn(x, wg, wu, wd_t, backend=cfg.backend),

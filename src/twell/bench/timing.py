@@ -25,3 +25,24 @@ def time_ms(fn: Callable[[], object], *, device: torch.device, warmup_ms: float 
         if time.perf_counter() > deadline and len(samples) >= 3:
             break
     return statistics.median(samples)
+
+
+#: Rounds of :func:`time_ms_interleaved`.
+INTERLEAVED_ROUNDS = 3
+
+
+def time_ms_interleaved(
+    fns: dict[str, Callable[[], object]], *, device: torch.device, warmup_ms: float = 25.0, rep_ms: float = 100.0,
+    rounds: int = INTERLEAVED_ROUNDS,
+) -> dict[str, float]:
+    """Median ms per call of each callable, timed in ``rounds`` interleaved rounds (each callable once per
+    round, ``rep_ms / rounds`` each; the median over its rounds), so that a drift of the GPU's clocks or
+    of the host's speed lands on every callable alike.  Timed one after the other, the module paths of
+    ``twell bench ffn`` at M <= 256 and 10 % density read 0.53-0.61x of dense while the plain dense
+    module timed right after them read as slow (bench_results/h200/ffn_small_m_session4.log)."""
+    n = rounds if len(fns) > 1 else 1
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(n):
+        for name, fn in fns.items():
+            samples[name].append(time_ms(fn, device=device, warmup_ms=warmup_ms, rep_ms=rep_ms / n))
+    return {name: statistics.median(s) for name, s in samples.items()}

@@ -59,7 +59,7 @@ from ..tolerances import REL_TOL, REL_TOL_GRAD
 from .environment import environment
 from .ffn import _rows_for
 from .results import plot_speedup, write_results
-from .timing import time_ms
+from .timing import time_ms, time_ms_interleaved
 
 DEFAULT_MS = (4096, 16384, 65536, 131072)
 DEFAULT_DENSITIES = (0.5, 1.0, 2.0, 5.0, 10.0)
@@ -195,15 +195,12 @@ def _time_paths(timed: dict[str, tuple[Step, float]], row: dict, cfg: TrainFfnSw
     :data:`SLOW_CALL_MS` are timed from a few single calls instead (do_bench would run them ~8 times).
     """
     fast = {name: fn for name, (fn, call_ms) in timed.items() if call_ms <= SLOW_CALL_MS}
-    rounds: dict[str, list[float]] = {name: [] for name in fast}
-    for _ in range(TIMING_ROUNDS if len(fast) > 1 else 1):
-        for name, fn in fast.items():
-            rounds[name].append(time_ms(fn, device=device, warmup_ms=cfg.warmup_ms,
-                                        rep_ms=cfg.rep_ms / (TIMING_ROUNDS if len(fast) > 1 else 1)))
-    for name, samples in rounds.items():
-        row[f"{name}_ms"] = statistics.median(samples)
-        how = "do_bench" if device.type == "cuda" else "median"
-        row[f"{name}_timing"] = how if len(samples) == 1 else f"{how}, median of {len(samples)} interleaved rounds"
+    n_rounds = TIMING_ROUNDS if len(fast) > 1 else 1
+    how = "do_bench" if device.type == "cuda" else "median"
+    for name, ms in time_ms_interleaved(fast, device=device, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms,
+                                        rounds=TIMING_ROUNDS).items():
+        row[f"{name}_ms"] = ms
+        row[f"{name}_timing"] = how if n_rounds == 1 else f"{how}, median of {n_rounds} interleaved rounds"
     for name, (fn, call_ms) in timed.items():
         if name in fast:
             continue
