@@ -124,6 +124,30 @@ def test_time_interleaved_keeps_going_after_a_failing_variant() -> None:
     assert t.median_ms("bad") is None
 
 
+def test_compiled_decode_variants_are_timed_one_after_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    from twell.bench import model_decode
+
+    calls: list[str] = []
+    resets: list[int] = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(len(calls)))
+
+    def variant(name: str):  # noqa: ANN202 - a test helper
+        def run() -> str:
+            calls.append(name)
+            if name == "bad":
+                raise RuntimeError("no graph")
+            return name
+        return run
+
+    t = model_decode._time_compiled_variants({n: variant(n) for n in ("dense", "bad", "sparse")}, CPU, reps=2)
+    # each variant: a reset, one untimed warm-up, then its reps, before the next variant starts
+    assert calls == ["dense"] * 3 + ["bad"] + ["sparse"] * 3 and resets == [0, 3, 4]
+    assert len(t.samples["dense"]) == 2 and len(t.samples["sparse"]) == 2 and t.last["sparse"] == "sparse"
+    assert "no graph" in t.errors["bad"] and t.median_ms("bad") is None
+    cfg = model_decode.DecodeConfig(static_cache=True)
+    assert model_decode._compiled_step(cfg, torch.device("cuda")) and not model_decode._compiled_step(cfg, CPU)
+
+
 def test_energy_meter_reports_why_it_is_unavailable() -> None:
     meter = EnergyMeter(CPU)
     assert meter.method is None and "cpu" in meter.reason

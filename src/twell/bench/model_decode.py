@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..nn import SparseGatedMLP
-from .model_measure import describe_error, free_device_memory, time_interleaved
+from .model_measure import Timings, describe_error, free_device_memory, time_interleaved
 from .model_setup import BenchModel, make_tokens
 from .model_sparsity import measure_layers
 
@@ -74,6 +74,30 @@ def _shared_prefix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return same.cumprod(dim=1).sum(dim=1)
 
 
+def _compiled_step(cfg: DecodeConfig, device: torch.device) -> bool:
+    """Whether generate compiles its decode step (transformers does so for a static cache on CUDA)."""
+    return cfg.static_cache and device.type == "cuda"
+
+
+def _time_compiled_variants(fns: dict[str, Callable[[], Any]], device: torch.device, reps: int) -> Timings:
+    """All reps of one variant, then the next, each after a dynamo reset and one untimed full-length run.
+
+    The variants share one model whose MLP modules are swapped (``bench.sets.use``); a compiled decode
+    step guards on those modules, so interleaving variants recompiled the step at every swap: the first
+    static-cache run on the H200 was killed at its 180 s limit while timing four variants at batch 1
+    (bench_results/h200/model/model_1.5b_session4_lr1e-6.log).  Here each variant compiles once."""
+    out = Timings(samples={name: [] for name in fns})
+    for name, fn in fns.items():
+        torch._dynamo.reset()
+        one = time_interleaved({name: fn}, device=device, warmup=1, reps=reps)
+        out.samples[name] = one.samples.get(name, [])
+        if name in one.last:
+            out.last[name] = one.last[name]
+        if name in one.errors:
+            out.errors[name] = one.errors[name]
+    return out
+
+
 def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
                update: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run the decode part; ``update(result)`` after every batch size."""
@@ -88,6 +112,9 @@ def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
         result["batches"][str(b)] = entries
         runnable = []
         for name in names:
+            if _compiled_step(cfg, bench.device):
+                runnable.append(name)  # its full-length warm-up run (the only compile) reports any error
+                continue
             try:
                 with torch.no_grad():
                     _generate(bench, name, prompt, min(_WARMUP_TOKENS, cfg.new_tokens), cfg.static_cache)
@@ -95,13 +122,17 @@ def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
             except Exception as exc:  # noqa: BLE001 - recorded; the other variants go on
                 entries[name]["error"] = describe_error(exc)
                 free_device_memory(bench.device)
-        log(f"decode: batch {b}: timing {', '.join(runnable)} ({cfg.reps} interleaved reps)")
         fns = {n: (lambda n=n, p=prompt: _generate(bench, n, p, cfg.new_tokens, cfg.static_cache)) for n in runnable}
         with torch.no_grad():
-            # One untimed full-length round first: on the H200 (bench_results/h200/model/decode.json) the first
-            # timed dense generation took 8.1 s against 2.7 s for the second, which made a median of two
-            # reps report a 1.8x "speedup" for a sparse variant that had run only dense layers.
-            timings = time_interleaved(fns, device=bench.device, warmup=1, reps=cfg.reps)
+            if _compiled_step(cfg, bench.device):
+                log(f"decode: batch {b}: timing {', '.join(runnable)} ({cfg.reps} reps, one variant after another)")
+                timings = _time_compiled_variants(fns, bench.device, cfg.reps)
+            else:
+                log(f"decode: batch {b}: timing {', '.join(runnable)} ({cfg.reps} interleaved reps)")
+                # One untimed full-length round first: on the H200 (bench_results/h200/model/decode.json) the
+                # first timed dense generation took 8.1 s against 2.7 s for the second, which made a median
+                # of two reps report a 1.8x "speedup" for a sparse variant that had run only dense layers.
+                timings = time_interleaved(fns, device=bench.device, warmup=1, reps=cfg.reps)
         dense_ms = timings.median_ms("dense")
         dense_out = timings.last.get("dense")
         for name in runnable:
