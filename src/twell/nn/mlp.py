@@ -102,7 +102,7 @@ class _InferenceState:
         # Cached dispatch answers per (token count, device type), valid for this policy and estimate.
         self.decided_policy: DispatchPolicy | None = None
         self.decided_estimate: float | None = None
-        self.decisions: dict[tuple[int, str], bool] = {}
+        self.decisions: dict[tuple[int, str], str] = {}
 
 
 class _SparsePrep(NamedTuple):
@@ -563,12 +563,18 @@ class SparseGatedMLP(nn.Module):
         return out
 
     def _use_sparse(self, n_tokens: int, device_type: str) -> bool:
-        """The policy's answer for ``n_tokens`` at the current l0 estimate, cached per (token count, device type).
+        """Whether a call of ``n_tokens`` tokens takes a sparse path (the small-batch kernels or TwELL)."""
+        return self._path(n_tokens, device_type) != "dense"
+
+    def _path(self, n_tokens: int, device_type: str) -> str:
+        """``"decode"``, ``"sparse"`` or ``"dense"``: the policy's answer for ``n_tokens`` at the current l0
+        estimate, cached per (token count, device type).
 
         The answer is a pure function of the policy, the estimate and these two, so it is cached until
         either of the first two changes (the estimate moves on refresh calls only): a cached answer
         costs a dict lookup instead of the policy's checks and table lookup: 0.24 us against 1.14 us per call
-        on the CPU (scripts/module_overhead.py).
+        on the CPU (scripts/module_overhead.py).  The sparse path reads it again to tell decode from
+        TwELL calls (a second lookup, not a second policy evaluation).
         """
         state = self._state
         policy, estimate = self.policy, state.estimate
@@ -576,15 +582,19 @@ class SparseGatedMLP(nn.Module):
             state.decisions.clear()
             state.decided_policy, state.decided_estimate = policy, estimate
         key = (n_tokens, device_type)
-        sparse = state.decisions.get(key)
-        if sparse is None:
+        path = state.decisions.get(key)
+        if path is None:
             shape = (self.hidden_size, self.intermediate_size)
-            sparse = policy.use_decode(n_tokens, device_type=device_type, shape=shape) or policy.use_sparse(
-                n_tokens, density_of(estimate, self.intermediate_size), device_type=device_type, shape=shape
-            )
+            if policy.use_decode(n_tokens, device_type=device_type, shape=shape):
+                path = "decode"
+            elif policy.use_sparse(n_tokens, density_of(estimate, self.intermediate_size), device_type=device_type,
+                                   shape=shape):
+                path = "sparse"
+            else:
+                path = "dense"
             if len(state.decisions) < _MAX_CACHED_DECISIONS:
-                state.decisions[key] = sparse
-        return sparse
+                state.decisions[key] = path
+        return path
 
     def _ffn_sparse(self, x: torch.Tensor) -> torch.Tensor:
         """The sparse FFN of ``x [M, d]``; its per-(row, tile) non-zero counts give l0 without a host sync.
@@ -596,8 +606,7 @@ class SparseGatedMLP(nn.Module):
         prep = self._prepare_sparse(w_gate, w_up, w_down)
         x = x.contiguous()
         # The small-batch kernels take no hot set: a decode call neither uses nor re-chooses one.
-        decode = self.policy.use_decode(x.shape[0], device_type=x.device.type,
-                                        shape=(self.hidden_size, self.intermediate_size))
+        decode = self._path(x.shape[0], x.device.type) == "decode"
         plan = None
         if prep.hot_cold and not decode:
             # Hot units re-chosen on refresh calls only (the choice synchronises with the host).

@@ -203,9 +203,9 @@ def decode_gated_ffn_unchecked_op(
     """``decode_gated_ffn`` for validated inputs: x [1 <= M <= 64, d], Wg/Wu/Wd^T [F >= 1, d] contiguous, one
     dtype and device; also the active units per (token, block of 16 units)."""
     if backend == "torch":
-        out = _ref.dense_gated_ffn(x, w_gate, w_up, w_down_t.t(), precision=precision)
-        g = _ref._matmul_nt(x, w_gate, _ref._acc_dtype(x.dtype)).to(x.dtype)
-        return out, _ref.tile_counts(g, _DECODE_BU)
+        g = _ref.gate_preactivation(x, w_gate)  # once: for the output and the counts
+        return (_ref.dense_gated_ffn_from_gate(x, g, w_up, w_down_t.t(), precision=precision),
+                _ref.tile_counts(g, _DECODE_BU))
     from .decode import launch_decode_ffn
 
     return launch_decode_ffn(x, w_gate, w_up, w_down_t, match=precision == "match")

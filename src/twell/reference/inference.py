@@ -51,7 +51,9 @@ __all__ = [
     "PRECISIONS",
     "check_precision",
     "dense_gated_ffn",
+    "dense_gated_ffn_from_gate",
     "dense_relu_ffn",
+    "gate_preactivation",
     "gate_twell",
     "hot_cold_gated_ffn",
     "split_counts",
@@ -192,9 +194,22 @@ def dense_gated_ffn(
     """
     check_precision(precision)
     _check_gated_weights(x, w_gate, w_up, w_down)
+    return dense_gated_ffn_from_gate(x, gate_preactivation(x, w_gate), w_up, w_down, precision=precision)
+
+
+def gate_preactivation(x: torch.Tensor, w_gate: torch.Tensor) -> torch.Tensor:
+    """``g = x Wg^T`` accumulated in fp32 (fp64 for fp64) and rounded to x's dtype, as a dense linear does."""
+    return _matmul_nt(x, w_gate, _acc_dtype(x.dtype)).to(x.dtype)
+
+
+def dense_gated_ffn_from_gate(
+    x: torch.Tensor, g: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, precision: str = "match"
+) -> torch.Tensor:
+    """:func:`dense_gated_ffn` from its gate pre-activation ``g`` (:func:`gate_preactivation`), for callers
+    that need ``g`` as well (the decode op's counts); inputs unchecked."""
     dt = x.dtype
     acc = _acc_dtype(dt)
-    a = torch.relu(_matmul_nt(x, w_gate, acc).to(dt))
+    a = torch.relu(g)
     u = _matmul_nt(x, w_up, acc)
     if precision == "match":
         u = u.to(dt)
@@ -246,7 +261,7 @@ def gate_twell(
     _check_2d_float({"x": x, "w_gate": w_gate})
     _check_in_weight(x, w_gate, "w_gate")
     check_finite({"x": x, "w_gate": w_gate}, nan_policy)
-    g = _matmul_nt(x, w_gate, _acc_dtype(x.dtype)).to(x.dtype)
+    g = gate_preactivation(x, w_gate)
     return pack_twell(g, tile=tile, capacity=capacity, apply_relu=True, nan_policy=nan_policy)
 
 
@@ -343,5 +358,5 @@ def hot_cold_gated_ffn(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference of the hot/cold split: the dense "match" FFN (the split changes no value) and its counts."""
     _check_gated_weights(x, w_gate, w_up, w_down)
-    g = _matmul_nt(x, w_gate, _acc_dtype(x.dtype)).to(x.dtype)
-    return dense_gated_ffn(x, w_gate, w_up, w_down, precision="match"), split_counts(g, hot, cold, tile)
+    g = gate_preactivation(x, w_gate)
+    return dense_gated_ffn_from_gate(x, g, w_up, w_down, precision="match"), split_counts(g, hot, cold, tile)
