@@ -104,9 +104,12 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
             f"reproducible {again} sets {n_sets}")
 
 
-#: ``--hidden-variants``: hidden-kernel K-loop configurations (BK, stages, warps) timed per token-count class.
-HIDDEN_VARIANTS = {"small": [(128, 3, 4), (256, 3, 4), (256, 4, 4), (512, 3, 4), (256, 4, 8), (128, 6, 4)],
-                   "large": [(128, 3, 4), (64, 4, 4), (128, 4, 8), (256, 3, 8)]}
+#: ``--hidden-variants``: hidden-kernel K-loop configurations (BK, stages, warps, fused up) timed per token-count class.
+HIDDEN_VARIANTS = {
+    "small": [(512, 3, 4, False), (128, 3, 4, False), (256, 3, 4, False), (512, 3, 4, True), (256, 3, 4, True),
+              (128, 3, 4, True)],
+    "large": [(128, 3, 4, False), (64, 4, 4, False), (128, 3, 4, True), (64, 4, 4, True)],
+}
 
 
 def hidden_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:

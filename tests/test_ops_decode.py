@@ -102,6 +102,31 @@ def test_down_kernel_reads_only_firing_units_and_is_reproducible(case, layout, d
     assert torch.equal(launch_decode_down(h, fires, wdt, dtype), out)  # bitwise, run to run
 
 
+@pytest.mark.parametrize("case", [(1, 32, 200, 0.05), (33, 64, 160, 0.5)], ids=["m1", "m33"])
+def test_fused_up_variant_is_bitwise_the_two_pass_kernel(case, device, monkeypatch):
+    """The hidden kernel's "fused up" configuration (every Wu row read in the gate's K loop) computes
+    each firing unit's up projection over the same K steps: same bits as the second masked pass."""
+    from twell.ops import decode_kernels
+
+    m, d, f, frac = case
+    p = make_problem(m, d, f, frac_pos=frac, seed=5 + m, dtype=torch.bfloat16, device=device)
+    args = (p["x"], p["w_gate"], p["w_up"], p["w_down"])
+    two_pass = decode_gated_ffn(*args, backend="triton")
+    hidden_two_pass = launch_decode_hidden(p["x"], p["w_gate"], p["w_up"], match=True)
+    for attr in ("_HIDDEN_SMALL_M", "_HIDDEN_LARGE_M"):
+        monkeypatch.setattr(decode_kernels, attr, (*getattr(decode_kernels, attr)[:3], True))
+    decode_kernels._meta.cache_clear()
+    try:
+        fused = decode_gated_ffn(*args, backend="triton")
+        hidden_fused = launch_decode_hidden(p["x"], p["w_gate"], p["w_up"], match=True)
+    finally:
+        monkeypatch.undo()
+        decode_kernels._meta.cache_clear()
+    assert torch.equal(fused, two_pass)
+    for got, want in zip(hidden_fused, hidden_two_pass, strict=True):
+        assert torch.equal(got, want)
+
+
 def test_nan_propagates_like_the_dense_ffn(device):
     p = make_problem(3, 32, 64, frac_pos=0.2, seed=5, dtype=torch.float32, device=device)
     p["x"][1, 3] = float("nan")

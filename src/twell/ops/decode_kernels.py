@@ -50,16 +50,21 @@ DECODE_MAX_TOKENS = 64
 #: 1 - (1 - 28/5632)^16 = 7.7 %, and only those blocks run the up projection loop, loading only the
 #: active units' Wu rows.
 _HIDDEN_BU = 16
-#: Hidden kernel K loop, by token count: ``(BK, pipeline stages, warps)`` for BM = 16 (M <= 16) and for
-#: larger M.  With BK = 128 and Triton's default 3 stages it read Wg at 1.2-2.2 TB/s at M=1 (19.3 us for
-#: 23 MB at d=2048, F=5632; 55.9 us for 117 MB at d=4096, F=14336; H200, CUDA-graph times,
-#: bench_results/h200/decode_probe_hidden_variants.log).  The prediction that more bytes in flight per SM
-#: (BK = 256, 4 stages) would halve that missed: at M=1 every configuration tried (BK 128-512, 3-6
-#: stages, 4 warps) landed within 8 % (18.4-19.3 us and 51.8-56.6 us), 8 warps cost 50 %, so
-#: the kernel is not short of loads in flight; what bounds it is not yet known (an ncu profile is next).
+#: Hidden kernel K loop, by token count: ``(BK, pipeline stages, warps, fused up)`` for BM = 16 (M <= 16)
+#: and for larger M.  With BK = 128 and Triton's default 3 stages the kernel read Wg at 1.2-2.2 TB/s at
+#: M=1 (19.3 us for 23 MB at d=2048, F=5632; 55.9 us for 117 MB at d=4096, F=14336; H200, CUDA-graph
+#: times, bench_results/h200/decode_probe_hidden_variants.log).  The prediction that more bytes in flight
+#: per SM (BK = 256, 4 stages) would halve that missed: at M=1 every configuration tried (BK 128-512,
+#: 3-6 stages, 4 warps) landed within 8 % (18.4-19.3 us and 51.8-56.6 us), 8 warps cost 50 %, so the
+#: kernel is not short of loads in flight; what bounds it is not yet known (an ncu profile is next).
 #: BK = 512 with 3 stages: 18.8 / 51.8 us at M=1, 19.0 / 74.7 us at M=8 (BK = 128: 19.5 / 73.0 us).
 #: At M > 16 the old configuration stayed the fastest of four (21.7 us at d=2048, M=64).
-_HIDDEN_SMALL_M, _HIDDEN_LARGE_M = (512, 3, 4), (128, 3, 4)
+#: "Fused up" computes every unit's up projection in the gate's K loop (all of Wu read: twice the
+#: bytes) instead of a second, masked pass over K in the blocks that hold a firing unit: if the kernel
+#: is bound by that second pass's serial K loop (blocks with a firing unit run two K loops, the others
+#: one) rather than by bytes, fusing shortens the critical path.  Not measured yet
+#: (``scripts/decode_probe.py --hidden-variants`` times both); off.
+_HIDDEN_SMALL_M, _HIDDEN_LARGE_M = (512, 3, 4, False), (128, 3, 4, False)
 #: Down kernel, by token count (``(BD, BU, warps, K-loop stages)`` for BM = 16, i.e. M <= 16, and for
 #: larger M): BD output columns per program, BU compacted units per K step; BC unit flags per compaction
 #: chunk.  Chosen on an H200 (bf16, synthetic problem at 0.5 % density, per-kernel CUDA-graph times;
@@ -77,7 +82,7 @@ _DOWN_SMALL_M, _DOWN_LARGE_M, _DOWN_BC = (16, 64, 8, 3), (32, 32, 8, 1), 4096
 def _decode_hidden_kernel(
     x_ptr, wg_ptr, wu_ptr, h_ptr, act_ptr, cnt_ptr, M, D, F, stride_xm, stride_wg, stride_wu, stride_hm, n_blocks,
     BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr, MATCH: tl.constexpr,
-    K_STAGES: tl.constexpr,
+    K_STAGES: tl.constexpr, FUSED_UP: tl.constexpr,
 ):
     units = tl.program_id(0) * BU + tl.arange(0, BU)
     u_ok = units < F
@@ -86,17 +91,22 @@ def _decode_hidden_kernel(
     offs_k = tl.arange(0, BK)
     w_rows = units.to(tl.int64)
     acc = tl.zeros((BM, BU), dtype=tl.float32)
+    acc_up = tl.zeros((BM, BU), dtype=tl.float32)
     for k0 in tl.range(0, D, BK, num_stages=K_STAGES):
         k = k0 + offs_k
         k_ok = k < D
         xt = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
         wt = tl.load(wg_ptr + w_rows[None, :] * stride_wg + k[:, None], mask=u_ok[None, :] & k_ok[:, None], other=0.0)
         acc = dot_acc(xt, wt, acc, DOT_FP32)
+        if FUSED_UP:  # every unit's up projection in the same pass: all of Wu read, no second pass
+            wt = tl.load(wu_ptr + w_rows[None, :] * stride_wu + k[:, None], mask=u_ok[None, :] & k_ok[:, None],
+                         other=0.0)
+            acc_up = dot_acc(xt, wt, acc_up, DOT_FP32)
     a = relu_keep_nan(round_to(acc, x_ptr.dtype.element_ty).to(tl.float32))  # g rounded as a dense linear
     act = (a != 0) & r_ok[:, None] & u_ok[None, :]
     unit_act = tl.max(act.to(tl.int32), axis=0) > 0
-    acc = tl.zeros((BM, BU), dtype=tl.float32)
-    if tl.sum(unit_act.to(tl.int32), axis=0) > 0:
+    acc = acc_up
+    if not FUSED_UP and tl.sum(unit_act.to(tl.int32), axis=0) > 0:
         for k0 in range(0, D, BK):
             k = k0 + offs_k
             k_ok = k < D
@@ -157,16 +167,17 @@ def _decode_down_kernel(
 @functools.lru_cache(maxsize=1024)
 def _meta(m: int, d: int, f: int) -> tuple[int, ...]:
     """``(BM, BK, unit blocks, BD, BU, BC, down-kernel programs, down-kernel warps, down K-loop stages,
-    hidden K-loop stages, hidden warps)`` of a shape: cached, since at decode sizes the launchers'
+    hidden K-loop stages, hidden warps, hidden fused up)`` of a shape: cached, since at decode sizes the launchers'
     Python is most of a call's host time (launch_decode_ffn: 11.7 us a call on the CPU with the launches
     stubbed, bench_results/cpu/module_overhead_session3.log)."""
     bm = max(16, next_pow2(m))  # tl.dot needs 16 rows at least
     bd, bu, warps, stages = _DOWN_SMALL_M if bm <= 16 else _DOWN_LARGE_M
-    bk, hidden_stages, hidden_warps = _HIDDEN_SMALL_M if bm <= 16 else _HIDDEN_LARGE_M
+    bk, hidden_stages, hidden_warps, fused_up = _HIDDEN_SMALL_M if bm <= 16 else _HIDDEN_LARGE_M
     bd = min(bd, max(16, next_pow2(d)))
     bu = min(bu, max(16, next_pow2(f)))
     return (bm, min(bk, max(16, next_pow2(d))), triton.cdiv(f, _HIDDEN_BU), bd, bu,
-            min(_DOWN_BC, max(16, next_pow2(f))), triton.cdiv(d, bd), warps, stages, hidden_stages, hidden_warps)
+            min(_DOWN_BC, max(16, next_pow2(f))), triton.cdiv(d, bd), warps, stages, hidden_stages, hidden_warps,
+            fused_up)
 
 
 def decode_blocks(n_units: int) -> int:
@@ -190,7 +201,7 @@ def launch_decode_hidden(
     _decode_hidden_kernel[(n_blocks,)](
         x, w_gate, w_up, h, fires, counts, m, d, f, x.stride(0), w_gate.stride(0), w_up.stride(0), h.stride(0),
         n_blocks, BM=bm, BU=_HIDDEN_BU, BK=bk, DOT_FP32=x.dtype == torch.float32 or interpreting(),
-        MATCH=match, K_STAGES=meta[9], num_warps=meta[10],
+        MATCH=match, K_STAGES=meta[9], FUSED_UP=meta[11], num_warps=meta[10],
     )
     return h, fires, counts
 
