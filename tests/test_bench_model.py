@@ -82,6 +82,18 @@ def test_all_parts_in_process_write_results(tmp_path: Path) -> None:
     assert rc == 0
 
 
+def test_fused_norms_run_in_every_variant(tmp_path: Path) -> None:
+    rc = bench_model.main([*SMALL, "--dtype", "float32", "--isolation", "none", "--parts", "forward,train",
+                           "--fused-norms", "--out", str(tmp_path)])
+    data = _load(tmp_path)
+    assert rc == 0 and data["meta"]["setup"]["fused_norms"] is True
+    parts = data["meta"]["parts"]
+    assert all(p["status"] == "ok" for p in parts.values()), parts
+    fwd = parts["forward"]["result"]["variants"]
+    assert fwd["sparse:always-sparse"]["rel_l2_vs_dense"] < 1e-5 and fwd["sparse:always-sparse"]["ok"] is True
+    assert parts["train"]["result"]["variants"]["sparse:sparse-reference"]["ok"] is True
+
+
 def test_failing_part_is_recorded_and_the_rest_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("simulated kernel failure")

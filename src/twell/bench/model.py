@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from .._io import write_json_atomic
+from ..nn import FusedRMSNorm
 from .environment import environment
 from .model_decode import DecodeConfig, run_decode
 from .model_forward import ForwardConfig, run_forward
@@ -82,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=2048, help="sequence length of the forward and training batches")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto", help="sparse inference backend")
+    p.add_argument("--fused-norms", action="store_true",
+                   help="run the model's RMSNorms through F.rms_norm (twell.nn.fuse_rms_norms), every variant alike")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("sparsity (see twell.bench.model_sparsity)")
@@ -172,7 +175,7 @@ def _prepare(a: argparse.Namespace, policies: tuple[str, ...], device: torch.dev
     log(f"building {a.preset} ({a.dtype}) on {device} and calibrating on {a.batch} x {a.seq} tokens")
     bench = prepare(a.preset, device=device, dtype=getattr(torch, a.dtype), batch=a.batch, seq=a.seq,
                     target=target, policies=policies, seed=a.seed, backend=a.backend,
-                    max_positions=max(a.seq, a.prompt_len + a.new_tokens))
+                    max_positions=max(a.seq, a.prompt_len + a.new_tokens), fused_norms=a.fused_norms)
     log(f"built in {bench.seconds['build_s']:.1f} s, calibrated in {bench.seconds['calibrate_s']:.1f} s")
     return bench
 
@@ -181,6 +184,7 @@ def _setup_info(bench: BenchModel) -> dict[str, Any]:
     n_params = sum(p.numel() for p in {id(p): p for p in bench.model.parameters()}.values())
     return {"preset": bench.preset, "shape": vars(bench.spec), "parameters": n_params, "dtype": str(bench.dtype),
             "device": str(bench.device), **bench.seconds, "target": bench.target.to_dict(),
+            "fused_norms": any(isinstance(m, FusedRMSNorm) for m in bench.model.modules()),
             "calibration": bench.calibration}
 
 

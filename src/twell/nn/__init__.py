@@ -2,5 +2,15 @@
 
 from .dispatch import DEFAULT_POLICY, H200_BF16_TABLE, DispatchPolicy
 from .mlp import DenseReluGatedMLP, SparseGatedMLP
+from .norm import FusedRMSNorm, fuse_rms_norms, unfuse_rms_norms
 
-__all__ = ["DEFAULT_POLICY", "H200_BF16_TABLE", "DenseReluGatedMLP", "DispatchPolicy", "SparseGatedMLP"]
+__all__ = [
+    "DEFAULT_POLICY",
+    "H200_BF16_TABLE",
+    "DenseReluGatedMLP",
+    "DispatchPolicy",
+    "FusedRMSNorm",
+    "SparseGatedMLP",
+    "fuse_rms_norms",
+    "unfuse_rms_norms",
+]
