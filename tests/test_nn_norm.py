@@ -19,7 +19,7 @@ def test_matches_the_transformers_norm_forward_and_backward(cls, dtype):
     norm = cls(96, eps=1e-5).to(dtype)
     with torch.no_grad():
         norm.weight.copy_(1 + 0.1 * torch.randn(96, generator=gen))
-    fused = FusedRMSNorm(norm)
+    fused = FusedRMSNorm(norm, devices=("cpu", "cuda"))  # F.rms_norm on the CPU too
     assert fused.weight is norm.weight and fused.eps == 1e-5
     x = (3 * torch.randn(5, 7, 96, generator=gen)).to(dtype).requires_grad_(True)
     gy = torch.randn(5, 7, 96, generator=gen).to(dtype)
@@ -36,7 +36,14 @@ def test_matches_the_transformers_norm_forward_and_backward(cls, dtype):
 def test_mixed_dtypes_run_the_replaced_module():
     norm = LlamaRMSNorm(32)  # fp32 weight
     x = torch.randn(4, 32).to(torch.bfloat16)
-    assert torch.equal(FusedRMSNorm(norm)(x), norm(x))
+    assert torch.equal(FusedRMSNorm(norm, devices=("cpu",))(x), norm(x))
+
+
+def test_other_devices_run_the_replaced_module():
+    norm = LlamaRMSNorm(32).to(torch.bfloat16)
+    x = torch.randn(4, 32).to(torch.bfloat16)
+    assert FusedRMSNorm(norm).devices == ("cuda",)
+    assert torch.equal(FusedRMSNorm(norm)(x), norm(x))  # the CPU: the transformers module itself
 
 
 def test_fuse_and_unfuse_a_model_in_place():
@@ -48,7 +55,7 @@ def test_fuse_and_unfuse_a_model_in_place():
     ids = torch.randint(0, 64, (2, 9))
     with torch.no_grad():
         want = model(ids).logits
-    assert fuse_rms_norms(model) == 5  # two per layer and the final norm
+    assert fuse_rms_norms(model, devices=("cpu",)) == 5  # two per layer and the final norm
     assert not any(isinstance(m, LlamaRMSNorm) for m in model.modules())
     assert list(model.state_dict()) == keys  # same parameter names: checkpoints load either way
     with torch.no_grad():
@@ -65,3 +72,5 @@ def test_bad_inputs():
         FusedRMSNorm(torch.nn.Linear(3, 3))
     with pytest.raises(TypeError, match="nn.Module"):
         fuse_rms_norms("model")
+    with pytest.raises(TypeError, match="device type strings"):
+        FusedRMSNorm(LlamaRMSNorm(8), devices="cuda")

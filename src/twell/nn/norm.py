@@ -9,6 +9,11 @@ they cap the whole-model speed-up the sparse FFN can give (docs/performance.md) 
 memory in training.  ``F.rms_norm`` computes ``x * rsqrt(mean(x^2) + eps) * weight`` with float32
 statistics and saves only its input and the per-row rstd for backward.
 
+Only on CUDA: there ``F.rms_norm`` calls PyTorch's fused kernel, whose autograd saves the input and
+the per-row rstd.  On the CPU it is PyTorch's composite implementation, which saved 512 bytes more
+per token and norm than the transformers module (d=256, bf16, counted with saved-tensor hooks in
+torch 2.13), so elsewhere :class:`FusedRMSNorm` runs the replaced module unchanged (``devices``).
+
 Numerics: the transformers module rounds ``x * rstd`` to the input dtype before multiplying by the
 weight; ``F.rms_norm`` multiplies by the weight before its one rounding.  Outputs differ by at most a
 rounding of the input dtype (bitwise equal in float32 up to the order of the float32 operations), so
@@ -34,8 +39,10 @@ class FusedRMSNorm(nn.Module):
     ``state_dict`` keys, optimizers and tied references see the same tensor) and the module it replaced
     (for :func:`unfuse_rms_norms`)."""
 
-    def __init__(self, norm: nn.Module) -> None:
+    def __init__(self, norm: nn.Module, *, devices: tuple[str, ...] = ("cuda",)) -> None:
         super().__init__()
+        if isinstance(devices, str) or not all(isinstance(d, str) for d in devices):
+            raise TypeError(f"devices must be a tuple of device type strings, got {devices!r}")
         weight = getattr(norm, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 1:
             raise TypeError(f"{type(norm).__name__} has no 1-D weight; FusedRMSNorm replaces RMSNorm modules "
@@ -47,16 +54,19 @@ class FusedRMSNorm(nn.Module):
         self.eps = float(eps)
         self._replaced_type = type(norm)
         self._original = [norm]  # a list, so not a registered submodule: for unfuse_rms_norms
+        self.devices = tuple(devices)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != self.weight.dtype:
+        if x.dtype != self.weight.dtype or x.device.type not in self.devices:
             # The replaced module promotes (e.g. an fp32 weight and bf16 x give fp32); F.rms_norm takes
-            # one dtype, so mixed dtypes run the replaced module itself, unchanged.
+            # one dtype, so mixed dtypes run the replaced module itself, unchanged; so do devices where
+            # F.rms_norm is not a fused kernel.
             return self._original[0](x)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}, replaces={self._replaced_type.__name__}"
+        return (f"{self.weight.shape[0]}, eps={self.eps}, replaces={self._replaced_type.__name__}, "
+                f"devices={self.devices}")
 
 
 def _children_to_replace(model: nn.Module, match: type | tuple[str, ...]) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -69,14 +79,14 @@ def _children_to_replace(model: nn.Module, match: type | tuple[str, ...]) -> lis
     return found
 
 
-def fuse_rms_norms(model: nn.Module) -> int:
+def fuse_rms_norms(model: nn.Module, *, devices: tuple[str, ...] = ("cuda",)) -> int:
     """Replace, in place, every transformers Llama/Qwen2/Mistral RMSNorm of ``model`` by a
-    :class:`FusedRMSNorm` sharing its weight; returns how many were replaced."""
+    :class:`FusedRMSNorm` sharing its weight (``F.rms_norm`` on ``devices``); returns how many."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     found = _children_to_replace(model, _REPLACEABLE)
     for parent, name, child in found:
-        setattr(parent, name, FusedRMSNorm(child))
+        setattr(parent, name, FusedRMSNorm(child, devices=devices))
     return len(found)
 
 
