@@ -7,7 +7,7 @@ the FFN, these and the rotary embedding's, took ~440 of 1048 ms
 (bench_results/h200/model/model_1.5b_session4_lr1e-6.log), the same for the dense and the sparse FFN:
 they cap the whole-model speed-up the sparse FFN can give (docs/performance.md) and hold activation
 memory in training.  ``F.rms_norm`` computes ``x * rsqrt(mean(x^2) + eps) * weight`` with float32
-statistics and saves only its input and the per-row rstd for backward.
+statistics.
 
 Only on CUDA: there ``F.rms_norm`` calls PyTorch's fused kernel, whose autograd saves the input and
 the per-row rstd.  On the CPU it is PyTorch's composite implementation, which saved 512 bytes more
@@ -16,7 +16,7 @@ torch 2.13), so elsewhere :class:`FusedRMSNorm` runs the replaced module unchang
 
 Numerics: the transformers module rounds ``x * rstd`` to the input dtype before multiplying by the
 weight; ``F.rms_norm`` multiplies by the weight before its one rounding.  Outputs differ by at most a
-rounding of the input dtype (bitwise equal in float32 up to the order of the float32 operations), so
+rounding of the input dtype (in float32, only by the order of the operations), so
 :func:`fuse_rms_norms` is opt-in: a model converted with it is compared with itself (dense and sparse
 FFN alike), not with the unconverted model bit for bit.
 """
