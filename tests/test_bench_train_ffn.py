@@ -4,6 +4,7 @@ entry, failing and skipped points (the GPU sweep itself is run by hand on an H20
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -42,6 +43,12 @@ def test_point_with_the_real_sparse_op_is_checked_and_auto_goes_sparse_when_forc
     assert r["l0"] == r["sparse_l0"] == r["gate_l0"] == r["ref_l0"] > 0
     assert r["auto_path"] == "sparse" and r["ok"] is True
     assert r["sparse_speedup"] == pytest.approx(r["dense_ms"] / r["sparse_ms"])
+    for path in ("dense", "sparse", "auto"):  # fast paths: the rounds behind the median are kept with it
+        if "rounds" in r[f"{path}_timing"]:
+            assert len(r[f"{path}_rounds_ms"]) == 3
+        if f"{path}_rounds_ms" in r:
+            assert r[f"{path}_ms"] == statistics.median(r[f"{path}_rounds_ms"])
+    assert "dense_rounds_ms" in r
     assert r["dense_mem_mb"] is None  # no memory statistics off CUDA
 
 

@@ -113,14 +113,16 @@ def run_point(
     with torch.no_grad():
         mlp(x)  # first call measures l0 on the dense path and sets the estimate
         row["dispatch_sparse"] = bool(mlp._use_sparse(m, x.device.type))
+        per_round: dict[str, list[float]] = {}
         timed = time_ms_interleaved({
             "dense": lambda: _dense_ffn(x, wg, wu, wd),
             "hotcold": lambda: ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, backend=cfg.backend),
             "dispatch": lambda: mlp(x),
             "dense_module": lambda: dense_mlp(x),
-        }, device=device, rep_ms=cfg.rep_ms)
+        }, device=device, rep_ms=cfg.rep_ms, samples_out=per_round)
     for name, ms in timed.items():
         row[f"{name}_ms"] = ms
+        row[f"{name}_rounds_ms"] = per_round[name]
     row["hotcold_speedup"] = row["dense_ms"] / row["hotcold_ms"]
     row["dispatch_speedup"] = row["dense_ms"] / row["dispatch_ms"]
     row["dispatch_vs_dense_module"] = row["dense_module_ms"] / row["dispatch_ms"]

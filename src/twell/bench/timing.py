@@ -33,16 +33,19 @@ INTERLEAVED_ROUNDS = 3
 
 def time_ms_interleaved(
     fns: dict[str, Callable[[], object]], *, device: torch.device, warmup_ms: float = 25.0, rep_ms: float = 100.0,
-    rounds: int = INTERLEAVED_ROUNDS,
+    rounds: int = INTERLEAVED_ROUNDS, samples_out: dict[str, list[float]] | None = None,
 ) -> dict[str, float]:
     """Median ms per call of each callable, timed in ``rounds`` interleaved rounds (each callable once per
     round, ``rep_ms / rounds`` each; the median over its rounds), so that a drift of the GPU's clocks or
     of the host's speed lands on every callable alike.  Timed one after the other, the module paths of
     ``twell bench ffn`` at M <= 256 and 10 % density read 0.53-0.61x of dense while the plain dense
-    module timed right after them read as slow (bench_results/h200/ffn_small_m_session4.log)."""
+    module timed right after them read as slow (bench_results/h200/ffn_small_m_session4.log).
+    ``samples_out``, when given, receives each callable's per-round times (what the median came from)."""
     n = rounds if len(fns) > 1 else 1
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(n):
         for name, fn in fns.items():
             samples[name].append(time_ms(fn, device=device, warmup_ms=warmup_ms, rep_ms=rep_ms / n))
+    if samples_out is not None:
+        samples_out.update(samples)
     return {name: statistics.median(s) for name, s in samples.items()}

@@ -197,9 +197,11 @@ def _time_paths(timed: dict[str, tuple[Step, float]], row: dict, cfg: TrainFfnSw
     fast = {name: fn for name, (fn, call_ms) in timed.items() if call_ms <= SLOW_CALL_MS}
     n_rounds = TIMING_ROUNDS if len(fast) > 1 else 1
     how = "do_bench" if device.type == "cuda" else "median"
+    per_round: dict[str, list[float]] = {}
     for name, ms in time_ms_interleaved(fast, device=device, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms,
-                                        rounds=TIMING_ROUNDS).items():
+                                        rounds=TIMING_ROUNDS, samples_out=per_round).items():
         row[f"{name}_ms"] = ms
+        row[f"{name}_rounds_ms"] = per_round[name]
         row[f"{name}_timing"] = how if n_rounds == 1 else f"{how}, median of {n_rounds} interleaved rounds"
     for name, (fn, call_ms) in timed.items():
         if name in fast:
