@@ -94,6 +94,18 @@ def test_fused_norms_run_in_every_variant(tmp_path: Path) -> None:
     assert parts["train"]["result"]["variants"]["sparse:sparse-reference"]["ok"] is True
 
 
+def test_compiled_forward_times_every_variant(tmp_path: Path) -> None:
+    rc = bench_model.main([*SMALL, "--dtype", "float32", "--isolation", "none", "--parts", "forward",
+                           "--forward-compile", "--out", str(tmp_path)])
+    data = _load(tmp_path)
+    assert rc == 0
+    fwd = data["meta"]["parts"]["forward"]["result"]["variants"]
+    for name, v in fwd.items():
+        assert v["compiled_ms"] > 0 and len(v["compiled_ms_samples"]) == 1, name
+        assert v["compiled_rel_l2_vs_eager"] < 1e-5, name  # aot_eager on the CPU: the eager ops
+    assert fwd["dense"]["compiled_speedup"] == 1.0
+
+
 def test_failing_part_is_recorded_and_the_rest_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("simulated kernel failure")
@@ -137,7 +149,7 @@ def test_time_interleaved_keeps_going_after_a_failing_variant() -> None:
 
 
 def test_compiled_decode_variants_are_timed_one_after_another(monkeypatch: pytest.MonkeyPatch) -> None:
-    from twell.bench import model_decode
+    from twell.bench import model_decode, model_measure
 
     calls: list[str] = []
     resets: list[int] = []
@@ -151,7 +163,7 @@ def test_compiled_decode_variants_are_timed_one_after_another(monkeypatch: pytes
             return name
         return run
 
-    t = model_decode._time_compiled_variants({n: variant(n) for n in ("dense", "bad", "sparse")}, CPU, reps=2)
+    t = model_measure.time_compiled_variants({n: variant(n) for n in ("dense", "bad", "sparse")}, CPU, reps=2)
     # each variant: a reset, one untimed warm-up, then its reps, before the next variant starts
     assert calls == ["dense"] * 3 + ["bad"] + ["sparse"] * 3 and resets == [0, 3, 4]
     assert len(t.samples["dense"]) == 2 and len(t.samples["sparse"]) == 2 and t.last["sparse"] == "sparse"

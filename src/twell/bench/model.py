@@ -101,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--check-seqs", type=int, default=2, help="sequences checked against a float32 copy (0: skip)")
     g.add_argument("--forward-profile", action="store_true",
                    help="profile one more forward per variant (CUDA): its largest kernels, kernel vs wall time")
+    g.add_argument("--forward-compile", action="store_true",
+                   help="also time every variant's backbone under torch.compile (one variant after another)")
     g = p.add_argument_group("train")
     g.add_argument("--train-batch", type=int, default=8, help="sequences per training step")
     g.add_argument("--train-impl", choices=["hot-cold", "auto", "triton", "sparse-reference"], default=None,
@@ -192,7 +194,8 @@ def _run_part(part: str, bench: BenchModel, a: argparse.Namespace, log: _Log,
               update: Any) -> dict[str, Any]:
     if part == "forward":
         cfg = ForwardConfig(warmup=a.warmup, reps=a.reps, energy_seconds=a.energy_seconds,
-                            check_seqs=a.check_seqs, policies=a.forward_policies, profile=a.forward_profile)
+                            check_seqs=a.check_seqs, policies=a.forward_policies, profile=a.forward_profile,
+                            compile=a.forward_compile)
         return run_forward(bench, cfg, log, update)
     if part == "decode":
         cfg = DecodeConfig(batches=a.decode_batches, prompt_len=a.prompt_len, new_tokens=a.new_tokens,

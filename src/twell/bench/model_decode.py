@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..nn import SparseGatedMLP
-from .model_measure import Timings, describe_error, free_device_memory, time_interleaved
+from .model_measure import describe_error, free_device_memory, time_compiled_variants, time_interleaved
 from .model_setup import BenchModel, make_tokens
 from .model_sparsity import measure_layers
 
@@ -79,25 +79,6 @@ def _compiled_step(cfg: DecodeConfig, device: torch.device) -> bool:
     return cfg.static_cache and device.type == "cuda"
 
 
-def _time_compiled_variants(fns: dict[str, Callable[[], Any]], device: torch.device, reps: int) -> Timings:
-    """All reps of one variant, then the next, each after a dynamo reset and one untimed full-length run.
-
-    The variants share one model whose MLP modules are swapped (``bench.sets.use``); a compiled decode
-    step guards on those modules, so interleaving variants recompiled the step at every swap: the first
-    static-cache run on the H200 was killed at its 180 s limit while timing four variants at batch 1
-    (bench_results/h200/model/model_1.5b_session4_lr1e-6.log).  Here each variant compiles once."""
-    out = Timings(samples={name: [] for name in fns})
-    for name, fn in fns.items():
-        torch._dynamo.reset()
-        one = time_interleaved({name: fn}, device=device, warmup=1, reps=reps)
-        out.samples[name] = one.samples.get(name, [])
-        if name in one.last:
-            out.last[name] = one.last[name]
-        if name in one.errors:
-            out.errors[name] = one.errors[name]
-    return out
-
-
 def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
                update: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run the decode part; ``update(result)`` after every batch size."""
@@ -126,7 +107,7 @@ def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
         with torch.no_grad():
             if _compiled_step(cfg, bench.device):
                 log(f"decode: batch {b}: timing {', '.join(runnable)} ({cfg.reps} reps, one variant after another)")
-                timings = _time_compiled_variants(fns, bench.device, cfg.reps)
+                timings = time_compiled_variants(fns, bench.device, cfg.reps)
             else:
                 log(f"decode: batch {b}: timing {', '.join(runnable)} ({cfg.reps} interleaved reps)")
                 # One untimed full-length round first: on the H200 (bench_results/h200/model/decode.json) the

@@ -27,7 +27,14 @@ import torch
 from ..nn import SparseGatedMLP
 from ..tolerances import REL_TOL
 from .model_energy import EnergyMeter
-from .model_measure import describe_error, free_device_memory, peak_memory, profile_kernels, time_interleaved
+from .model_measure import (
+    describe_error,
+    free_device_memory,
+    peak_memory,
+    profile_kernels,
+    time_compiled_variants,
+    time_interleaved,
+)
 from .model_setup import BenchModel
 from .model_sparsity import measure_layers
 
@@ -42,6 +49,9 @@ class ForwardConfig:
     check_seqs: int = 2
     policies: tuple[str, ...] = ("default", "always-sparse")
     profile: bool = False  # one more forward per variant under torch.profiler: its largest GPU kernels
+    #: also time every variant's backbone under torch.compile (inductor, default mode: the elementwise
+    #: work outside the FFN fused, the sparse FFN as its custom ops), one variant after another
+    compile: bool = False
 
 
 #: Kernels listed per variant by the ``profile`` option (largest total GPU time first).
@@ -67,6 +77,44 @@ def _fp32_reference(bench: BenchModel, ids: torch.Tensor) -> torch.Tensor:
     finally:
         del ref_model
         free_device_memory(bench.device)
+
+
+def _time_compiled(bench: BenchModel, ids: torch.Tensor, runnable: list[str], result: dict[str, Any],
+                   cfg: ForwardConfig, log: Callable[[str], None]) -> None:
+    """``compiled_ms``, ``compiled_speedup`` (vs the compiled dense backbone) and ``compiled_rel_l2_vs_eager``
+    per variant: the backbone under torch.compile (inductor; ``aot_eager`` off CUDA, for tests)."""
+    backbone = bench.model.model
+    backend = "inductor" if bench.device.type == "cuda" else "aot_eager"
+    compiled = torch.compile(backbone, backend=backend)
+    names = [n for n in runnable if "error" not in result["variants"][n]]
+    log(f"forward: timing {', '.join(names)} compiled ({backend}; {cfg.reps} reps, one variant after another)")
+
+    def call(name: str) -> Callable[[], torch.Tensor]:
+        def fn() -> torch.Tensor:
+            bench.sets.use(name)
+            return compiled(input_ids=ids, use_cache=False).last_hidden_state
+
+        return fn
+
+    timings = time_compiled_variants({n: call(n) for n in names}, bench.device, cfg.reps)
+    dense_ms = timings.median_ms("dense")
+    for name in names:
+        entry = result["variants"][name]
+        if name in timings.errors:
+            entry["compiled_error"] = timings.errors[name]
+            continue
+        ms = timings.median_ms(name)
+        entry["compiled_ms"] = ms
+        entry["compiled_ms_samples"] = timings.samples[name]
+        if dense_ms is not None:
+            entry["compiled_speedup"] = dense_ms / ms
+        bench.sets.use(name)
+        eager = backbone(input_ids=ids, use_cache=False).last_hidden_state
+        entry["compiled_rel_l2_vs_eager"] = _rel_l2(timings.last[name], eager)
+        del eager
+    del timings
+    torch._dynamo.reset()
+    free_device_memory(bench.device)
 
 
 def run_forward(bench: BenchModel, cfg: ForwardConfig, log: Callable[[str], None],
@@ -143,6 +191,10 @@ def run_forward(bench: BenchModel, cfg: ForwardConfig, log: Callable[[str], None
                 entry["speedup"] = dense_ms / ms
         update(result)
 
+        if cfg.compile:
+            _time_compiled(bench, ids, runnable, result, cfg, log)
+            update(result)
+
         if cfg.profile and device.type == "cuda":
             # Where the time goes, attention included: the dense model's non-FFN time at 1.5B, 64 x 2048
             # tokens (~650 of 1040 ms) is ~2x its FLOP count.
@@ -193,6 +245,7 @@ def forward_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             "sparse_layers": None if "sparse_layers" not in v else len(v["sparse_layers"]),
             "rel_err_vs_fp32": v.get("rel_err_vs_fp32"), "rel_l2_vs_dense": v.get("rel_l2_vs_dense"),
             "max_rel_vs_dense": v.get("max_rel_vs_dense"),
+            "compiled_ms": v.get("compiled_ms"), "compiled_speedup": v.get("compiled_speedup"),
             "ok": v.get("ok"), "error": (v.get("error") or "").split("\n")[0] or None,
         })
     return rows

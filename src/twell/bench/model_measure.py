@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Timings", "describe_error", "peak_memory", "synchronize", "time_interleaved"]
+__all__ = ["Timings", "describe_error", "peak_memory", "synchronize", "time_compiled_variants", "time_interleaved"]
 
 
 def synchronize(device: torch.device) -> None:
@@ -123,3 +123,22 @@ def profile_kernels(fn: Callable[[], Any], device: torch.device, top: int, calls
             rows.append({"kernel": ev.key, "ms": t / 1e3 / calls, "calls": ev.count // calls})
     rows.sort(key=lambda r: -r["ms"])
     return {"wall_ms": wall_ms, "kernel_ms": sum(r["ms"] for r in rows), "kernels": rows[:top]}
+
+
+def time_compiled_variants(fns: dict[str, Callable[[], Any]], device: torch.device, reps: int) -> Timings:
+    """All reps of one variant, then the next, each after a dynamo reset and one untimed warm-up call.
+
+    For compiled variants of one model whose MLP modules are swapped (``bench.sets.use``): a compiled
+    step guards on those modules, so interleaving variants recompiled it at every swap (the first
+    static-cache decode run on the H200 was killed at its 180 s limit while timing four variants at
+    batch 1, bench_results/h200/model/model_1.5b_session4_lr1e-6.log).  Here each variant compiles once."""
+    out = Timings(samples={name: [] for name in fns})
+    for name, fn in fns.items():
+        torch._dynamo.reset()
+        one = time_interleaved({name: fn}, device=device, warmup=1, reps=reps)
+        out.samples[name] = one.samples.get(name, [])
+        if name in one.last:
+            out.last[name] = one.last[name]
+        if name in one.errors:
+            out.errors[name] = one.errors[name]
+    return out

@@ -413,8 +413,12 @@ class SparseGatedMLP(nn.Module):
         state that changes every call made the eager path recompile on every call, up to dynamo's cache
         limit, after which it ran uncompiled (tests/test_nn_compile.py now pins one graph).  ``last_l0`` is not
         updated: run eager calls to refresh the estimate.  Sparse calls go through the custom ops
-        (captured whole): the small-batch kernels with Wd read in place, or the TwELL op with a Wd^T
-        copy per call; the hot/cold split (its plan is cached state) is not used here."""
+        (captured whole): the small-batch kernels with Wd read in place; the hot/cold split when an eager
+        call has chosen the hot units (the unit ids are read from the cache, a graph constant; the weight
+        copies the split needs are built in the graph from the current weights every call, ~26 MB at
+        d=2048, F=5632 against the ~9 ms FFN at 131,072 tokens, so they can never be stale the way a
+        cached copy could after a weight update that no guard sees); else the TwELL op.  Each takes a
+        Wd^T copy per call."""
         w_gate, w_up, w_down = weights
         m = x.numel() // self.hidden_size
         device_type = x.device.type
@@ -429,9 +433,19 @@ class SparseGatedMLP(nn.Module):
                                                                 backend)
             return out.view(x.shape)
         if policy.use_sparse(m, density_of(estimate, self.intermediate_size), device_type=device_type, shape=shape):
-            out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
-                x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), self.tile,
-                self.capacity or default_capacity(self.tile), self.precision, backend)
+            capacity = self.capacity or default_capacity(self.tile)
+            plan = self._hot_cold._plan
+            if self.hot_cold and self.precision == "match" and backend == "triton" and plan is not None:
+                hot, cold = plan.hot, plan.cold
+                w_gemm = torch.cat([w_gate.index_select(0, hot), w_gate.index_select(0, cold),
+                                    w_up.index_select(0, hot)], 0)
+                out, _ = torch.ops.twell.hot_cold_gated_ffn_unchecked(
+                    x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), hot, cold, w_gemm,
+                    w_down.index_select(1, hot).t().contiguous(), self.tile, capacity, backend)
+            else:
+                out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
+                    x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), self.tile, capacity, self.precision,
+                    backend)
             return out.view(x.shape)
         return _dense_ffn(x, *weights)[0]
 
