@@ -28,6 +28,7 @@ from ..nn import SparseGatedMLP
 from ..tolerances import REL_TOL
 from .model_energy import EnergyMeter
 from .model_measure import (
+    Timings,
     describe_error,
     free_device_memory,
     peak_memory,
@@ -79,6 +80,23 @@ def _fp32_reference(bench: BenchModel, ids: torch.Tensor) -> torch.Tensor:
         free_device_memory(bench.device)
 
 
+def _store_timings(result: dict[str, Any], names: list[str], timings: Timings, n_tokens: int,
+                   prefix: str = "") -> None:
+    """``<prefix>ms``, ``<prefix>ms_samples``, ``<prefix>tokens_per_ms``, ``<prefix>speedup`` (vs dense) or
+    ``<prefix>error`` of each variant."""
+    dense_ms = timings.median_ms("dense")
+    for name in names:
+        entry = result["variants"][name]
+        if name in timings.errors:
+            entry[f"{prefix}error"] = timings.errors[name]
+            continue
+        ms = timings.median_ms(name)
+        entry.update({f"{prefix}ms": ms, f"{prefix}ms_samples": timings.samples[name],
+                      f"{prefix}tokens_per_ms": n_tokens / ms})
+        if dense_ms is not None:
+            entry[f"{prefix}speedup"] = dense_ms / ms
+
+
 def _time_compiled(bench: BenchModel, ids: torch.Tensor, runnable: list[str], result: dict[str, Any],
                    cfg: ForwardConfig, log: Callable[[str], None]) -> None:
     """``compiled_ms``, ``compiled_speedup`` (vs the compiled dense backbone) and ``compiled_rel_l2_vs_eager``
@@ -97,17 +115,11 @@ def _time_compiled(bench: BenchModel, ids: torch.Tensor, runnable: list[str], re
         return fn
 
     timings = time_compiled_variants({n: call(n) for n in names}, bench.device, cfg.reps)
-    dense_ms = timings.median_ms("dense")
+    _store_timings(result, names, timings, ids.numel(), prefix="compiled_")
     for name in names:
         entry = result["variants"][name]
-        if name in timings.errors:
-            entry["compiled_error"] = timings.errors[name]
+        if "compiled_ms" not in entry:
             continue
-        ms = timings.median_ms(name)
-        entry["compiled_ms"] = ms
-        entry["compiled_ms_samples"] = timings.samples[name]
-        if dense_ms is not None:
-            entry["compiled_speedup"] = dense_ms / ms
         bench.sets.use(name)
         eager = backbone(input_ids=ids, use_cache=False).last_hidden_state
         entry["compiled_rel_l2_vs_eager"] = _rel_l2(timings.last[name], eager)
@@ -179,16 +191,7 @@ def run_forward(bench: BenchModel, cfg: ForwardConfig, log: Callable[[str], None
         runnable = [n for n in names if "error" not in result["variants"][n]]
         log(f"forward: timing {', '.join(runnable)} ({cfg.warmup} warm-up + {cfg.reps} interleaved reps)")
         timings = time_interleaved({n: call(n) for n in runnable}, device=device, warmup=cfg.warmup, reps=cfg.reps)
-        dense_ms = timings.median_ms("dense")
-        for name in runnable:
-            entry = result["variants"][name]
-            if name in timings.errors:
-                entry["error"] = timings.errors[name]
-                continue
-            ms = timings.median_ms(name)
-            entry.update({"ms": ms, "ms_samples": timings.samples[name], "tokens_per_ms": n_tokens / ms})
-            if dense_ms is not None:
-                entry["speedup"] = dense_ms / ms
+        _store_timings(result, runnable, timings, n_tokens)
         update(result)
 
         if cfg.compile:
