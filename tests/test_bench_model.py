@@ -106,6 +106,17 @@ def test_compiled_forward_times_every_variant(tmp_path: Path) -> None:
     assert fwd["dense"]["compiled_speedup"] == 1.0
 
 
+def test_compiled_training_step_runs_both_variants(tmp_path: Path) -> None:
+    rc = bench_model.main([*SMALL, "--dtype", "float32", "--isolation", "none", "--parts", "train",
+                           "--train-compile", "--out", str(tmp_path)])
+    data = _load(tmp_path)
+    assert rc == 0
+    train = data["meta"]["parts"]["train"]["result"]["variants"]
+    for name, v in train.items():
+        assert v["compiled"] is True and v["tokens_per_ms"] > 0 and "error" not in v, (name, v.get("error"))
+    assert train["sparse:sparse-reference"]["ok"] is True
+
+
 def test_failing_part_is_recorded_and_the_rest_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("simulated kernel failure")

@@ -114,6 +114,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="sequences of the float32 gradient check (0: skip)")
     g.add_argument("--train-warmup", type=int, default=2)
     g.add_argument("--train-reps", type=int, default=5)
+    g.add_argument("--train-compile", action="store_true",
+                   help="run each variant's training forward under torch.compile (both variants alike)")
     g.add_argument("--train-profile", action="store_true",
                    help="profile one more step per variant (CUDA): its largest kernels, kernel vs wall time")
     g = p.add_argument_group("decode")
@@ -203,7 +205,7 @@ def _run_part(part: str, bench: BenchModel, a: argparse.Namespace, log: _Log,
         return run_decode(bench, cfg, log, update)
     impl = a.train_impl or ("hot-cold" if bench.device.type == "cuda" else "sparse-reference")
     cfg = TrainConfig(batch=a.train_batch, check_seqs=a.train_check_seqs, impl=impl, lr=a.train_lr,
-                      warmup=a.train_warmup, reps=a.train_reps, profile=a.train_profile)
+                      warmup=a.train_warmup, reps=a.train_reps, profile=a.train_profile, compile=a.train_compile)
     return run_train(bench, cfg, log, update)
 
 

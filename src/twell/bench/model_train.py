@@ -60,6 +60,10 @@ class TrainConfig:
     warmup: int = 2
     reps: int = 5
     profile: bool = False  # one more step per variant under torch.profiler: its largest GPU kernels
+    #: run each variant's forward under torch.compile (inductor on CUDA, aot_eager elsewhere; a dynamo
+    #: reset before each variant, whose MLP modules the model swaps in): the elementwise work outside
+    #: the FFN fused for both variants; the sparse FFN is its custom op with its autograd formula
+    compile: bool = False
 
 
 #: Kernels listed per variant by the ``profile`` option (largest total GPU time first).
@@ -204,9 +208,14 @@ def _time_variant(bench: BenchModel, ids: torch.Tensor, cfg: TrainConfig, entry:
     """Warm-up and timed optimizer steps of the variant in the model, then the peak memory of one step."""
     model, device = bench.model, bench.device
     optimizer: dict[str, torch.optim.Optimizer] = {}  # dropped at the end: the next variant starts afresh
+    forward: nn.Module = model
+    if cfg.compile:
+        torch._dynamo.reset()
+        forward = torch.compile(model, backend="inductor" if device.type == "cuda" else "aot_eager")
+        entry["compiled"] = True
 
     def step() -> None:
-        _loss_backward(model, ids, cfg.l1_coef)
+        _loss_backward(forward, ids, cfg.l1_coef)
         optimizer["adamw"].step()
         optimizer["adamw"].zero_grad(set_to_none=True)
 
@@ -232,6 +241,8 @@ def _time_variant(bench: BenchModel, ids: torch.Tensor, cfg: TrainConfig, entry:
     finally:
         optimizer.clear()
         model.zero_grad(set_to_none=True)
+        if cfg.compile:
+            torch._dynamo.reset()
         free_device_memory(device)
 
 
