@@ -82,24 +82,26 @@ def test_all_parts_in_process_write_results(tmp_path: Path) -> None:
     assert rc == 0
 
 
-def test_fused_norms_run_in_every_variant(tmp_path: Path) -> None:
-    rc = bench_model.main([*SMALL, "--dtype", "float32", "--isolation", "none", "--parts", "forward,train",
-                           "--fused-norms", "--out", str(tmp_path)])
+def _run_small_fp32(tmp_path: Path, parts: str, *options: str) -> dict:
+    """The tiny preset in float32, in this process: the parsed JSON's parts (each asserted ok)."""
+    rc = bench_model.main([*SMALL, "--dtype", "float32", "--isolation", "none", "--parts", parts, *options,
+                           "--out", str(tmp_path)])
     data = _load(tmp_path)
-    assert rc == 0 and data["meta"]["setup"]["fused_norms"] is True
+    assert rc == 0 and all(p["status"] == "ok" for p in data["meta"]["parts"].values()), data["meta"]["parts"]
+    return data
+
+
+def test_fused_norms_run_in_every_variant(tmp_path: Path) -> None:
+    data = _run_small_fp32(tmp_path, "forward,train", "--fused-norms")
+    assert data["meta"]["setup"]["fused_norms"] is True
     parts = data["meta"]["parts"]
-    assert all(p["status"] == "ok" for p in parts.values()), parts
     fwd = parts["forward"]["result"]["variants"]
     assert fwd["sparse:always-sparse"]["rel_l2_vs_dense"] < 1e-5 and fwd["sparse:always-sparse"]["ok"] is True
     assert parts["train"]["result"]["variants"]["sparse:sparse-reference"]["ok"] is True
 
 
 def test_compiled_forward_times_every_variant(tmp_path: Path) -> None:
-    rc = bench_model.main([*SMALL, "--dtype", "float32", "--isolation", "none", "--parts", "forward",
-                           "--forward-compile", "--out", str(tmp_path)])
-    data = _load(tmp_path)
-    assert rc == 0
-    fwd = data["meta"]["parts"]["forward"]["result"]["variants"]
+    fwd = _run_small_fp32(tmp_path, "forward", "--forward-compile")["meta"]["parts"]["forward"]["result"]["variants"]
     for name, v in fwd.items():
         assert v["compiled_ms"] > 0 and len(v["compiled_ms_samples"]) == 1, name
         assert v["compiled_rel_l2_vs_eager"] < 1e-5, name  # aot_eager on the CPU: the eager ops
@@ -107,11 +109,7 @@ def test_compiled_forward_times_every_variant(tmp_path: Path) -> None:
 
 
 def test_compiled_training_step_runs_both_variants(tmp_path: Path) -> None:
-    rc = bench_model.main([*SMALL, "--dtype", "float32", "--isolation", "none", "--parts", "train",
-                           "--train-compile", "--out", str(tmp_path)])
-    data = _load(tmp_path)
-    assert rc == 0
-    train = data["meta"]["parts"]["train"]["result"]["variants"]
+    train = _run_small_fp32(tmp_path, "train", "--train-compile")["meta"]["parts"]["train"]["result"]["variants"]
     for name, v in train.items():
         assert v["compiled"] is True and v["tokens_per_ms"] > 0 and "error" not in v, (name, v.get("error"))
     assert train["sparse:sparse-reference"]["ok"] is True
