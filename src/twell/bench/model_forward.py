@@ -28,9 +28,12 @@ from ..nn import SparseGatedMLP
 from ..tolerances import REL_TOL
 from .model_energy import EnergyMeter
 from .model_measure import (
+    PROFILE_TOP,
     Timings,
+    compile_backend,
     describe_error,
     free_device_memory,
+    kernel_lines,
     peak_memory,
     profile_kernels,
     time_compiled_variants,
@@ -54,9 +57,6 @@ class ForwardConfig:
     #: work outside the FFN fused, the sparse FFN as its custom ops), one variant after another
     compile: bool = False
 
-
-#: Kernels listed per variant by the ``profile`` option (largest total GPU time first).
-PROFILE_TOP = 25
 
 
 def _rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -102,7 +102,7 @@ def _time_compiled(bench: BenchModel, ids: torch.Tensor, runnable: list[str], re
     """``compiled_ms``, ``compiled_speedup`` (vs the compiled dense backbone) and ``compiled_rel_l2_vs_eager``
     per variant: the backbone under torch.compile (inductor; ``aot_eager`` off CUDA, for tests)."""
     backbone = bench.model.model
-    backend = "inductor" if bench.device.type == "cuda" else "aot_eager"
+    backend = compile_backend(bench.device)
     compiled = torch.compile(backbone, backend=backend)
     names = [n for n in runnable if "error" not in result["variants"][n]]
     log(f"forward: timing {', '.join(names)} compiled ({backend}; {cfg.reps} reps, one variant after another)")
@@ -205,8 +205,7 @@ def run_forward(bench: BenchModel, cfg: ForwardConfig, log: Callable[[str], None
                 entry = result["variants"][name]
                 if "error" not in entry:
                     entry["profile"] = profile_kernels(call(name), device, PROFILE_TOP)
-                    log(f"forward: {name}: kernels of one forward (ms, calls):\n" + "\n".join(
-                        f"  {r['ms']:9.3f} {r['calls']:5d}  {r['kernel'][:100]}" for r in entry["profile"]["kernels"]))
+                    log(f"forward: {name}: kernels of one forward (ms, calls):\n" + kernel_lines(entry["profile"]))
             update(result)
 
         meter = EnergyMeter(device)

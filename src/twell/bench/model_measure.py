@@ -17,7 +17,21 @@ from typing import Any
 
 import torch
 
-__all__ = ["Timings", "describe_error", "peak_memory", "synchronize", "time_compiled_variants", "time_interleaved"]
+__all__ = [
+    "PROFILE_TOP",
+    "Timings",
+    "compile_backend",
+    "describe_error",
+    "kernel_lines",
+    "peak_memory",
+    "profile_kernels",
+    "synchronize",
+    "time_compiled_variants",
+    "time_interleaved",
+]
+
+#: Kernels listed per variant by the parts' ``profile`` options (largest total GPU time first).
+PROFILE_TOP = 25
 
 
 def synchronize(device: torch.device) -> None:
@@ -123,6 +137,17 @@ def profile_kernels(fn: Callable[[], Any], device: torch.device, top: int, calls
             rows.append({"kernel": ev.key, "ms": t / 1e3 / calls, "calls": ev.count // calls})
     rows.sort(key=lambda r: -r["ms"])
     return {"wall_ms": wall_ms, "kernel_ms": sum(r["ms"] for r in rows), "kernels": rows[:top]}
+
+
+def kernel_lines(profile: dict[str, Any]) -> str:
+    """The kernel table of :func:`profile_kernels`, one ``ms  calls  name`` line per kernel."""
+    return "\n".join(f"  {r['ms']:9.3f} {r['calls']:5d}  {r['kernel'][:100]}" for r in profile["kernels"])
+
+
+def compile_backend(device: torch.device) -> str:
+    """The torch.compile backend of the benchmarks' compiled variants: inductor on CUDA, ``aot_eager``
+    elsewhere (the CPU tests: the eager ops, traced)."""
+    return "inductor" if device.type == "cuda" else "aot_eager"
 
 
 def time_compiled_variants(fns: dict[str, Callable[[], Any]], device: torch.device, reps: int) -> Timings:

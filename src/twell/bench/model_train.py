@@ -43,7 +43,16 @@ from torch import nn
 
 from ..nn import DenseReluGatedMLP
 from ..tolerances import REL_TOL_GRAD
-from .model_measure import describe_error, free_device_memory, peak_memory, profile_kernels, time_interleaved
+from .model_measure import (
+    PROFILE_TOP,
+    compile_backend,
+    describe_error,
+    free_device_memory,
+    kernel_lines,
+    peak_memory,
+    profile_kernels,
+    time_interleaved,
+)
 from .model_setup import BenchModel
 
 __all__ = ["DenseL1MLP", "TrainConfig", "run_train", "train_rows"]
@@ -65,9 +74,6 @@ class TrainConfig:
     #: the FFN fused for both variants; the sparse FFN is its custom op with its autograd formula
     compile: bool = False
 
-
-#: Kernels listed per variant by the ``profile`` option (largest total GPU time first).
-PROFILE_TOP = 25
 
 
 class DenseL1MLP(nn.Module):
@@ -211,7 +217,7 @@ def _time_variant(bench: BenchModel, ids: torch.Tensor, cfg: TrainConfig, entry:
     forward: nn.Module = model
     if cfg.compile:
         torch._dynamo.reset()
-        forward = torch.compile(model, backend="inductor" if device.type == "cuda" else "aot_eager")
+        forward = torch.compile(model, backend=compile_backend(device))
         entry["compiled"] = True
 
     def step() -> None:
@@ -234,8 +240,7 @@ def _time_variant(bench: BenchModel, ids: torch.Tensor, cfg: TrainConfig, entry:
         _record_l0(model, entry, "layer_l0_last_step")
         if cfg.profile and device.type == "cuda":
             entry["profile"] = profile_kernels(step, device, PROFILE_TOP)
-            log(f"train: {name}: kernels of one step (ms, calls):\n" + "\n".join(
-                f"  {r['ms']:9.3f} {r['calls']:5d}  {r['kernel'][:100]}" for r in entry["profile"]["kernels"]))
+            log(f"train: {name}: kernels of one step (ms, calls):\n" + kernel_lines(entry["profile"]))
     except Exception as exc:  # noqa: BLE001 - recorded; the next variant goes on
         entry["error"] = describe_error(exc)
     finally:
