@@ -55,6 +55,7 @@ from ..format.twell import DEFAULT_TILE, MAX_TILE, default_capacity
 from ..ops._runtime import BACKENDS, resolve_backend
 from ..ops.active_count import mean_active_per_token
 from ..ops.decode import launch_decode_ffn
+from ..ops.hot_cold_plan import plan_weight_copies
 from ..ops.hot_cold_training import HotUnits, choose_training_hot_units, twell_gated_ffn_l1_hot_cold
 from ..ops.inference import PRECISIONS, TRITON_TILES, _check_triton_dtype
 from ..ops.training import twell_gated_ffn_l1
@@ -436,12 +437,10 @@ class SparseGatedMLP(nn.Module):
             capacity = self.capacity or default_capacity(self.tile)
             plan = self._hot_cold._plan
             if self.hot_cold and self.precision == "match" and backend == "triton" and plan is not None:
-                hot, cold = plan.hot, plan.cold
-                w_gemm = torch.cat([w_gate.index_select(0, hot), w_gate.index_select(0, cold),
-                                    w_up.index_select(0, hot)], 0)
+                w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, plan.hot, plan.cold)
                 out, _ = torch.ops.twell.hot_cold_gated_ffn_unchecked(
-                    x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), hot, cold, w_gemm,
-                    w_down.index_select(1, hot).t().contiguous(), self.tile, capacity, backend)
+                    x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), plan.hot, plan.cold, w_gemm,
+                    w_down_hot_t, self.tile, capacity, backend)
             else:
                 out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
                     x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), self.tile, capacity, self.precision,

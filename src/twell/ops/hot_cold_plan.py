@@ -98,8 +98,17 @@ def build_hot_cold_plan(
         if int(is_hot.sum()) != hot.numel():
             raise ValueError("hot unit ids must be unique")
     hot = is_hot.nonzero().flatten()
-    cold = (~is_hot).nonzero().flatten()
+    cold = (~is_hot).nonzero().flatten().to(torch.int32)
     with torch.no_grad():
-        w_gemm = torch.cat([w_gate[hot], w_gate[cold], w_up[hot]], 0).contiguous()
-        w_down_hot_t = w_down[:, hot].t().contiguous()
-    return HotColdPlan(hot=hot, cold=cold.to(torch.int32), w_gemm=w_gemm, w_down_hot_t=w_down_hot_t)
+        w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, hot, cold)
+    return HotColdPlan(hot=hot, cold=cold, w_gemm=w_gemm, w_down_hot_t=w_down_hot_t)
+
+
+def plan_weight_copies(
+    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, hot: torch.Tensor, cold: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(w_gemm, w_down_hot_t)`` of a :class:`HotColdPlan` for unit ids ``hot`` and ``cold`` (checked by
+    the caller): rows ``Wg[hot]``, ``Wg[cold]``, ``Wu[hot]``, and ``Wd[:, hot]^T``, both contiguous.
+    Also what ``SparseGatedMLP``'s compiled path builds in its graph from the current weights."""
+    w_gemm = torch.cat([w_gate.index_select(0, hot), w_gate.index_select(0, cold), w_up.index_select(0, hot)], 0)
+    return w_gemm, w_down.index_select(1, hot).t().contiguous()
