@@ -12,7 +12,8 @@ statistics.
 Only on CUDA: there ``F.rms_norm`` calls PyTorch's fused kernel, whose autograd saves the input and
 the per-row rstd.  On the CPU it is PyTorch's composite implementation, which saved 512 bytes more
 per token and norm than the transformers module (d=256, bf16, counted with saved-tensor hooks in
-torch 2.13), so elsewhere :class:`FusedRMSNorm` runs the replaced module unchanged (``devices``).
+torch 2.13: scripts/norm_saved_bytes.py, bench_results/cpu/norm_saved_bytes.log), so elsewhere
+:class:`FusedRMSNorm` runs the replaced module unchanged (``devices``).
 
 Numerics: the transformers module rounds ``x * rstd`` to the input dtype before multiplying by the
 weight; ``F.rms_norm`` multiplies by the weight before its one rounding.  Outputs differ by at most a
