@@ -44,6 +44,7 @@ for stage in $STAGES; do
     coldfmt) run_stage coldfmt 150 python3 scripts/cold_format_probe.py ;;
     trainprof) run_stage trainprof 120 python3 scripts/train_hot_cold_profile.py ${ARGS_TRAINPROF:-} ;;
     decodeprobe) run_stage decodeprobe 90 python3 scripts/decode_probe.py ${ARGS_DECODEPROBE:-} ;;
+    switchovh) run_stage switchovh 120 python3 scripts/train_switch_overhead.py ${ARGS_SWITCHOVH:-} ;;
     overhead) run_stage overhead 120 python3 scripts/module_overhead.py --device cuda ${ARGS_OVERHEAD:-} ;;
     *) echo "unknown stage $stage" | tee -a "$RUN/stages.txt" ;;
   esac
