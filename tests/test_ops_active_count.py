@@ -14,7 +14,7 @@ def _expected(a: torch.Tensor) -> float:
     return torch.count_nonzero(a).item() / tokens
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (3, 5, 96), (2, 8193), (0, 64), (64,)])
+@pytest.mark.parametrize("shape", [(1, 1), (7, 33), (3, 5, 96), (2, 8193), (5, 16391), (0, 64), (64,)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_matches_count_nonzero(shape, dtype, monkeypatch):
     gen = torch.Generator().manual_seed(sum(shape))
@@ -38,6 +38,21 @@ def test_kernel_runs_under_the_interpreter(monkeypatch):
     a[4, 16] = float("nan")
     assert mean_active_per_token(a).item() == pytest.approx(2 / 5)
     assert mean_active_per_token(torch.ones(4, 3)).item() == 3.0  # fully dense
+
+
+def test_grid_stride_programs_each_count_several_blocks(monkeypatch):
+    # 41,955 elements = 6 blocks on the interpreter's 4 programs: programs 0 and 1 loop twice, and the
+    # last ticket (whichever program takes it) writes the total of all of them.
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if not active_count.triton_available():
+        pytest.skip("needs triton")
+    gen = torch.Generator().manual_seed(11)
+    a = torch.relu(torch.randn(5, 8391, generator=gen) - 1.0)
+    assert active_count._use_kernel(a)
+    assert a.numel() > active_count._DEFAULT_PROGRAMS * active_count._BLOCK
+    got = mean_active_per_token(a)
+    assert got.item() == pytest.approx(_expected(a), rel=1e-6)
+    assert torch.equal(got, mean_active_per_token(a))
 
 
 def test_non_contiguous_input_uses_torch():

@@ -68,7 +68,6 @@ from .train_dispatch import (
     TrainSwitch,
     _in_backward,
     autocast_dtype,
-    compute_dtype,
     dense_train_ffn_l1,
     sparse_train_fn,
 )
@@ -389,9 +388,12 @@ class SparseGatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., hidden_size]`` -> ``[..., hidden_size]``; the path is chosen as the module docs say."""
         if self.training and torch.is_grad_enabled():
-            _check_input(x, self.hidden_size, self.gate_proj.weight, autocast_ok=True)
+            weights = self._weights()
+            _check_input(x, self.hidden_size, weights[0], autocast_ok=True)
+            if x.dim() == 2:  # no reshape: two view nodes fewer in the autograd graph
+                return self._ffn_train(x, weights)
             lead = x.shape[:-1]
-            out = self._ffn_train(x.reshape(-1, self.hidden_size))
+            out = self._ffn_train(x.reshape(-1, self.hidden_size), weights)
             return out.reshape(*lead, self.hidden_size)
         # Inference: called once per layer per decode step, where the host is the bottleneck, so this
         # path avoids what costs a microsecond or so per call on the CPU (scripts/module_overhead.py,
@@ -448,21 +450,26 @@ class SparseGatedMLP(nn.Module):
             return out.view(x.shape)
         return _dense_ffn(x, *weights)[0]
 
-    def _ffn_train(self, x: torch.Tensor) -> torch.Tensor:
-        """The one place the training FFN is called (see ``train_impl``)."""
+    def _ffn_train(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The one place the training FFN is called (see ``train_impl``).
+
+        A dense call at M=4096 is close to bound by the host (its ~30 launches took 0.72-0.80 ms of
+        Python and dispatch on the H200's host against a 1.5 ms GPU step, bench_results/h200/
+        train_switch_overhead_session5.log), so this path reads the autocast state once, the weights
+        from the parameter dicts and writes its statistics without ``Module.__setattr__``."""
         if self.train_impl not in TRAIN_IMPLS:
             raise ValueError(f"train_impl must be one of {', '.join(TRAIN_IMPLS)}; got {self.train_impl!r}")
-        weights = (self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+        dtype = autocast_dtype(x.device.type)
         if self.train_impl == "auto":
             shape = (self.hidden_size, self.intermediate_size)
             if torch.compiler.is_compiling():
                 # Traced: the decision from the switch's current estimate, no call counting or l0 read
                 # (per-call state recompiles the graph every call; eager calls refresh the estimate).
                 sparse = self._train_switch.traced_choice(self.train_policy, x.shape[0], device=x.device,
-                                                          shape=shape, dtype=compute_dtype(x))
+                                                          shape=shape, dtype=dtype or x.dtype)
             else:
                 sparse = self._train_switch.choose(
-                    self.train_policy, x.shape[0], device=x.device, shape=shape, dtype=compute_dtype(x),
+                    self.train_policy, x.shape[0], device=x.device, shape=shape, dtype=dtype or x.dtype,
                     last_l0=self.last_l0, refresh_every=self.l0_refresh_every,
                 )
             fn = dense_train_ffn_l1
@@ -478,7 +485,6 @@ class SparseGatedMLP(nn.Module):
         else:
             fns = {"sparse-reference": gated_ffn_l1, "triton": twell_gated_ffn_l1}
             fn = fns.get(self.train_impl, dense_gated_ffn_l1)
-        dtype = autocast_dtype(x.device.type)
         if fn is not dense_train_ffn_l1 and dtype is not None:
             # The sparse autograd Functions and the oracle's dense twin take one dtype and are not
             # autocast-aware: give them what an autocast F.linear computes with (the casts route the
@@ -487,8 +493,9 @@ class SparseGatedMLP(nn.Module):
                 out, l1, l0 = fn(x.to(dtype), *(w.to(dtype) for w in weights))
         else:
             out, l1, l0 = fn(x, *weights)
-        self.last_l1 = l1
-        self.last_l0 = l0.detach()
+        # Plain attributes (never parameters, buffers or modules): Module.__setattr__'s lookups skipped.
+        self.__dict__["last_l1"] = l1
+        self.__dict__["last_l0"] = l0.detach()
         return out
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
