@@ -181,6 +181,29 @@ def test_compiled_decode_variants_are_timed_one_after_another(monkeypatch: pytes
     assert model_decode._compiled_step(cfg, torch.device("cuda")) and not model_decode._compiled_step(cfg, CPU)
 
 
+def test_graphed_decode_loop_matches_generate(tmp_path: Path) -> None:
+    """--decode-loop graphed: every variant through twell.generation.GreedyDecoder; its tokens are
+    generate's (the same dense and sparse outputs as the generate loop on the same prompts)."""
+    runs = {}
+    for loop in ("generate", "graphed"):
+        out = tmp_path / loop
+        rc = bench_model.main([*SMALL, "--parts", "decode", "--decode-policies", "decode-1,always-sparse",
+                               "--decode-loop", loop, "--isolation", "none", "--out", str(out)])
+        assert rc == 0
+        runs[loop] = _load(out)["meta"]["parts"]["decode"]["result"]
+    graphed = runs["graphed"]
+    assert graphed["loop"] == "graphed" and graphed["static_cache"] is False
+    for b, entries in graphed["batches"].items():
+        for name, v in entries.items():
+            assert "error" not in v, (name, v.get("error"))
+            assert v["tokens_per_s"] > 0 and v["identical_fraction"] == 1.0, (b, name)
+            assert runs["generate"]["batches"][b][name]["identical_fraction"] == 1.0
+    with pytest.raises(ValueError, match="loop must be one of"):
+        from twell.bench import model_decode
+
+        model_decode.run_decode(None, model_decode.DecodeConfig(loop="fast"), print, print)  # type: ignore[arg-type]
+
+
 def test_energy_meter_reports_why_it_is_unavailable() -> None:
     meter = EnergyMeter(CPU)
     assert meter.method is None and "cpu" in meter.reason

@@ -126,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--decode-static-cache", action="store_true",
                    help="generate with transformers' static KV cache (on CUDA it also compiles the decode "
                         "step, CUDA graphs included): where the per-token host overhead no longer hides the FFN")
+    g.add_argument("--decode-loop", choices=["generate", "graphed"], default="generate",
+                   help="generate: transformers' generate; graphed: twell.generation.GreedyDecoder (static "
+                        "cache, the one-token step replayed from a CUDA graph on CUDA), every variant alike")
     g.add_argument("--decode-policies", type=_csv(str), default=("default", "decode", "always-sparse"),
                    help=f"dispatch policies of the sparse variants ({', '.join(POLICIES)}; 'decode' = the default "
                         "table plus the small-batch kernels for 1 to 64 tokens per call)")
@@ -201,7 +204,8 @@ def _run_part(part: str, bench: BenchModel, a: argparse.Namespace, log: _Log,
         return run_forward(bench, cfg, log, update)
     if part == "decode":
         cfg = DecodeConfig(batches=a.decode_batches, prompt_len=a.prompt_len, new_tokens=a.new_tokens,
-                           reps=a.decode_reps, policies=a.decode_policies, static_cache=a.decode_static_cache)
+                           reps=a.decode_reps, policies=a.decode_policies, static_cache=a.decode_static_cache,
+                           loop=a.decode_loop)
         return run_decode(bench, cfg, log, update)
     impl = a.train_impl or ("hot-cold" if bench.device.type == "cuda" else "sparse-reference")
     cfg = TrainConfig(batch=a.train_batch, check_seqs=a.train_check_seqs, impl=impl, lr=a.train_lr,

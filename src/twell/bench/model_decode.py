@@ -3,8 +3,12 @@
 For each batch size (``--decode-batches``, default 1, 8, 64) the prompts are the first ``--prompt-len``
 tokens of the first sequences of the benchmark batch; ``--new-tokens`` tokens are generated greedily with
 ``min_new_tokens == max_new_tokens`` (no early stop, so every variant does the same work).  Variants:
-``dense`` and one sparse variant per ``--decode-policies`` entry.  After a short untimed generation per
-variant (kernel compilation, the first l0 measurement), the full generations are timed interleaved.
+``dense`` and one sparse variant per ``--decode-policies`` entry.  ``--decode-loop generate`` decodes
+through transformers' ``generate``; ``--decode-loop graphed`` through
+:class:`twell.generation.GreedyDecoder` (static KV cache, on CUDA the one-token step replayed from a CUDA
+graph), every variant alike.  After a short untimed generation per variant (kernel compilation, the
+first l0 measurement; with ``graphed``, a full-length one that records the step), the full generations
+are timed interleaved.
 
 Reported per batch size and variant: tokens/s (new tokens of the whole batch per second, prefill
 included), speedup, the fraction of sequences identical to the dense output and the mean length of the
@@ -21,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..generation import GreedyDecoder
 from ..nn import SparseGatedMLP
 from .model_measure import describe_error, free_device_memory, time_compiled_variants, time_interleaved
 from .model_setup import BenchModel, make_tokens
@@ -42,6 +47,10 @@ class DecodeConfig:
     #: transformers' static KV cache; on CUDA, generate then compiles the decode step (CUDA graphs): the
     #: eager decode step of a 1.5B model is bound by the host's launches, which hide what the FFN saves.
     static_cache: bool = False
+    #: "generate" (transformers' generate) or "graphed" (:class:`twell.generation.GreedyDecoder`: static
+    #: cache, the step replayed from a CUDA graph on CUDA; through generate the compiled 1.5B step still
+    #: took ~4-5 ms per token for ~1.5 ms of GPU work, bench_results/h200/model/model_1.5b_decode_session5.json).
+    loop: str = "generate"
 
 
 def _generate(bench: BenchModel, name: str, prompt: torch.Tensor, new_tokens: int,
@@ -58,6 +67,19 @@ def _generate(bench: BenchModel, name: str, prompt: torch.Tensor, new_tokens: in
         pad_token_id=0,
         **extra,
     )
+
+
+LOOPS = ("generate", "graphed")
+
+
+def _graphed(decoders: dict[str, GreedyDecoder], bench: BenchModel, name: str, prompt: torch.Tensor,
+             new_tokens: int) -> torch.Tensor:
+    """Greedy decoding of variant ``name`` through its own :class:`GreedyDecoder` (its recorded step
+    bakes in that variant's layers, so each variant keeps one)."""
+    bench.sets.use(name)
+    if name not in decoders:
+        decoders[name] = GreedyDecoder(bench.model, pad_token_id=0, max_graphs=1)
+    return decoders[name](prompt, new_tokens)
 
 
 def _prompts(bench: BenchModel, n: int, length: int) -> torch.Tensor:
@@ -83,8 +105,11 @@ def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
                update: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run the decode part; ``update(result)`` after every batch size."""
     names = ["dense", *(f"sparse:{p}" for p in cfg.policies)]
+    if cfg.loop not in LOOPS:
+        raise ValueError(f"loop must be one of {', '.join(LOOPS)}; got {cfg.loop!r}")
+    graphed = cfg.loop == "graphed"
     result: dict[str, Any] = {"prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens,
-                              "static_cache": cfg.static_cache, "batches": {}}
+                              "static_cache": cfg.static_cache and not graphed, "loop": cfg.loop, "batches": {}}
     prompts = _prompts(bench, max(cfg.batches), cfg.prompt_len)
     largest_dense: torch.Tensor | None = None
     for b in cfg.batches:
@@ -92,20 +117,28 @@ def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
         entries: dict[str, dict[str, Any]] = {n: {} for n in names}
         result["batches"][str(b)] = entries
         runnable = []
+        decoders: dict[str, GreedyDecoder] = {}
         for name in names:
-            if _compiled_step(cfg, bench.device):
+            if _compiled_step(cfg, bench.device) and not graphed:
                 runnable.append(name)  # its full-length warm-up run (the only compile) reports any error
                 continue
             try:
                 with torch.no_grad():
-                    _generate(bench, name, prompt, min(_WARMUP_TOKENS, cfg.new_tokens), cfg.static_cache)
+                    if graphed:  # full length: records the step that the timed runs replay
+                        _graphed(decoders, bench, name, prompt, cfg.new_tokens)
+                    else:
+                        _generate(bench, name, prompt, min(_WARMUP_TOKENS, cfg.new_tokens), cfg.static_cache)
                 runnable.append(name)
             except Exception as exc:  # noqa: BLE001 - recorded; the other variants go on
                 entries[name]["error"] = describe_error(exc)
                 free_device_memory(bench.device)
-        fns = {n: (lambda n=n, p=prompt: _generate(bench, n, p, cfg.new_tokens, cfg.static_cache)) for n in runnable}
+        if graphed:
+            fns = {n: (lambda n=n, p=prompt, d=decoders: _graphed(d, bench, n, p, cfg.new_tokens)) for n in runnable}
+        else:
+            fns = {n: (lambda n=n, p=prompt: _generate(bench, n, p, cfg.new_tokens, cfg.static_cache))
+                   for n in runnable}
         with torch.no_grad():
-            if _compiled_step(cfg, bench.device):
+            if _compiled_step(cfg, bench.device) and not graphed:
                 log(f"decode: batch {b}: timing {', '.join(runnable)} ({cfg.reps} reps, one variant after another)")
                 timings = time_compiled_variants(fns, bench.device, cfg.reps)
             else:
@@ -137,6 +170,7 @@ def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
                 entry["sparse_layers_decode_step"] = sum(m._use_sparse(b, dev) for m in mlps)
                 entry["sparse_layers_prefill"] = sum(m._use_sparse(b * cfg.prompt_len, dev) for m in mlps)
         largest_dense = dense_out if dense_out is not None else largest_dense
+        decoders.clear()  # the recorded steps and their KV caches
         del timings
         free_device_memory(bench.device)
         update(result)

@@ -1,7 +1,7 @@
 """``torch.nn`` layers built on the TwELL ops: the sparse ReLU-gated MLP and its dispatch policy."""
 
 from .dispatch import DEFAULT_POLICY, H200_BF16_TABLE, DispatchPolicy
-from .mlp import DenseReluGatedMLP, SparseGatedMLP
+from .mlp import DenseReluGatedMLP, SparseGatedMLP, static_dispatch
 from .norm import FusedRMSNorm, fuse_rms_norms, unfuse_rms_norms
 
 __all__ = [
@@ -12,5 +12,6 @@ __all__ = [
     "FusedRMSNorm",
     "SparseGatedMLP",
     "fuse_rms_norms",
+    "static_dispatch",
     "unfuse_rms_norms",
 ]

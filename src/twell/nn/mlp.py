@@ -41,8 +41,10 @@ falling back silently to wrong gradients is worse than being slower.  Run infere
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import weakref
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -75,7 +77,7 @@ from .train_dispatch import (
 #: Training FFN implementations (see ``SparseGatedMLP``'s ``train_impl``).
 TRAIN_IMPLS = ("auto", "dense", "sparse-reference", "triton", "hot-cold")
 
-__all__ = ["DenseReluGatedMLP", "SparseGatedMLP"]
+__all__ = ["DenseReluGatedMLP", "SparseGatedMLP", "static_dispatch"]
 
 
 #: Bound on the per-layer cache of dispatch decisions (one entry per distinct token count; prefill
@@ -83,6 +85,31 @@ __all__ = ["DenseReluGatedMLP", "SparseGatedMLP"]
 _MAX_CACHED_DECISIONS = 256
 #: Generation numbers of _SparsePrep, unique in the process: the hot/cold plan is keyed on it.
 _PREP_GENERATIONS = itertools.count()
+
+
+class _StaticDispatchDepth:
+    """How many :func:`static_dispatch` contexts are open (a class attribute: one read per call)."""
+
+    depth = 0
+
+
+_STATIC_DISPATCH = _StaticDispatchDepth
+
+
+@contextlib.contextmanager
+def static_dispatch() -> Iterator[None]:
+    """Inside this context every :class:`SparseGatedMLP` inference call takes the path that
+    torch.compile traces: the kernels chosen from the layer's current l0 estimate, with no call
+    counting, no l0 refresh and no host synchronisation, so the same kernels run on every call.  That
+    is what recording a CUDA graph needs (a refresh call's device-to-host read is illegal during
+    capture, and a replay repeats the recorded kernels whatever the Python would decide);
+    :func:`twell.generation.greedy_decode` records its decode step inside it.  Run ordinary (eager)
+    calls first, e.g. the prompt's forward, so that the estimates exist.  Training calls are unaffected."""
+    _STATIC_DISPATCH.depth += 1
+    try:
+        yield
+    finally:
+        _STATIC_DISPATCH.depth -= 1
 
 
 class _InferenceState:
@@ -405,7 +432,7 @@ class SparseGatedMLP(nn.Module):
         _check_input(x, self.hidden_size, weights[0])
         if self.last_l1 is not None:
             self.last_l1 = None  # drop the previous training graph; l1_loss() now refers to nothing
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or _STATIC_DISPATCH.depth:
             return self._ffn_infer_traced(x, weights)
         return self._ffn_infer(x, weights)
 

@@ -1,0 +1,284 @@
+"""Greedy decoding with a static KV cache and, on CUDA, the one-token step replayed from a CUDA graph.
+
+Why a loop of our own: through transformers' ``generate`` (static cache, compiled decode step) a
+1.5B-shaped model decoded one sequence at 206-241 tokens/s on an H200, ~4-5 ms per token, for about
+1.5 ms of GPU work per step (the weights are 3 GB), dense or sparse alike
+(bench_results/h200/model/model_1.5b_decode_session5.json): the host sets the pace, so what the sparse
+FFN saves on the GPU cannot show.  Here the whole step -- embedding, every layer, the last position's
+logits, the argmax, the end-of-sequence bookkeeping and the position increment -- is recorded once in
+a CUDA graph and replayed per token: one launch per token from the host.
+
+What it computes is ``model.generate(input_ids, max_new_tokens=n, do_sample=False)`` for prompts
+without padding (every row of ``input_ids`` is a full prompt; no attention mask): the same tokens
+(``tests/test_generation.py`` compares them on the CPU, where the same step runs eagerly).  With
+``eos_token_id``, a sequence that has produced it continues with ``pad_token_id``, and the output ends
+after the step at which every sequence had finished, as ``generate`` stops there; without it, exactly
+``max_new_tokens`` tokens are generated.  All ``max_new_tokens`` steps run either way: noticing that
+every sequence has finished would take a device-to-host read per token.
+
+The recorded step runs the sparse layers under :func:`twell.nn.static_dispatch`: each layer's kernels
+are the ones its policy picks for the batch size at its current l0 estimate (refreshed by the eager
+prompt forward), fixed for the whole generation.  A :class:`GreedyDecoder` keeps its recorded graphs
+(each with its own static KV cache) for the next call of the same batch size and length, keyed also on
+the model's parameter storage and the sparse layers' decisions, so swapping modules, moving weights or
+changing a dispatch policy records a new graph instead of replaying a stale one.
+"""
+
+from __future__ import annotations
+
+import collections
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from .nn import SparseGatedMLP, static_dispatch
+
+__all__ = ["GreedyDecoder", "greedy_decode"]
+
+#: Recorded graphs a decoder keeps (least recently used dropped first).  Each holds a static KV cache:
+#: 3.7 GB at batch 64 x 256 positions for the 1.5B shape, so a handful at most.
+DEFAULT_MAX_GRAPHS = 2
+#: Eager runs of the step on a side stream before recording (allocator and autotuning warm-up).
+_WARMUP_STEPS = 2
+
+
+def _check_ids(input_ids: object, device: torch.device) -> torch.Tensor:
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(f"input_ids must be a torch.Tensor [batch, prompt_len], got {type(input_ids).__name__}")
+    if input_ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"input_ids must be int64 or int32 token ids, got {str(input_ids.dtype).replace('torch.', '')}")
+    if input_ids.dim() != 2 or input_ids.shape[0] < 1 or input_ids.shape[1] < 1:
+        raise ValueError(f"input_ids must have shape [batch >= 1, prompt_len >= 1], got {tuple(input_ids.shape)}")
+    if input_ids.device != device:
+        raise ValueError(f"input_ids are on {input_ids.device} but the model is on {device}; move one of them")
+    return input_ids
+
+
+def _check_count(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+def _eos_ids(eos_token_id: int | Sequence[int] | None) -> tuple[int, ...]:
+    if eos_token_id is None:
+        return ()
+    ids = (eos_token_id,) if isinstance(eos_token_id, int) and not isinstance(eos_token_id, bool) else eos_token_id
+    try:
+        out = tuple(ids)  # type: ignore[arg-type]
+    except TypeError:
+        out = ()
+    if not out or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in out):
+        raise ValueError(
+            f"eos_token_id must be None, a token id >= 0 or a non-empty sequence of them, got {eos_token_id!r}")
+    return out
+
+
+def _static_cache(model: nn.Module, max_len: int, batch: int) -> Any:
+    from transformers import StaticCache
+
+    params = inspect.signature(StaticCache.__init__).parameters
+    kwargs: dict[str, Any] = {"config": model.config, "max_cache_len": max_len}
+    if "max_batch_size" in params:  # transformers releases that allocate the cache up front
+        kwargs.update(max_batch_size=batch, device=model.device, dtype=model.dtype)
+    return StaticCache(**kwargs)
+
+
+@dataclass
+class _Recorded:
+    """One recorded decode step: its cache, the buffers it reads and writes, and how to run it."""
+
+    cache: Any
+    tok: torch.Tensor  # [B, 1] the last token of each sequence (input of the step, then its output)
+    pos: torch.Tensor  # [1] the position the step writes
+    done: torch.Tensor  # [B, 1] bool: the sequence has produced an end-of-sequence token
+    run: Callable[[], None]
+    decisions: tuple[str, ...]  # the sparse layers' kernel choices the step was recorded with
+
+
+class GreedyDecoder:
+    """Greedy decoding of ``model`` (a Hugging Face causal LM taking ``past_key_values`` and
+    ``cache_position``, in eval mode); see the module docstring.
+
+    Args:
+        model: the causal LM (any, not only twell's: the dense baseline decodes through the same loop).
+        eos_token_id: None (always ``max_new_tokens`` tokens), a token id or a sequence of them.
+        pad_token_id: what a finished sequence continues with; default the first end-of-sequence id.
+        cuda_graph: record the step in a CUDA graph; default True on a CUDA model, and only possible there.
+        max_graphs: recorded graphs kept for later calls (each with its own static KV cache).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        cuda_graph: bool | None = None,
+        max_graphs: int = DEFAULT_MAX_GRAPHS,
+    ) -> None:
+        if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+            raise TypeError(
+                f"model must be a Hugging Face causal LM (an nn.Module with a config), got {type(model).__name__}")
+        self.model = model
+        self.eos = _eos_ids(eos_token_id)
+        if pad_token_id is not None and (isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int)
+                                         or pad_token_id < 0):
+            raise ValueError(f"pad_token_id must be None or a token id >= 0, got {pad_token_id!r}")
+        self.pad = pad_token_id if pad_token_id is not None else (self.eos[0] if self.eos else 0)
+        device = next(model.parameters()).device
+        if cuda_graph is None:
+            cuda_graph = device.type == "cuda"
+        if cuda_graph and device.type != "cuda":
+            raise ValueError(f"cuda_graph=True needs a model on a CUDA device; this one is on {device}")
+        self.cuda_graph = bool(cuda_graph)
+        self.max_graphs = _check_count(max_graphs, "max_graphs")
+        self._recorded: collections.OrderedDict[tuple, _Recorded] = collections.OrderedDict()
+        params = inspect.signature(model.forward).parameters
+        self._logits_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        # transformers 5.2x renamed the forward's past_key_values to cache (the old name warns)
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    def clear(self) -> None:
+        """Drop the recorded graphs and their KV caches."""
+        self._recorded.clear()
+
+    # ------------------------------------------------------------------------------------------ call
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        """``[B, P + n]``: the prompts followed by the generated tokens (see the module docstring)."""
+        model = self.model
+        if model.training:
+            raise RuntimeError("greedy decoding needs the model in eval mode (model.eval())")
+        device = next(model.parameters()).device
+        ids = _check_ids(input_ids, device)
+        n = _check_count(max_new_tokens, "max_new_tokens")
+        if n == 0:
+            return ids.clone()
+        b, p = ids.shape
+        rec = self._recording(b, p + n, device)
+        self._prefill(rec, ids, device)
+        if rec.decisions != self._decisions(b, device):
+            # The prompt's forward moved a layer's l0 estimate across a threshold of its policy: the
+            # recorded step would run the old kernels.  Record it again and redo the prompt.
+            self._recorded.pop(self._key(b, p + n), None)
+            rec = self._recording(b, p + n, device)
+            self._prefill(rec, ids, device)
+        out = torch.empty((b, n), dtype=ids.dtype, device=device)
+        out[:, 0] = rec.tok[:, 0]
+        for i in range(1, n):
+            rec.run()
+            out[:, i] = rec.tok[:, 0]
+        if self.eos:
+            out = out[:, : self._generated_length(out, device)]
+        return torch.cat([ids, out], dim=1)
+
+    # ------------------------------------------------------------------------------------ internals
+    def _eos_tensor(self, device: torch.device) -> torch.Tensor:
+        return torch.tensor(self.eos, dtype=torch.int64, device=device)
+
+    def _generated_length(self, out: torch.Tensor, device: torch.device) -> int:
+        """Tokens up to the step at which the last sequence finished (generate stops there); one sync."""
+        n = out.shape[1]
+        is_eos = torch.isin(out, self._eos_tensor(device))
+        steps = torch.arange(1, n + 1, device=device).expand_as(out)
+        first_end = torch.where(is_eos, steps, torch.full_like(steps, n)).amin(dim=1)
+        return int(first_end.amax())
+
+    def _prefill(self, rec: _Recorded, ids: torch.Tensor, device: torch.device) -> None:
+        """The prompt's forward into the emptied cache (eager: the sparse layers refresh their l0
+        estimates as in any call), then the step's buffers set for the first decode step."""
+        p = ids.shape[1]
+        rec.cache.reset()
+        logits = self.model(input_ids=ids, cache_position=torch.arange(p, device=device), use_cache=True,
+                            **{self._cache_arg: rec.cache}, **self._logits_kw).logits
+        rec.tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
+        rec.pos.fill_(p)
+        rec.done.zero_()
+        if self.eos:
+            rec.done.copy_(torch.isin(rec.tok, self._eos_tensor(device)))
+
+    def _key(self, batch: int, length: int) -> tuple:
+        # What a recorded graph bakes in besides the kernel choices: parameter storage and module identity.
+        sparse = tuple(id(m) for m in self.model.modules() if isinstance(m, SparseGatedMLP))
+        return (batch, length, tuple(q.data_ptr() for q in self.model.parameters()), sparse)
+
+    def _decisions(self, batch: int, device: torch.device) -> tuple[str, ...]:
+        """Each sparse layer's kernel choice for a ``batch``-token call at its current l0 estimate."""
+        return tuple(m._path(batch, device.type) for m in self.model.modules() if isinstance(m, SparseGatedMLP))
+
+    def _recording(self, batch: int, length: int, device: torch.device) -> _Recorded:
+        key = self._key(batch, length)
+        rec = self._recorded.get(key)
+        if rec is not None:
+            self._recorded.move_to_end(key)
+            return rec
+        while self._recorded and len(self._recorded) >= max(1, self.max_graphs):
+            self._recorded.popitem(last=False)
+        rec = self._build(batch, length, device)
+        if self.max_graphs:
+            self._recorded[key] = rec
+        return rec
+
+    def _build(self, batch: int, length: int, device: torch.device) -> _Recorded:
+        """A static cache, the step's buffers and, with ``cuda_graph``, the step recorded.  Recorded before
+        the prompt's forward, whose ``cache.reset()`` then empties whatever the recording's runs wrote
+        (transformers' static cache layers keep their write position on the device and reset it there)."""
+        cache = _static_cache(self.model, length, batch)
+        tok = torch.zeros((batch, 1), dtype=torch.int64, device=device)
+        pos = torch.zeros((1,), dtype=torch.int64, device=device)
+        done = torch.zeros((batch, 1), dtype=torch.bool, device=device)
+        step = self._step_fn(cache, tok, pos, done, device)
+        if not self.cuda_graph:
+            return _Recorded(cache, tok, pos, done, step, self._decisions(batch, device))
+        # One eager call first: it allocates the cache (its first update does) and gives every sparse
+        # layer an l0 estimate; then warm-up runs on a side stream and the recording, both with the
+        # sparse layers' kernel choices frozen (static_dispatch).
+        self.model(input_ids=tok, cache_position=pos, use_cache=True, **{self._cache_arg: cache}, **self._logits_kw)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side), static_dispatch():
+            for _ in range(_WARMUP_STEPS):
+                step()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with static_dispatch(), torch.cuda.graph(graph):
+            step()
+        return _Recorded(cache, tok, pos, done, graph.replay, self._decisions(batch, device))
+
+    def _step_fn(self, cache: Any, tok: torch.Tensor, pos: torch.Tensor, done: torch.Tensor,
+                 device: torch.device) -> Callable[[], None]:
+        """One decode step over static buffers: reads tok at pos, writes the next token and pos + 1."""
+        model, pad = self.model, self.pad
+        kw = {self._cache_arg: cache, **self._logits_kw}
+        eos = self._eos_tensor(device) if self.eos else None
+
+        def step() -> None:
+            logits = model(input_ids=tok, cache_position=pos, use_cache=True, **kw).logits
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            if eos is not None:
+                nxt = torch.where(done, torch.full_like(nxt, pad), nxt)
+                done.logical_or_(torch.isin(nxt, eos))
+            tok.copy_(nxt)
+            pos.add_(1)
+
+        return step
+
+
+def greedy_decode(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    cuda_graph: bool | None = None,
+) -> torch.Tensor:
+    """One greedy generation (a :class:`GreedyDecoder` that keeps nothing); ``[B, P + n]`` token ids."""
+    decoder = GreedyDecoder(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id, cuda_graph=cuda_graph,
+                            max_graphs=0)
+    return decoder(input_ids, max_new_tokens)

@@ -1,0 +1,185 @@
+"""twell.generation: greedy decoding with a static cache (CUDA-graph step on the GPU) against ``generate``.
+
+Tiny models (hidden 64, 2 layers, vocab 128) on the CPU, where the step runs eagerly; the GPU test
+records the step in a CUDA graph and compares it with ``generate`` and with the eager loop.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="twell.generation needs the hf extra")
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import twell.models as tm  # noqa: E402
+from twell.generation import GreedyDecoder, greedy_decode  # noqa: E402
+from twell.nn import DispatchPolicy, SparseGatedMLP, static_dispatch  # noqa: E402
+
+ARCH = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 128,
+    "max_position_embeddings": 64,
+}
+TWELL = {"twell_backend": "torch", "twell_tile": 32}
+
+
+def _model(family: str = "llama", dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg_cls, lm_cls = {"llama": (tm.TwellLlamaConfig, tm.TwellLlamaForCausalLM),
+                       "qwen2": (tm.TwellQwen2Config, tm.TwellQwen2ForCausalLM)}[family]
+    return lm_cls(cfg_cls(**ARCH, **TWELL)).to(device=device, dtype=dtype).eval()
+
+
+def _ids(batch: int, seq: int, seed: int = 1, device: str = "cpu") -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, ARCH["vocab_size"], (batch, seq), generator=gen).to(device)
+
+
+def _generate(model: torch.nn.Module, ids: torch.Tensor, n: int, **kw: object) -> torch.Tensor:
+    # An explicit all-ones mask: without one, generate masks prompt tokens equal to pad_token_id.
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
+                              use_cache=True, **kw)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize(("batch", "prompt", "new"), [(1, 5, 9), (3, 4, 6), (2, 1, 1)])
+def test_matches_generate(family: str, batch: int, prompt: int, new: int) -> None:
+    model = _model(family)
+    ids = _ids(batch, prompt)
+    got = greedy_decode(model, ids, new)
+    assert got.shape == (batch, prompt + new)
+    assert torch.equal(got, _generate(model, ids, new, min_new_tokens=new, pad_token_id=0))
+
+
+def test_plain_transformers_model_and_sparse_path_forced() -> None:
+    """The dense baseline decodes through the same loop; forced sparse layers give the same tokens."""
+    model = _model("llama", torch.float64)
+    dense = LlamaForCausalLM(LlamaConfig(**ARCH, hidden_act="relu")).to(torch.float64).eval()
+    dense.load_state_dict(model.state_dict())
+    tm.set_dispatch_policy(model, DispatchPolicy.always_sparse())
+    ids = _ids(2, 6, seed=3)
+    got, want = greedy_decode(model, ids, 7), greedy_decode(dense, ids, 7)
+    assert torch.equal(got, want)
+    assert torch.equal(want, _generate(dense, ids, 7, min_new_tokens=7, pad_token_id=0))
+
+
+def test_end_of_sequence_matches_generate() -> None:
+    model = _model()
+    ids = _ids(3, 4, seed=5)
+    free = greedy_decode(model, ids, 10)
+    # Make the second sequence's third generated token the end token: generate pads it afterwards and
+    # stops when every sequence has finished.
+    eos = int(free[1, 4 + 2])
+    got = greedy_decode(model, ids, 10, eos_token_id=eos, pad_token_id=7)
+    want = _generate(model, ids, 10, eos_token_id=eos, pad_token_id=7)
+    assert torch.equal(got, want)
+    assert (got[1, 4 + 3:] == 7).all()
+    # Every sequence finishing early: the output is cut where the last one ended, as generate's is.
+    firsts = [int(t) for t in free[:, 4]]
+    got = greedy_decode(model, ids, 10, eos_token_id=firsts, pad_token_id=0)
+    want = _generate(model, ids, 10, eos_token_id=firsts, pad_token_id=0)
+    assert got.shape == want.shape == (3, 5) and torch.equal(got, want)
+
+
+def test_decoder_reuses_its_recording_and_tracks_module_swaps() -> None:
+    model = _model()
+    dec = GreedyDecoder(model, max_graphs=2)
+    a, b = _ids(2, 5, seed=1), _ids(2, 5, seed=2)
+    first = dec(a, 6)
+    assert len(dec._recorded) == 1
+    assert torch.equal(dec(b, 6), greedy_decode(model, b, 6))  # same shapes: the recording is reused
+    assert torch.equal(dec(a, 6), first)
+    assert len(dec._recorded) == 1
+    dec(_ids(1, 5), 6)  # another batch size: a second recording
+    dec(_ids(2, 3), 4)  # a third: the least recently used one is dropped
+    assert len(dec._recorded) == 2
+    # Swapping an MLP for another module changes the key: a new recording, not a stale replay.
+    layer = model.model.layers[0]
+    old = layer.mlp
+    layer.mlp = SparseGatedMLP.from_weights(old.gate_proj.weight.detach().clone(), old.up_proj.weight.detach().clone(),
+                                            old.down_proj.weight.detach().clone(), backend="torch", tile=32).eval()
+    assert torch.equal(dec(a, 6), first)
+    assert len(dec._recorded) == 2 and dec._key(2, 11) in dec._recorded
+    dec.clear()
+    assert not dec._recorded
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_step_has_no_host_synchronisation_or_data_dependent_shape() -> None:
+    """What recording the step in a CUDA graph needs, checked on the CPU: under static_dispatch the step
+    (the sparse layers forced onto their sparse path) reads nothing back to the host."""
+    model = _model()
+    tm.set_dispatch_policy(model, DispatchPolicy.always_sparse())
+    dec = GreedyDecoder(model, eos_token_id=[3, 5], max_graphs=1)
+    ids = _ids(2, 4)
+    dec(ids, 3)  # builds the recording (eager on the CPU) and refreshes every layer's estimate
+    (rec,) = dec._recorded.values()
+    with torch.no_grad():
+        dec._prefill(rec, ids, torch.device("cpu"))
+    mlp = model.model.layers[0].mlp
+    calls_before = mlp._infer_calls
+    with torch.no_grad(), static_dispatch(), _Recorder() as recorder:
+        rec.run()
+    assert mlp._infer_calls == calls_before  # the static path counts nothing
+    banned = ("_local_scalar_dense", "aten.item", "aten.nonzero", "aten.is_nonzero", "masked_select")
+    found = [op for op in recorder.ops if any(b in op for b in banned)]
+    assert not found, found
+    assert int(rec.pos) == 5
+
+
+def test_bad_inputs() -> None:
+    model = _model()
+    with pytest.raises(TypeError, match="int64 or int32"):
+        greedy_decode(model, _ids(1, 3).float(), 2)
+    with pytest.raises(ValueError, match=r"shape \[batch >= 1, prompt_len >= 1\]"):
+        greedy_decode(model, _ids(1, 3)[0], 2)
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0"):
+        greedy_decode(model, _ids(1, 3), -1)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        greedy_decode(model, _ids(1, 3), 2, eos_token_id=[])
+    with pytest.raises(ValueError, match="pad_token_id"):
+        greedy_decode(model, _ids(1, 3), 2, pad_token_id=-1)
+    with pytest.raises(ValueError, match="needs a model on a CUDA device"):
+        GreedyDecoder(model, cuda_graph=True)
+    with pytest.raises(TypeError, match="Hugging Face causal LM"):
+        GreedyDecoder(torch.nn.Linear(2, 2))
+    model.train()
+    with pytest.raises(RuntimeError, match="eval mode"):
+        greedy_decode(model, _ids(1, 3), 2)
+    assert torch.equal(greedy_decode(model.eval(), _ids(1, 3), 0), _ids(1, 3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["default", "decode-1", "always-sparse"])
+def test_gpu_graphed_step_matches_generate_and_the_eager_loop(policy: str) -> None:
+    model = _model("llama", torch.float32, "cuda")
+    for m in model.modules():
+        if isinstance(m, SparseGatedMLP):
+            m.backend = "auto"
+    policies = {"default": DispatchPolicy(), "always-sparse": DispatchPolicy.always_sparse(),
+                "decode-1": DispatchPolicy(decode_max_tokens=1, force=True)}
+    tm.set_dispatch_policy(model, policies[policy])
+    for batch in (1, 4):
+        ids = _ids(batch, 6, device="cuda")
+        graphed = GreedyDecoder(model)
+        assert graphed.cuda_graph
+        got = graphed(ids, 12)
+        assert torch.equal(got, greedy_decode(model, ids, 12, cuda_graph=False))
+        assert torch.equal(got, _generate(model, ids, 12, min_new_tokens=12, pad_token_id=0))
+        assert torch.equal(graphed(ids, 12), got)  # replayed from the kept recording
