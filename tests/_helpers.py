@@ -61,3 +61,17 @@ def make_inputs(
         thr = 0.5 * float(pre[k - 1] + pre[k])
     w_gate[:, 0] = -thr
     return tuple(t.to(dtype) for t in (x, w_gate, w_up, w_down))  # type: ignore[return-value]
+
+
+#: The tiny Llama/Qwen2 shape of the CPU model tests (hidden 64, 2 layers, 4 heads, vocab 128) and the
+#: twell options that keep its sparse layers on the torch backend with tile 32.
+TINY_ARCH = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "vocab_size": 128,
+    "max_position_embeddings": 64,
+}
+TINY_TWELL = {"twell_backend": "torch", "twell_tile": 32}

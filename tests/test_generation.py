@@ -10,6 +10,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers", reason="twell.generation needs the hf extra")
+from _helpers import TINY_ARCH, TINY_TWELL  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
@@ -17,16 +18,7 @@ import twell.models as tm  # noqa: E402
 from twell.generation import GreedyDecoder, greedy_decode  # noqa: E402
 from twell.nn import DispatchPolicy, SparseGatedMLP, static_dispatch  # noqa: E402
 
-ARCH = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 128,
-    "max_position_embeddings": 64,
-}
-TWELL = {"twell_backend": "torch", "twell_tile": 32}
+ARCH, TWELL = TINY_ARCH, TINY_TWELL
 
 
 def _model(family: str = "llama", dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.nn.Module:

@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("transformers", reason="twell.models needs the hf extra")
 pytest.importorskip("safetensors", reason="twell.models needs the hf extra")
 import torch.nn.functional as F  # noqa: E402
+from _helpers import TINY_ARCH, TINY_TWELL  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
@@ -28,16 +29,7 @@ from transformers import (  # noqa: E402
 import twell.models as tm  # noqa: E402
 from twell.nn import DenseReluGatedMLP, DispatchPolicy, SparseGatedMLP  # noqa: E402
 
-ARCH = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "vocab_size": 128,
-    "max_position_embeddings": 64,
-}
-TWELL = {"twell_backend": "torch", "twell_tile": 32}
+ARCH, TWELL = TINY_ARCH, TINY_TWELL
 FAMILIES = {
     "llama": (tm.TwellLlamaConfig, tm.TwellLlamaForCausalLM, tm.TwellLlamaModel, LlamaConfig, LlamaForCausalLM),
     "qwen2": (tm.TwellQwen2Config, tm.TwellQwen2ForCausalLM, tm.TwellQwen2Model, Qwen2Config, Qwen2ForCausalLM),
