@@ -83,6 +83,11 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
         "down": [lambda s=s: launch_decode_down(s[4], s[5], s[2].t(), x.dtype) for s in sets],
         "down_um": [lambda s=s: launch_decode_down(s[4], s[5], s[3], x.dtype) for s in sets],
         "op": [lambda s=s: decode_gated_ffn(x, *s[:3], backend="triton") for s in sets],
+        # the gate through cuBLAS, the hidden kernel reading g (decode_kernels.GATE_BY_GEMM)
+        "gate_gemm": [lambda s=s: torch.nn.functional.linear(x, s[0]) for s in sets],
+        "hidden_g": [lambda s=s: launch_decode_hidden(x, s[0], s[1], match=True, gate_by_gemm=True) for s in sets],
+        "op_g": [lambda s=s: launch_decode_down(*launch_decode_hidden(x, s[0], s[1], match=True, gate_by_gemm=True)[:2],
+                                                s[2].t(), x.dtype) for s in sets],
     }
     if device.type == "cuda":
         ms = {k: graph_ms(v * max(1, 16 // n_sets), args.reps) for k, v in fns.items()}
@@ -99,7 +104,9 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
     timing = "graph" if device.type == "cuda" else "eager"
     return (f"d={d:5d} F={f:6d} M={m:3d} dens={dens:4.1f}% | {timing} ms: dense {ms['dense']:.4f} "
             f"hidden {ms['hidden']:.4f} down {ms['down']:.4f} down_um {ms['down_um']:.4f} op {ms['op']:.4f} "
-            f"dense/op {ms['dense'] / ms['op']:.2f} | eager ms: dense {eager['dense']:.4f} op {eager['op']:.4f} "
+            f"dense/op {ms['dense'] / ms['op']:.2f} | cuBLAS gate: gate {ms['gate_gemm']:.4f} hidden+gate "
+            f"{ms['hidden_g']:.4f} op {ms['op_g']:.4f} dense/op {ms['dense'] / ms['op_g']:.2f} | "
+            f"eager ms: dense {eager['dense']:.4f} op {eager['op']:.4f} "
             f"dense/op {eager['dense'] / eager['op']:.2f} | union {union} | rel {rel:.2e} maxrel {maxrel:.2e} "
             f"reproducible {again} sets {n_sets}")
 

@@ -19,6 +19,7 @@ from twell.bench.model_measure import kernel_lines, profile_kernels
 from twell.bench.model_setup import prepare
 from twell.bench.model_sparsity import SparsityTarget
 from twell.generation import GreedyDecoder
+from twell.ops import decode_kernels
 
 
 def main() -> None:
@@ -27,12 +28,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--policy", default="decode-1")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--fused-norms", action="store_true", help="RMSNorms through F.rms_norm (both variants)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     bench = prepare(a.preset, device=dev, dtype=torch.bfloat16, batch=16, seq=2048, target=SparsityTarget(mean_l0=29.0),
-                    policies=(a.policy,))
+                    policies=(a.policy,), fused_norms=a.fused_norms)
     prompt = bench.tokens[: a.batch, :128].contiguous()
-    for name in ("dense", f"sparse:{a.policy}"):
+    for name, gate_by_gemm in (("dense", False), (f"sparse:{a.policy}", False), (f"sparse:{a.policy}", True)):
+        decode_kernels.GATE_BY_GEMM = gate_by_gemm  # the decode FFN's gate through cuBLAS (read at launch)
         bench.sets.use(name)
         dec = GreedyDecoder(bench.model, pad_token_id=0, max_graphs=1)
         with torch.no_grad():
@@ -49,7 +52,8 @@ def main() -> None:
         with torch.no_grad():
             dec._prefill(rec, prompt, dev)
         prof = profile_kernels(rec.run, dev, top=25, calls=min(a.steps, 150))
-        print(f"{name} batch {a.batch}: {replay_ms:.3f} ms per replayed step (100 back to back); profiled: wall "
+        label = f"{name}{' (gate by cuBLAS)' if gate_by_gemm else ''}"
+        print(f"{label} batch {a.batch}: {replay_ms:.3f} ms per replayed step (100 back to back); profiled: wall "
               f"{prof['wall_ms']:.3f} ms, kernels {prof['kernel_ms']:.3f} ms per step, kernels per step "
               f"{sum(r['calls'] for r in prof['kernels'])}+ (top 25 shown)", flush=True)
         print(kernel_lines(prof), flush=True)

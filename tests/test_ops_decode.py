@@ -127,6 +127,32 @@ def test_fused_up_variant_is_bitwise_the_two_pass_kernel(case, device, monkeypat
         assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("case", [(1, 32, 200, 0.05), (33, 64, 160, 0.5), (7, 48, 96, 0.0)], ids=["m1", "m33", "none"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gate_by_gemm_variant_matches_the_reference(case, dtype, device):
+    """The gate through F.linear, the kernel reading g (GATE_BY_GEMM): the dense FFN's result within the
+    tolerance, g bitwise the dense path's gate (h's zeros exactly where relu(F.linear(x, Wg)) is 0),
+    reproducible, and the same firing flags and counts as the fused-gate kernel wherever both round g
+    alike (asserted through the flags of units whose gate is clearly non-zero)."""
+    m, d, f, frac = case
+    p = make_problem(m, d, f, frac_pos=frac, seed=11 + m, dtype=dtype, device=device)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    h, fires, counts = launch_decode_hidden(x, wg, wu, match=True, gate_by_gemm=True)
+    gate = torch.relu(torch.nn.functional.linear(x, wg))
+    assert torch.equal(h != 0, (gate != 0) & (h != 0))  # h is zero wherever the dense gate is
+    assert torch.equal(fires.bool(), (gate != 0).any(dim=0))
+    assert torch.equal(counts.sum(dim=1), (gate != 0).sum(dim=1).to(counts.dtype))
+    out = launch_decode_down(h, fires, wd.t(), dtype)
+    want = ref.dense_gated_ffn(x, wg, wu, wd)
+    if frac == 0.0 and not bool((gate != 0).any()):
+        assert torch.count_nonzero(out) == 0
+    else:
+        assert rel_error(out, want) <= REL_TOL[dtype]
+    again = launch_decode_hidden(x, wg, wu, match=True, gate_by_gemm=True)
+    for got, first in zip(again, (h, fires, counts), strict=True):
+        assert torch.equal(got, first)
+
+
 def test_nan_propagates_like_the_dense_ffn(device):
     p = make_problem(3, 32, 64, frac_pos=0.2, seed=5, dtype=torch.float32, device=device)
     p["x"][1, 3] = float("nan")

@@ -132,13 +132,16 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
     for bm in (16, 64):  # one token and the largest decode batch
         # the launchers' configuration for this BM
         _, bk, _, bd, bu, bc, _, warps, stages, hidden_stages, hidden_warps, fused_up = _meta(bm, 2048, 5632)
-        ptx = _compile(_decode_hidden_kernel, {"x_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "h_ptr": "*bf16",
-                                               "act_ptr": "*i8", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32",
-                                               "stride_xm": "i32", "stride_wg": "i32", "stride_wu": "i32",
-                                               "stride_hm": "i32", "n_blocks": "i32"},
-                       {"BM": bm, "BU": _HIDDEN_BU, "BK": bk, "DOT_FP32": False, "MATCH": True,
-                        "K_STAGES": hidden_stages, "FUSED_UP": fused_up}, target, num_warps=hidden_warps)
-        results[f"decode_hidden_bm{bm}"] = {"local_memory": ".local" in ptx}
+        hidden_sig = {"x_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "g_ptr": "*bf16", "h_ptr": "*bf16",
+                      "act_ptr": "*i8", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "stride_xm": "i32",
+                      "stride_wg": "i32", "stride_wu": "i32", "stride_gm": "i32", "stride_hm": "i32",
+                      "n_blocks": "i32"}
+        for gate_in in (False, True):  # the gate in the kernel's K loop, or read from cuBLAS's output
+            ptx = _compile(_decode_hidden_kernel, hidden_sig,
+                           {"BM": bm, "BU": _HIDDEN_BU, "BK": bk, "DOT_FP32": False, "MATCH": True,
+                            "K_STAGES": hidden_stages, "FUSED_UP": fused_up and not gate_in, "GATE_IN": gate_in},
+                           target, num_warps=hidden_warps)
+            results[f"decode_hidden_bm{bm}" + ("_gate_in" if gate_in else "")] = {"local_memory": ".local" in ptx}
         down_sig = {"h_ptr": "*bf16", "act_ptr": "*i8", "wdt_ptr": "*bf16", "out_ptr": "*bf16", "idx_ptr": "*i32",
                     "M": "i32", "D": "i32", "F": "i32", "stride_hm": "i32", "stride_wf": "i32", "stride_wd": "i32",
                     "stride_om": "i32"}

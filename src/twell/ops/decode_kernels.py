@@ -65,6 +65,12 @@ _HIDDEN_BU = 16
 #: one) rather than by bytes, fusing shortens the critical path.  Not measured yet
 #: (``scripts/decode_probe.py --hidden-variants`` times both); off.
 _HIDDEN_SMALL_M, _HIDDEN_LARGE_M = (512, 3, 4, False), (128, 3, 4, False)
+#: The gate through cuBLAS (``F.linear``) before the hidden kernel, which then reads g and runs only the
+#: firing units' up projection.  Why: in the whole 1.5B model's CUDA-graphed decode step on an H200
+#: (bench_results/h200/model/decode_step_profile_session5.log) cuBLAS read each 22 MiB gate or up matrix
+#: in ~7.9 us (~2.9 TB/s) while the hidden kernel took 16.3 us for Wg plus the firing Wu rows.
+#: Prediction: hidden phase ~16 -> ~11 us (7.9 + a ~3 us up pass).  Not measured yet: off.
+GATE_BY_GEMM = False
 #: Down kernel, by token count (``(BD, BU, warps, K-loop stages)`` for BM = 16, i.e. M <= 16, and for
 #: larger M): BD output columns per program, BU compacted units per K step; BC unit flags per compaction
 #: chunk.  Chosen on an H200 (bf16, synthetic problem at 0.5 % density, per-kernel CUDA-graph times;
@@ -80,9 +86,10 @@ _DOWN_SMALL_M, _DOWN_LARGE_M, _DOWN_BC = (16, 64, 8, 3), (32, 32, 8, 1), 4096
 
 @triton.jit
 def _decode_hidden_kernel(
-    x_ptr, wg_ptr, wu_ptr, h_ptr, act_ptr, cnt_ptr, M, D, F, stride_xm, stride_wg, stride_wu, stride_hm, n_blocks,
+    x_ptr, wg_ptr, wu_ptr, g_ptr, h_ptr, act_ptr, cnt_ptr, M, D, F, stride_xm, stride_wg, stride_wu, stride_gm,
+    stride_hm, n_blocks,
     BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr, MATCH: tl.constexpr,
-    K_STAGES: tl.constexpr, FUSED_UP: tl.constexpr,
+    K_STAGES: tl.constexpr, FUSED_UP: tl.constexpr, GATE_IN: tl.constexpr,
 ):
     units = tl.program_id(0) * BU + tl.arange(0, BU)
     u_ok = units < F
@@ -90,24 +97,31 @@ def _decode_hidden_kernel(
     r_ok = rows < M
     offs_k = tl.arange(0, BK)
     w_rows = units.to(tl.int64)
-    acc = tl.zeros((BM, BU), dtype=tl.float32)
     acc_up = tl.zeros((BM, BU), dtype=tl.float32)
-    for k0 in tl.range(0, D, BK, num_stages=K_STAGES):
-        k = k0 + offs_k
-        k_ok = k < D
-        xt = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
-        wt = tl.load(wg_ptr + w_rows[None, :] * stride_wg + k[:, None], mask=u_ok[None, :] & k_ok[:, None], other=0.0)
-        acc = dot_acc(xt, wt, acc, DOT_FP32)
-        if FUSED_UP:  # every unit's up projection in the same pass: all of Wu read, no second pass
-            wt = tl.load(wu_ptr + w_rows[None, :] * stride_wu + k[:, None], mask=u_ok[None, :] & k_ok[:, None],
+    if GATE_IN:  # g = x Wg^T computed by cuBLAS (already rounded to the input dtype): read the tile
+        g = tl.load(g_ptr + rows[:, None] * stride_gm + units[None, :], mask=r_ok[:, None] & u_ok[None, :],
+                    other=0.0)
+        a = relu_keep_nan(g.to(tl.float32))
+    else:
+        acc = tl.zeros((BM, BU), dtype=tl.float32)
+        for k0 in tl.range(0, D, BK, num_stages=K_STAGES):
+            k = k0 + offs_k
+            k_ok = k < D
+            xt = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=r_ok[:, None] & k_ok[None, :],
                          other=0.0)
-            acc_up = dot_acc(xt, wt, acc_up, DOT_FP32)
-    a = relu_keep_nan(round_to(acc, x_ptr.dtype.element_ty).to(tl.float32))  # g rounded as a dense linear
+            wt = tl.load(wg_ptr + w_rows[None, :] * stride_wg + k[:, None], mask=u_ok[None, :] & k_ok[:, None],
+                         other=0.0)
+            acc = dot_acc(xt, wt, acc, DOT_FP32)
+            if FUSED_UP:  # every unit's up projection in the same pass: all of Wu read, no second pass
+                wt = tl.load(wu_ptr + w_rows[None, :] * stride_wu + k[:, None], mask=u_ok[None, :] & k_ok[:, None],
+                             other=0.0)
+                acc_up = dot_acc(xt, wt, acc_up, DOT_FP32)
+        a = relu_keep_nan(round_to(acc, x_ptr.dtype.element_ty).to(tl.float32))  # g rounded as a dense linear
     act = (a != 0) & r_ok[:, None] & u_ok[None, :]
     unit_act = tl.max(act.to(tl.int32), axis=0) > 0
     acc = acc_up
-    if not FUSED_UP and tl.sum(unit_act.to(tl.int32), axis=0) > 0:
-        for k0 in range(0, D, BK):
+    if (GATE_IN or not FUSED_UP) and tl.sum(unit_act.to(tl.int32), axis=0) > 0:
+        for k0 in tl.range(0, D, BK, num_stages=K_STAGES):
             k = k0 + offs_k
             k_ok = k < D
             xt = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=r_ok[:, None] & k_ok[None, :],
@@ -186,11 +200,13 @@ def decode_blocks(n_units: int) -> int:
 
 
 def launch_decode_hidden(
-    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, *, match: bool
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, *, match: bool, gate_by_gemm: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(h [M, F], fires [F] int8, counts [M, decode_blocks(F)] int32)`` for x [M, d] (rows contiguous,
     1 <= M <= DECODE_MAX_TOKENS), Wg and Wu [F, d] (rows contiguous); h in x's dtype with ``match``, else
-    fp32; ``counts`` the active units per (token, unit block): each row sums to the token's l0."""
+    fp32; ``counts`` the active units per (token, unit block): each row sums to the token's l0.
+    ``gate_by_gemm`` (default :data:`GATE_BY_GEMM`): the gate through ``F.linear`` (cuBLAS) first, the
+    kernel then only reads g and runs the firing units' up projection."""
     m, d = x.shape
     f = w_gate.shape[0]
     meta = _meta(m, d, f)
@@ -198,10 +214,14 @@ def launch_decode_hidden(
     h = torch.empty((m, f), dtype=x.dtype if match else torch.float32, device=x.device)
     fires = torch.empty((f,), dtype=torch.int8, device=x.device)
     counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
+    gate_by_gemm = GATE_BY_GEMM if gate_by_gemm is None else gate_by_gemm
+    # cuBLAS's GEMV of the gate, rounded to x's dtype as every path rounds g; the kernel then reads g
+    g = torch.nn.functional.linear(x, w_gate) if gate_by_gemm else h
     _decode_hidden_kernel[(n_blocks,)](
-        x, w_gate, w_up, h, fires, counts, m, d, f, x.stride(0), w_gate.stride(0), w_up.stride(0), h.stride(0),
-        n_blocks, BM=bm, BU=_HIDDEN_BU, BK=bk, DOT_FP32=x.dtype == torch.float32 or interpreting(),
-        MATCH=match, K_STAGES=meta[9], FUSED_UP=meta[11], num_warps=meta[10],
+        x, w_gate, w_up, g, h, fires, counts, m, d, f, x.stride(0), w_gate.stride(0), w_up.stride(0), g.stride(0),
+        h.stride(0), n_blocks, BM=bm, BU=_HIDDEN_BU, BK=bk, DOT_FP32=x.dtype == torch.float32 or interpreting(),
+        MATCH=match, K_STAGES=meta[9], FUSED_UP=meta[11] and not gate_by_gemm, GATE_IN=gate_by_gemm,
+        num_warps=meta[10],
     )
     return h, fires, counts
 
