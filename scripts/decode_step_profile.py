@@ -35,7 +35,7 @@ def main() -> None:
                     policies=(a.policy,), fused_norms=a.fused_norms)
     prompt = bench.tokens[: a.batch, :128].contiguous()
     for name, gate_by_gemm in (("dense", False), (f"sparse:{a.policy}", False), (f"sparse:{a.policy}", True)):
-        decode_kernels.GATE_BY_GEMM = gate_by_gemm  # the decode FFN's gate through cuBLAS (read at launch)
+        decode_kernels.GATE_BY_GEMM = gate_by_gemm  # the decode FFN's gate through cuBLAS or not, any size
         bench.sets.use(name)
         dec = GreedyDecoder(bench.model, pad_token_id=0, max_graphs=1)
         with torch.no_grad():

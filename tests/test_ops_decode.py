@@ -153,6 +153,24 @@ def test_gate_by_gemm_variant_matches_the_reference(case, dtype, device):
         assert torch.equal(got, first)
 
 
+def test_gate_by_gemm_is_chosen_by_the_gate_weight_size(device, monkeypatch):
+    from twell.ops import decode_kernels
+
+    p = make_problem(1, 32, 64, frac_pos=0.2, seed=3, dtype=torch.float32, device=device)
+    calls: list[tuple] = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a: calls.append(a[1].shape) or linear(*a))
+    launch_decode_hidden(p["x"], p["w_gate"], p["w_up"], match=True)
+    assert calls == []  # 32 x 64 is below GATE_BY_GEMM_MIN_ELEMENTS: the gate in the kernel
+    monkeypatch.setattr(decode_kernels, "GATE_BY_GEMM_MIN_ELEMENTS", 32 * 64)
+    h = launch_decode_hidden(p["x"], p["w_gate"], p["w_up"], match=True)[0]
+    assert calls == [p["w_gate"].shape]
+    monkeypatch.setattr(decode_kernels, "GATE_BY_GEMM", False)  # forced off whatever the size
+    assert torch.equal(launch_decode_hidden(p["x"], p["w_gate"], p["w_up"], match=True, gate_by_gemm=True)[0], h)
+    launch_decode_hidden(p["x"], p["w_gate"], p["w_up"], match=True)
+    assert len(calls) == 2
+
+
 def test_nan_propagates_like_the_dense_ffn(device):
     p = make_problem(3, 32, 64, frac_pos=0.2, seed=5, dtype=torch.float32, device=device)
     p["x"][1, 3] = float("nan")

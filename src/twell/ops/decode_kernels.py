@@ -66,11 +66,18 @@ _HIDDEN_BU = 16
 #: (``scripts/decode_probe.py --hidden-variants`` times both); off.
 _HIDDEN_SMALL_M, _HIDDEN_LARGE_M = (512, 3, 4, False), (128, 3, 4, False)
 #: The gate through cuBLAS (``F.linear``) before the hidden kernel, which then reads g and runs only the
-#: firing units' up projection.  Why: in the whole 1.5B model's CUDA-graphed decode step on an H200
-#: (bench_results/h200/model/decode_step_profile_session5.log) cuBLAS read each 22 MiB gate or up matrix
-#: in ~7.9 us (~2.9 TB/s) while the hidden kernel took 16.3 us for Wg plus the firing Wu rows.
-#: Prediction: hidden phase ~16 -> ~11 us (7.9 + a ~3 us up pass).  Not measured yet: off.
-GATE_BY_GEMM = False
+#: firing units' up projection, for gate weights of at least this many elements.  Why: in the whole 1.5B
+#: model's CUDA-graphed decode step on an H200 (bench_results/h200/model/decode_step_profile_session5.log)
+#: cuBLAS read each 22 MiB gate or up matrix in ~7.9 us (~2.9 TB/s) while the hidden kernel took 16.3 us
+#: for Wg plus the firing Wu rows.  Prediction: ~16 -> ~11 us (7.9 + a ~3 us up pass).  Measured
+#: (decode_probe_gate_gemm_session5.log, model/decode_step_profile_fused_session5.log): at d=2048,
+#: F=5632 a wash -- cuBLAS's gate 8.0-8.3 us, but the up pass alone then takes 7.4-7.8 us (a serial K
+#: loop over the firing rows, latency-bound), 15.7 vs 15.8 us in all, the model's step 2.995 vs 3.002 ms;
+#: at d=4096, F=14336 the hidden phase 44.1 vs 48.7 us at one token and the op 5-10 % faster at every
+#: token count and density measured.  So from that size up; unmeasured sizes in between keep the kernel.
+GATE_BY_GEMM_MIN_ELEMENTS = 4096 * 14336
+#: Force the choice (True / False) for every size; None: by :data:`GATE_BY_GEMM_MIN_ELEMENTS`.
+GATE_BY_GEMM: bool | None = None
 #: Down kernel, by token count (``(BD, BU, warps, K-loop stages)`` for BM = 16, i.e. M <= 16, and for
 #: larger M): BD output columns per program, BU compacted units per K step; BC unit flags per compaction
 #: chunk.  Chosen on an H200 (bf16, synthetic problem at 0.5 % density, per-kernel CUDA-graph times;
@@ -205,8 +212,8 @@ def launch_decode_hidden(
     """``(h [M, F], fires [F] int8, counts [M, decode_blocks(F)] int32)`` for x [M, d] (rows contiguous,
     1 <= M <= DECODE_MAX_TOKENS), Wg and Wu [F, d] (rows contiguous); h in x's dtype with ``match``, else
     fp32; ``counts`` the active units per (token, unit block): each row sums to the token's l0.
-    ``gate_by_gemm`` (default :data:`GATE_BY_GEMM`): the gate through ``F.linear`` (cuBLAS) first, the
-    kernel then only reads g and runs the firing units' up projection."""
+    ``gate_by_gemm``: the gate through ``F.linear`` (cuBLAS) first, the kernel then only reads g and runs
+    the firing units' up projection; default :data:`GATE_BY_GEMM`, or by :data:`GATE_BY_GEMM_MIN_ELEMENTS`."""
     m, d = x.shape
     f = w_gate.shape[0]
     meta = _meta(m, d, f)
@@ -214,7 +221,8 @@ def launch_decode_hidden(
     h = torch.empty((m, f), dtype=x.dtype if match else torch.float32, device=x.device)
     fires = torch.empty((f,), dtype=torch.int8, device=x.device)
     counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
-    gate_by_gemm = GATE_BY_GEMM if gate_by_gemm is None else gate_by_gemm
+    if gate_by_gemm is None:
+        gate_by_gemm = GATE_BY_GEMM if GATE_BY_GEMM is not None else w_gate.numel() >= GATE_BY_GEMM_MIN_ELEMENTS
     # cuBLAS's GEMV of the gate, rounded to x's dtype as every path rounds g; the kernel then reads g
     g = torch.nn.functional.linear(x, w_gate) if gate_by_gemm else h
     _decode_hidden_kernel[(n_blocks,)](
