@@ -29,17 +29,26 @@ def main() -> None:
     ap.add_argument("--policy", default="decode-1")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--fused-norms", action="store_true", help="RMSNorms through F.rms_norm (both variants)")
+    ap.add_argument("--compile", action="store_true", help="the step under torch.compile (inductor) before recording")
+    ap.add_argument("--no-profile", action="store_true", help="replay timing only (no torch.profiler table)")
+    ap.add_argument("--variants", default="dense,sparse,sparse-gate-gemm",
+                    help="comma-separated subset of dense, sparse, sparse-gate-gemm")
     a = ap.parse_args()
     dev = torch.device("cuda")
     bench = prepare(a.preset, device=dev, dtype=torch.bfloat16, batch=16, seq=2048, target=SparsityTarget(mean_l0=29.0),
                     policies=(a.policy,), fused_norms=a.fused_norms)
     prompt = bench.tokens[: a.batch, :128].contiguous()
-    for name, gate_by_gemm in (("dense", False), (f"sparse:{a.policy}", False), (f"sparse:{a.policy}", True)):
+    variants = {"dense": ("dense", False), "sparse": (f"sparse:{a.policy}", None),
+                "sparse-gate-gemm": (f"sparse:{a.policy}", True)}
+    for key in a.variants.split(","):
+        name, gate_by_gemm = variants[key]
         decode_kernels.GATE_BY_GEMM = gate_by_gemm  # the decode FFN's gate through cuBLAS or not, any size
         bench.sets.use(name)
-        dec = GreedyDecoder(bench.model, pad_token_id=0, max_graphs=1)
+        dec = GreedyDecoder(bench.model, pad_token_id=0, max_graphs=1, compile=a.compile)
+        t_build = time.perf_counter()
         with torch.no_grad():
             dec(prompt, 160)  # records the step with a cache of 128 + 160 positions
+        t_build = time.perf_counter() - t_build
         (rec,) = dec._recorded.values()
         with torch.no_grad():
             dec._prefill(rec, prompt, dev)  # back to position 128: 100 replays stay inside the cache
@@ -49,14 +58,16 @@ def main() -> None:
             rec.run()
         torch.cuda.synchronize()
         replay_ms = (time.perf_counter() - t0) * 10
-        with torch.no_grad():
-            dec._prefill(rec, prompt, dev)
-        prof = profile_kernels(rec.run, dev, top=25, calls=min(a.steps, 150))
-        label = f"{name}{' (gate by cuBLAS)' if gate_by_gemm else ''}"
-        print(f"{label} batch {a.batch}: {replay_ms:.3f} ms per replayed step (100 back to back); profiled: wall "
-              f"{prof['wall_ms']:.3f} ms, kernels {prof['kernel_ms']:.3f} ms per step, kernels per step "
-              f"{sum(r['calls'] for r in prof['kernels'])}+ (top 25 shown)", flush=True)
-        print(kernel_lines(prof), flush=True)
+        label = f"{name}{' (gate by cuBLAS)' if gate_by_gemm else ''}{' compiled' if a.compile else ''}"
+        print(f"{label} batch {a.batch}: {replay_ms:.3f} ms per replayed step (100 back to back); first "
+              f"generation (record{' + compile' if a.compile else ''}) {t_build:.1f} s", flush=True)
+        if not a.no_profile:
+            with torch.no_grad():
+                dec._prefill(rec, prompt, dev)
+            prof = profile_kernels(rec.run, dev, top=25, calls=min(a.steps, 150))
+            print(f"  profiled: wall {prof['wall_ms']:.3f} ms, kernels {prof['kernel_ms']:.3f} ms per step, "
+                  f"kernels per step {sum(r['calls'] for r in prof['kernels'])}+ (top 25 shown)", flush=True)
+            print(kernel_lines(prof), flush=True)
         dec.clear()
 
 

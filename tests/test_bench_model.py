@@ -198,6 +198,15 @@ def test_graphed_decode_loop_matches_generate(tmp_path: Path) -> None:
             assert "error" not in v, (name, v.get("error"))
             assert v["tokens_per_s"] > 0 and v["identical_fraction"] == 1.0, (b, name)
             assert runs["generate"]["batches"][b][name]["identical_fraction"] == 1.0
+    compiled = tmp_path / "compiled"
+    rc = bench_model.main([*SMALL, "--parts", "decode", "--decode-policies", "always-sparse", "--decode-batches", "1",
+                           "--decode-loop", "graphed", "--decode-compile", "--isolation", "none",
+                           "--out", str(compiled)])
+    assert rc == 0
+    result = _load(compiled)["meta"]["parts"]["decode"]["result"]
+    assert result["compile"] is True
+    for name, v in result["batches"]["1"].items():
+        assert "error" not in v and v["identical_fraction"] == 1.0, (name, v)
     with pytest.raises(ValueError, match="loop must be one of"):
         from twell.bench import model_decode
 
@@ -218,3 +227,5 @@ def test_bad_arguments_are_refused() -> None:
         bench_model.main(["--preset", "tiny", "--batch", "2", "--train-batch", "4", "--parts", "train"])
     with pytest.raises(SystemExit):
         bench_model.main(["--preset", "tiny", "--forward-policies", "fastest"])
+    with pytest.raises(SystemExit):
+        bench_model.main(["--preset", "tiny", "--parts", "decode", "--decode-compile"])

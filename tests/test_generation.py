@@ -103,6 +103,25 @@ def test_decoder_reuses_its_recording_and_tracks_module_swaps() -> None:
     assert not dec._recorded
 
 
+@pytest.mark.parametrize("policy", ["default", "always-sparse"])
+def test_compiled_step_matches_generate(policy: str) -> None:
+    """compile=<backend>: the step under torch.compile (aot_eager here: the traced graph run eagerly;
+    inductor on the GPU), the sparse layers on their traced path; the same tokens as generate."""
+    torch._dynamo.reset()
+    model = _model("llama", torch.float64)
+    if policy == "always-sparse":
+        tm.set_dispatch_policy(model, DispatchPolicy.always_sparse())
+    ids = _ids(2, 5, seed=4)
+    dec = GreedyDecoder(model, compile="aot_eager")
+    assert dec.compile_backend == "aot_eager"
+    got = dec(ids, 6)
+    assert torch.equal(got, _generate(model, ids, 6, min_new_tokens=6, pad_token_id=0))
+    assert torch.equal(dec(ids, 6), got)
+    assert GreedyDecoder(model, compile=True).compile_backend == "inductor"
+    with pytest.raises(ValueError, match="compile must be False, True or a torch.compile backend name"):
+        GreedyDecoder(model, compile="")
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
@@ -175,3 +194,16 @@ def test_gpu_graphed_step_matches_generate_and_the_eager_loop(policy: str) -> No
         assert torch.equal(got, greedy_decode(model, ids, 12, cuda_graph=False))
         assert torch.equal(got, _generate(model, ids, 12, min_new_tokens=12, pad_token_id=0))
         assert torch.equal(graphed(ids, 12), got)  # replayed from the kept recording
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_and_graphed_step_matches_generate() -> None:
+    torch._dynamo.reset()
+    model = _model("llama", torch.float32, "cuda")
+    for m in model.modules():
+        if isinstance(m, SparseGatedMLP):
+            m.backend = "auto"
+    tm.set_dispatch_policy(model, DispatchPolicy(decode_max_tokens=1, force=True))
+    ids = _ids(1, 6, device="cuda")
+    got = GreedyDecoder(model, compile=True)(ids, 10)
+    assert torch.equal(got, _generate(model, ids, 10, min_new_tokens=10, pad_token_id=0))

@@ -129,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--decode-loop", choices=["generate", "graphed"], default="generate",
                    help="generate: transformers' generate; graphed: twell.generation.GreedyDecoder (static "
                         "cache, the one-token step replayed from a CUDA graph on CUDA), every variant alike")
+    g.add_argument("--decode-compile", action="store_true",
+                   help="with --decode-loop graphed: the step under torch.compile before it is recorded")
     g.add_argument("--decode-policies", type=_csv(str), default=("default", "decode", "always-sparse"),
                    help=f"dispatch policies of the sparse variants ({', '.join(POLICIES)}; 'decode' = the default "
                         "table plus the small-batch kernels for 1 to 64 tokens per call)")
@@ -158,6 +160,8 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if a.new_tokens < 1 or any(b < 1 for b in a.decode_batches):
         p.error("--new-tokens and --decode-batches must be >= 1")
+    if a.decode_compile and a.decode_loop != "graphed":
+        p.error("--decode-compile compiles the step of --decode-loop graphed; add --decode-loop graphed")
 
 
 class _Log:
@@ -205,7 +209,7 @@ def _run_part(part: str, bench: BenchModel, a: argparse.Namespace, log: _Log,
     if part == "decode":
         cfg = DecodeConfig(batches=a.decode_batches, prompt_len=a.prompt_len, new_tokens=a.new_tokens,
                            reps=a.decode_reps, policies=a.decode_policies, static_cache=a.decode_static_cache,
-                           loop=a.decode_loop)
+                           loop=a.decode_loop, compile=a.decode_compile)
         return run_decode(bench, cfg, log, update)
     impl = a.train_impl or ("hot-cold" if bench.device.type == "cuda" else "sparse-reference")
     cfg = TrainConfig(batch=a.train_batch, check_seqs=a.train_check_seqs, impl=impl, lr=a.train_lr,

@@ -27,7 +27,13 @@ import torch
 
 from ..generation import GreedyDecoder
 from ..nn import SparseGatedMLP
-from .model_measure import describe_error, free_device_memory, time_compiled_variants, time_interleaved
+from .model_measure import (
+    compile_backend,
+    describe_error,
+    free_device_memory,
+    time_compiled_variants,
+    time_interleaved,
+)
 from .model_setup import BenchModel, make_tokens
 from .model_sparsity import measure_layers
 
@@ -51,6 +57,8 @@ class DecodeConfig:
     #: cache, the step replayed from a CUDA graph on CUDA; through generate the compiled 1.5B step still
     #: took ~4-5 ms per token for ~1.5 ms of GPU work, bench_results/h200/model/model_1.5b_decode_session5.json).
     loop: str = "generate"
+    #: with ``loop="graphed"``: the step under torch.compile before it is recorded (every variant alike)
+    compile: bool = False
 
 
 def _generate(bench: BenchModel, name: str, prompt: torch.Tensor, new_tokens: int,
@@ -73,12 +81,13 @@ LOOPS = ("generate", "graphed")
 
 
 def _graphed(decoders: dict[str, GreedyDecoder], bench: BenchModel, name: str, prompt: torch.Tensor,
-             new_tokens: int) -> torch.Tensor:
+             new_tokens: int, compile_step: bool = False) -> torch.Tensor:
     """Greedy decoding of variant ``name`` through its own :class:`GreedyDecoder` (its recorded step
     bakes in that variant's layers, so each variant keeps one)."""
     bench.sets.use(name)
     if name not in decoders:
-        decoders[name] = GreedyDecoder(bench.model, pad_token_id=0, max_graphs=1)
+        decoders[name] = GreedyDecoder(bench.model, pad_token_id=0, max_graphs=1,
+                                       compile=compile_backend(bench.device) if compile_step else False)
     return decoders[name](prompt, new_tokens)
 
 
@@ -107,9 +116,12 @@ def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
     names = ["dense", *(f"sparse:{p}" for p in cfg.policies)]
     if cfg.loop not in LOOPS:
         raise ValueError(f"loop must be one of {', '.join(LOOPS)}; got {cfg.loop!r}")
+    if cfg.compile and cfg.loop != "graphed":
+        raise ValueError("compile applies to the graphed decode loop only (loop='graphed')")
     graphed = cfg.loop == "graphed"
     result: dict[str, Any] = {"prompt_len": cfg.prompt_len, "new_tokens": cfg.new_tokens,
-                              "static_cache": cfg.static_cache and not graphed, "loop": cfg.loop, "batches": {}}
+                              "static_cache": cfg.static_cache and not graphed, "loop": cfg.loop,
+                              "compile": cfg.compile, "batches": {}}
     prompts = _prompts(bench, max(cfg.batches), cfg.prompt_len)
     largest_dense: torch.Tensor | None = None
     for b in cfg.batches:
@@ -125,7 +137,7 @@ def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
             try:
                 with torch.no_grad():
                     if graphed:  # full length: records the step that the timed runs replay
-                        _graphed(decoders, bench, name, prompt, cfg.new_tokens)
+                        _graphed(decoders, bench, name, prompt, cfg.new_tokens, cfg.compile)
                     else:
                         _generate(bench, name, prompt, min(_WARMUP_TOKENS, cfg.new_tokens), cfg.static_cache)
                 runnable.append(name)
@@ -133,7 +145,8 @@ def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
                 entries[name]["error"] = describe_error(exc)
                 free_device_memory(bench.device)
         if graphed:
-            fns = {n: (lambda n=n, p=prompt, d=decoders: _graphed(d, bench, n, p, cfg.new_tokens)) for n in runnable}
+            fns = {n: (lambda n=n, p=prompt, d=decoders: _graphed(d, bench, n, p, cfg.new_tokens, cfg.compile))
+                   for n in runnable}
         else:
             fns = {n: (lambda n=n, p=prompt: _generate(bench, n, p, cfg.new_tokens, cfg.static_cache))
                    for n in runnable}
