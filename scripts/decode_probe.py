@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from twell.bench.timing import time_ms
 from twell.ops import decode_kernels
 from twell.ops.decode import decode_gated_ffn
+from twell.ops.decode_fused_kernel import FUSED_MAX_TOKENS, launch_decode_fused
 from twell.ops.decode_kernels import launch_decode_down, launch_decode_hidden
 from twell.reference import inference as ref
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
@@ -89,6 +90,8 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
         "op_g": [lambda s=s: launch_decode_down(*launch_decode_hidden(x, s[0], s[1], match=True, gate_by_gemm=True)[:2],
                                                 s[2].t(), x.dtype) for s in sets],
     }
+    if m <= FUSED_MAX_TOKENS:  # cuBLAS gate + one kernel for up and down (twell.ops.decode_fused_kernel)
+        fns["op_fused"] = [lambda s=s: launch_decode_fused(x, s[0], s[1], s[2].t(), match=True) for s in sets]
     if device.type == "cuda":
         ms = {k: graph_ms(v * max(1, 16 // n_sets), args.reps) for k, v in fns.items()}
     else:
@@ -106,7 +109,9 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
             f"hidden {ms['hidden']:.4f} down {ms['down']:.4f} down_um {ms['down_um']:.4f} op {ms['op']:.4f} "
             f"dense/op {ms['dense'] / ms['op']:.2f} | cuBLAS gate: gate {ms['gate_gemm']:.4f} hidden+gate "
             f"{ms['hidden_g']:.4f} op {ms['op_g']:.4f} dense/op {ms['dense'] / ms['op_g']:.2f} | "
-            f"eager ms: dense {eager['dense']:.4f} op {eager['op']:.4f} "
+            + (f"fused up+down: op {ms['op_fused']:.4f} dense/op {ms['dense'] / ms['op_fused']:.2f} | "
+               if "op_fused" in ms else "")
+            + f"eager ms: dense {eager['dense']:.4f} op {eager['op']:.4f} "
             f"dense/op {eager['dense'] / eager['op']:.2f} | union {union} | rel {rel:.2e} maxrel {maxrel:.2e} "
             f"reproducible {again} sets {n_sets}")
 

@@ -19,7 +19,7 @@ from twell.bench.model_measure import kernel_lines, profile_kernels
 from twell.bench.model_setup import prepare
 from twell.bench.model_sparsity import SparsityTarget
 from twell.generation import GreedyDecoder
-from twell.ops import decode_kernels
+from twell.ops import decode, decode_kernels
 
 
 def main() -> None:
@@ -32,17 +32,19 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="the step under torch.compile (inductor) before recording")
     ap.add_argument("--no-profile", action="store_true", help="replay timing only (no torch.profiler table)")
     ap.add_argument("--variants", default="dense,sparse,sparse-gate-gemm",
-                    help="comma-separated subset of dense, sparse, sparse-gate-gemm")
+                    help="comma-separated subset of dense, sparse, sparse-gate-gemm, sparse-fused")
     a = ap.parse_args()
     dev = torch.device("cuda")
     bench = prepare(a.preset, device=dev, dtype=torch.bfloat16, batch=16, seq=2048, target=SparsityTarget(mean_l0=29.0),
                     policies=(a.policy,), fused_norms=a.fused_norms)
     prompt = bench.tokens[: a.batch, :128].contiguous()
-    variants = {"dense": ("dense", False), "sparse": (f"sparse:{a.policy}", None),
-                "sparse-gate-gemm": (f"sparse:{a.policy}", True)}
+    variants = {"dense": ("dense", False, False), "sparse": (f"sparse:{a.policy}", None, False),
+                "sparse-gate-gemm": (f"sparse:{a.policy}", True, False),
+                "sparse-fused": (f"sparse:{a.policy}", None, True)}
     for key in a.variants.split(","):
-        name, gate_by_gemm = variants[key]
+        name, gate_by_gemm, fused = variants[key]
         decode_kernels.GATE_BY_GEMM = gate_by_gemm  # the decode FFN's gate through cuBLAS or not, any size
+        decode.FUSED_UPDOWN = fused  # cuBLAS gate + one up-and-down kernel (twell.ops.decode_fused_kernel)
         bench.sets.use(name)
         dec = GreedyDecoder(bench.model, pad_token_id=0, max_graphs=1, compile=a.compile)
         t_build = time.perf_counter()
@@ -58,7 +60,8 @@ def main() -> None:
             rec.run()
         torch.cuda.synchronize()
         replay_ms = (time.perf_counter() - t0) * 10
-        label = f"{name}{' (gate by cuBLAS)' if gate_by_gemm else ''}{' compiled' if a.compile else ''}"
+        label = (f"{name}{' (gate by cuBLAS)' if gate_by_gemm else ''}{' (fused up+down)' if fused else ''}"
+                 f"{' compiled' if a.compile else ''}")
         print(f"{label} batch {a.batch}: {replay_ms:.3f} ms per replayed step (100 back to back); first "
               f"generation (record{' + compile' if a.compile else ''}) {t_build:.1f} s", flush=True)
         if not a.no_profile:

@@ -14,10 +14,16 @@ import torch
 from .._validation import FLOAT_DTYPES, check_finite, check_same_device, check_same_dtype, check_tensor
 from ..reference import inference as ref
 from ._runtime import resolve_backend
+from .decode_fused_kernel import FUSED_MAX_TOKENS, launch_decode_fused
 from .decode_kernels import DECODE_MAX_TOKENS, launch_decode_down, launch_decode_hidden
 from .inference import _check_triton_dtype, _check_x_w, check_precision
 
 __all__ = ["DECODE_MAX_TOKENS", "decode_gated_ffn"]
+
+#: Calls of up to :data:`~twell.ops.decode_fused_kernel.FUSED_MAX_TOKENS` tokens through cuBLAS's gate and
+#: one kernel for the up and down projections (:mod:`twell.ops.decode_fused_kernel`) instead of the hidden
+#: and down kernels.  Not measured yet: off.
+FUSED_UPDOWN = False
 
 
 def decode_gated_ffn(
@@ -70,5 +76,7 @@ def launch_decode_ffn(
     without the checks, Wd given as Wd^T [F, d] (a contiguous unit-major copy or the ``.t()`` view of the
     [d, F] weight: no copy either way): for callers that validated once (``SparseGatedMLP``, the custom
     op).  1 <= M <= DECODE_MAX_TOKENS, F >= 1, one dtype and device."""
+    if FUSED_UPDOWN and x.shape[0] <= FUSED_MAX_TOKENS:
+        return launch_decode_fused(x.contiguous(), w_gate.contiguous(), w_up.contiguous(), w_down_t, match=match)
     h, fires, counts = launch_decode_hidden(x.contiguous(), w_gate.contiguous(), w_up.contiguous(), match=match)
     return launch_decode_down(h, fires, w_down_t, x.dtype), counts

@@ -128,15 +128,9 @@ def _decode_hidden_kernel(
     unit_act = tl.max(act.to(tl.int32), axis=0) > 0
     acc = acc_up
     if (GATE_IN or not FUSED_UP) and tl.sum(unit_act.to(tl.int32), axis=0) > 0:
-        for k0 in tl.range(0, D, BK, num_stages=K_STAGES):
-            k = k0 + offs_k
-            k_ok = k < D
-            xt = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=r_ok[:, None] & k_ok[None, :],
-                         other=0.0)
-            # Rows of units that fire for no token are masked off: the load fetches nothing for them.
-            wt = tl.load(wu_ptr + w_rows[None, :] * stride_wu + k[:, None], mask=unit_act[None, :] & k_ok[:, None],
-                         other=0.0)
-            acc = dot_acc(xt, wt, acc, DOT_FP32)
+        # Rows of units that fire for no token are masked off: the loads fetch nothing for them.
+        acc = up_projection(x_ptr, wu_ptr, rows, r_ok, w_rows, unit_act, acc, D, stride_xm, stride_wu, BK, K_STAGES,
+                            DOT_FP32)
     if MATCH:
         h = round_to(a * round_to(acc, x_ptr.dtype.element_ty).to(tl.float32), h_ptr.dtype.element_ty)
     else:
@@ -148,25 +142,61 @@ def _decode_hidden_kernel(
 
 
 @triton.jit
+def program_tile(pid, BD: tl.constexpr, D, BM: tl.constexpr, M):
+    """``(cols, c_ok, rows, r_ok)``: the BD output columns of program ``pid`` and the BM token rows."""
+    cols = pid * BD + tl.arange(0, BD)
+    rows = tl.arange(0, BM)
+    return cols, cols < D, rows, rows < M
+
+
+@triton.jit
+def up_projection(x_ptr, wu_ptr, rows, r_ok, w_rows, w_ok, acc, D, stride_xm, stride_wu, BK: tl.constexpr,
+                  K_STAGES: tl.constexpr, DOT_FP32: tl.constexpr):
+    """``acc + x[rows] Wu[w_rows]^T`` over the whole K in steps of BK; Wu rows with ``w_ok`` False are
+    not read."""
+    offs_k = tl.arange(0, BK)
+    for k0 in tl.range(0, D, BK, num_stages=K_STAGES):
+        k = k0 + offs_k
+        k_ok = k < D
+        xt = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+        wt = tl.load(wu_ptr + w_rows[None, :] * stride_wu + k[:, None], mask=w_ok[None, :] & k_ok[:, None],
+                     other=0.0)
+        acc = dot_acc(xt, wt, acc, DOT_FP32)
+    return acc
+
+
+@triton.jit
+def append_listed(idx_row, units, flags, n_listed):
+    """Append the ``units`` whose int32 ``flags`` are set to the list at ``idx_row`` (in their order, after
+    the ``n_listed`` already there: an exclusive prefix sum gives each its slot); the new length."""
+    slot = n_listed + tl.cumsum(flags, axis=0) - flags
+    tl.store(idx_row + slot, units, mask=flags != 0)
+    return n_listed + tl.sum(flags, axis=0)
+
+
+@triton.jit
+def gather_wdt(wdt_ptr, units, cols, i_ok, c_ok, stride_wf, stride_wd):
+    """The [units, cols] tile of Wd^T [F, d] through its two strides: unit-major rows (SparseGatedMLP's
+    cached copy) or the nn.Linear weight [d, F] itself, transposed as a view (no copy)."""
+    return tl.load(wdt_ptr + units.to(tl.int64)[:, None] * stride_wf + cols.to(tl.int64)[None, :] * stride_wd,
+                   mask=i_ok[:, None] & c_ok[None, :], other=0.0)
+
+
+@triton.jit
 def _decode_down_kernel(
     h_ptr, act_ptr, wdt_ptr, out_ptr, idx_ptr, M, D, F, stride_hm, stride_wf, stride_wd, stride_om,
     BM: tl.constexpr, BD: tl.constexpr, BU: tl.constexpr, BC: tl.constexpr, DOT_FP32: tl.constexpr,
     K_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    cols = pid * BD + tl.arange(0, BD)
-    c_ok = cols < D
-    rows = tl.arange(0, BM)
-    r_ok = rows < M
+    cols, c_ok, rows, r_ok = program_tile(pid, BD, D, BM, M)
     # 1. Compaction: the firing units' indices, ascending, into this program's scratch row idx[pid, :].
     idx_row = idx_ptr + pid.to(tl.int64) * F
     n_active = tl.zeros((), dtype=tl.int32)
     for f0 in range(0, F, BC):
         units = f0 + tl.arange(0, BC)
         v = (tl.load(act_ptr + units, mask=units < F, other=0) != 0).to(tl.int32)
-        slot = n_active + tl.cumsum(v, axis=0) - v  # exclusive prefix sum: the unit's place in the list
-        tl.store(idx_row + slot, units, mask=v != 0)
-        n_active += tl.sum(v, axis=0)
+        n_active = append_listed(idx_row, units, v, n_active)
     tl.debug_barrier()  # the CTA's stores above are visible to all its threads below
     # 2. K loop over the compacted units, BU at a time, in ascending unit order (fixed: reproducible).
     acc = tl.zeros((BM, BD), dtype=tl.float32)
@@ -176,11 +206,7 @@ def _decode_down_kernel(
         units = tl.load(idx_row + i, mask=i_ok, other=0)
         ht = tl.load(h_ptr + rows[:, None] * stride_hm + units[None, :], mask=r_ok[:, None] & i_ok[None, :],
                      other=0.0)
-        # Wd^T [F, d] through its two strides: unit-major rows (SparseGatedMLP's cached copy) or the
-        # nn.Linear weight [d, F] itself, transposed as a view (no copy).
-        wt = tl.load(wdt_ptr + units.to(tl.int64)[:, None] * stride_wf + cols.to(tl.int64)[None, :] * stride_wd,
-                     mask=i_ok[:, None] & c_ok[None, :], other=0.0)
-        acc = dot_acc(ht, wt, acc, DOT_FP32)
+        acc = dot_acc(ht, gather_wdt(wdt_ptr, units, cols, i_ok, c_ok, stride_wf, stride_wd), acc, DOT_FP32)
     tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], round_to(acc, out_ptr.dtype.element_ty),
              mask=r_ok[:, None] & c_ok[None, :])
 
