@@ -122,6 +122,37 @@ def test_compiled_step_matches_generate(policy: str) -> None:
         GreedyDecoder(model, compile="")
 
 
+def test_a_recording_is_redone_when_the_prompt_moves_a_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recorded step bakes in each sparse layer's kernel choice.  A layer's first call has no l0
+    estimate (density taken as 1: dense); the prompt's forward measures it, the choice at the decode
+    batch size flips to sparse, and the decoder records the step again.  Simulated on the CPU: the
+    recording is the eager step, with the decoder's graph bookkeeping on."""
+    model = _model()
+    tm.set_dispatch_policy(model, DispatchPolicy(table=((1, 0.9),), force=True, shapes=None))
+    builds: list[tuple[str, ...]] = []
+    original = GreedyDecoder._build
+
+    def build(self: GreedyDecoder, batch: int, length: int, device: torch.device):  # noqa: ANN202
+        self.cuda_graph = False  # the CPU cannot record: build the eager step, keep the graph rule below
+        try:
+            rec = original(self, batch, length, device)
+        finally:
+            self.cuda_graph = True
+        if self is dec:
+            builds.append(rec.decisions)
+        return rec
+
+    monkeypatch.setattr(GreedyDecoder, "_build", build)
+    dec = GreedyDecoder(model)
+    dec.cuda_graph = True
+    ids = _ids(2, 5)
+    got = dec(ids, 4)
+    assert builds == [("dense", "dense"), ("sparse", "sparse")]
+    assert torch.equal(got, greedy_decode(model, ids, 4))
+    dec(ids, 4)  # the estimates now hold: the kept recording is replayed
+    assert len(builds) == 2
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()

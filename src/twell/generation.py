@@ -173,9 +173,10 @@ class GreedyDecoder:
         b, p = ids.shape
         rec = self._recording(b, p + n, device)
         self._prefill(rec, ids, device)
-        if rec.decisions != self._decisions(b, device):
+        if self.cuda_graph and rec.decisions != self._decisions(b, device):
             # The prompt's forward moved a layer's l0 estimate across a threshold of its policy: the
-            # recorded step would run the old kernels.  Record it again and redo the prompt.
+            # recorded step would run the old kernels.  Record it again and redo the prompt.  (Eager and
+            # compiled steps decide, or are guarded, on every call.)
             self._recorded.pop(self._key(b, p + n), None)
             rec = self._recording(b, p + n, device)
             self._prefill(rec, ids, device)
