@@ -1,4 +1,4 @@
-"""The ``twell`` command: ``bench``, ``info``, ``demo`` and ``train``."""
+"""The ``twell`` command: ``bench``, ``info``, ``demo``, ``train`` and ``generate``."""
 
 from __future__ import annotations
 
@@ -96,6 +96,10 @@ _BENCHES = {"ffn": "ffn", "train-ffn": "train_ffn", "model": "model"}
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["generate"]:  # its own parser (argparse's REMAINDER would not pass a leading --help on)
+        from .generate_cli import main as generate_main
+
+        return generate_main(argv[1:])
     parser = argparse.ArgumentParser(prog="twell", description="Sparse-activation FFNs on GPUs (TwELL format).")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="benchmarks: ffn, train-ffn, model (twell bench ffn --help)")
@@ -111,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-progress", action="store_true")
     train_p = sub.add_parser("train", help="train a ReLU-gated model with the L1 recipe (torchrun for DDP)")
     _add_train_args(train_p)
+    # listed for --help; main() hands "twell generate ..." to twell.generate_cli before parsing
+    sub.add_parser("generate", help="greedy generation from a local model directory (twell generate --help)")
     args = parser.parse_args(argv)
     if args.command == "bench":
         import importlib
