@@ -16,7 +16,6 @@ from twell.cli import main as twell_main  # noqa: E402
 from twell.generation import greedy_decode  # noqa: E402
 from twell.train.data import train_tokenizer  # noqa: E402
 
-
 VOCAB = 300
 
 
