@@ -153,6 +153,42 @@ def hidden_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
     return f"hidden d={d} F={f} M={m} (Wg {wg_mb:.0f} MiB) default {default} | " + " | ".join(parts)
 
 
+#: ``--fused-variants``: configurations ``(BD, BU, BK, BC, warps, stages)`` of the fused up+down kernel.
+FUSED_VARIANTS = [(16, 32, 256, 4096, 4, 3), (32, 32, 256, 4096, 4, 3), (16, 16, 512, 4096, 4, 3),
+                  (16, 64, 256, 4096, 4, 2), (32, 32, 512, 4096, 8, 3), (64, 32, 256, 4096, 4, 3)]
+
+
+def fused_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
+    """Graph-timed fused up+down op (cuBLAS gate included) per configuration at 0.5 % density, with its error."""
+    from twell.ops import decode_fused_kernel
+
+    device = torch.device(args.device)
+    gen = torch.Generator(device=device).manual_seed(11 * m + f)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=0.005 * f), generator=gen, device=device)
+    x, w = p["x"], (p["w_gate"], p["w_up"], p["w_down"])
+    n_sets = max(1, min(16, math.ceil(FLUSH_BYTES / sum(t.numel() * t.element_size() for t in w))))
+    sets = [w] + [tuple(t.clone() for t in w) for _ in range(n_sets - 1)] if device.type == "cuda" else [w]
+    want = ref.dense_gated_ffn(x.float(), *(t.float() for t in w))
+    default = decode_fused_kernel._FUSED_CONFIG
+    parts = []
+    try:
+        for cfg in FUSED_VARIANTS:
+            decode_fused_kernel._FUSED_CONFIG = cfg
+            decode_fused_kernel._meta.cache_clear()
+            fns = [lambda s=s: launch_decode_fused(x, s[0], s[1], s[2].t(), match=True) for s in sets]
+            try:
+                ms = graph_ms(fns * max(1, 16 // len(sets)), args.reps) if device.type == "cuda" else eager_ms(
+                    fns, device, args.rep_ms)
+                rel = rel_error(launch_decode_fused(x, *w[:2], w[2].t(), match=True)[0], want)
+                parts.append(f"{cfg}: {ms:.4f} ms rel {rel:.1e}")
+            except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
+                parts.append(f"{cfg}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
+    finally:
+        decode_fused_kernel._FUSED_CONFIG = default
+        decode_fused_kernel._meta.cache_clear()
+    return f"fused d={d} F={f} M={m} default {default} | " + " | ".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -161,6 +197,8 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=float, default=100.0, help="eager timing budget per callable")
     ap.add_argument("--hidden-variants", action="store_true",
                     help="also time the hidden kernel's K-loop configurations (HIDDEN_VARIANTS)")
+    ap.add_argument("--fused-variants", action="store_true",
+                    help="also time the fused up+down kernel's configurations (FUSED_VARIANTS), 1-16 tokens")
     args = ap.parse_args()
     shapes, ms_, dens_ = [(2048, 5632), (4096, 14336)], (1, 8, 64), (0.5, 2.0)
     if args.tiny:
@@ -174,6 +212,13 @@ def main() -> None:
                     print(probe(d, f, m, dens, args), flush=True)
                 except Exception as exc:  # noqa: BLE001 - report every point, keep going
                     print(f"d={d} F={f} M={m} dens={dens}%: FAILED {type(exc).__name__}: {exc}", flush=True)
+    if args.fused_variants:
+        for d, f in shapes:
+            for m in (mm for mm in ms_ if mm <= FUSED_MAX_TOKENS):
+                try:
+                    print(fused_variants(d, f, m, args), flush=True)
+                except Exception as exc:  # noqa: BLE001 - report every point, keep going
+                    print(f"fused d={d} F={f} M={m}: FAILED {type(exc).__name__}: {exc}", flush=True)
     if args.hidden_variants:
         for d, f in shapes:
             for m in ms_:
