@@ -53,7 +53,7 @@ def main() -> None:
         t_build = time.perf_counter() - t_build
         (rec,) = dec._recorded.values()
         with torch.no_grad():
-            dec._prefill(rec, prompt, dev)  # back to position 128: 100 replays stay inside the cache
+            dec._prefill(rec, prompt, None, dev)  # back to position 128: 100 replays stay inside the cache
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(100):
@@ -66,7 +66,7 @@ def main() -> None:
               f"generation (record{' + compile' if a.compile else ''}) {t_build:.1f} s", flush=True)
         if not a.no_profile:
             with torch.no_grad():
-                dec._prefill(rec, prompt, dev)
+                dec._prefill(rec, prompt, None, dev)
             prof = profile_kernels(rec.run, dev, top=25, calls=min(a.steps, 150))
             print(f"  profiled: wall {prof['wall_ms']:.3f} ms, kernels {prof['kernel_ms']:.3f} ms per step, "
                   f"kernels per step {sum(r['calls'] for r in prof['kernels'])}+ (top 25 shown)", flush=True)

@@ -62,6 +62,42 @@ def test_plain_transformers_model_and_sparse_path_forced() -> None:
     assert torch.equal(want, _generate(dense, ids, 7, min_new_tokens=7, pad_token_id=0))
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_left_padded_batch_matches_generate(family: str) -> None:
+    """Prompts of different lengths, left-padded with their attention mask, as generate takes them."""
+    model = _model(family)
+    ids = _ids(3, 6, seed=8)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # a 3-token prompt
+    mask[2, :1] = 0  # a 5-token prompt
+    ids = ids.masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=7, min_new_tokens=7, do_sample=False,
+                              pad_token_id=0)
+    dec = GreedyDecoder(model)
+    got = dec(ids, 7, mask)
+    assert torch.equal(got, want)
+    assert torch.equal(dec(ids, 7, mask), want)  # the kept recording, its buffers reset
+    assert torch.equal(dec(ids, 7), greedy_decode(model, ids, 7))  # unpadded: a separate recording
+    # each padded row decodes as its prompt alone would
+    alone = greedy_decode(model, ids[:1, 3:], 7)
+    assert torch.equal(got[0, 6:], alone[0, 3:])
+    assert torch.equal(greedy_decode(model, ids, 7, attention_mask=torch.ones_like(ids)), dec(ids, 7))
+
+
+def test_attention_mask_is_checked() -> None:
+    model = _model()
+    ids = _ids(2, 4)
+    with pytest.raises(ValueError, match="left-padded"):
+        greedy_decode(model, ids, 2, attention_mask=torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match="without any token"):
+        greedy_decode(model, ids, 2, attention_mask=torch.tensor([[0, 0, 0, 0], [1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match="0 \\(padding\\) and 1 \\(token\\) only"):
+        greedy_decode(model, ids, 2, attention_mask=torch.full((2, 4), 2))
+    with pytest.raises(ValueError, match="shape"):
+        greedy_decode(model, ids, 2, attention_mask=torch.ones(2, 5))
+
+
 def test_end_of_sequence_matches_generate() -> None:
     model = _model()
     ids = _ids(3, 4, seed=5)
@@ -98,7 +134,7 @@ def test_decoder_reuses_its_recording_and_tracks_module_swaps() -> None:
     layer.mlp = SparseGatedMLP.from_weights(old.gate_proj.weight.detach().clone(), old.up_proj.weight.detach().clone(),
                                             old.down_proj.weight.detach().clone(), backend="torch", tile=32).eval()
     assert torch.equal(dec(a, 6), first)
-    assert len(dec._recorded) == 2 and dec._key(2, 11) in dec._recorded
+    assert len(dec._recorded) == 2 and dec._key(2, 11, False) in dec._recorded
     dec.clear()
     assert not dec._recorded
 
@@ -132,10 +168,10 @@ def test_a_recording_is_redone_when_the_prompt_moves_a_kernel_choice(monkeypatch
     builds: list[tuple[str, ...]] = []
     original = GreedyDecoder._build
 
-    def build(self: GreedyDecoder, batch: int, length: int, device: torch.device):  # noqa: ANN202
+    def build(self: GreedyDecoder, batch: int, length: int, device: torch.device, padded: bool):  # noqa: ANN202
         self.cuda_graph = False  # the CPU cannot record: build the eager step, keep the graph rule below
         try:
-            rec = original(self, batch, length, device)
+            rec = original(self, batch, length, device, padded)
         finally:
             self.cuda_graph = True
         if self is dec:
@@ -163,17 +199,20 @@ class _Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_step_has_no_host_synchronisation_or_data_dependent_shape() -> None:
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "left-padded"])
+def test_step_has_no_host_synchronisation_or_data_dependent_shape(padded: bool) -> None:
     """What recording the step in a CUDA graph needs, checked on the CPU: under static_dispatch the step
     (the sparse layers forced onto their sparse path) reads nothing back to the host."""
     model = _model()
     tm.set_dispatch_policy(model, DispatchPolicy.always_sparse())
     dec = GreedyDecoder(model, eos_token_id=[3, 5], max_graphs=1)
     ids = _ids(2, 4)
-    dec(ids, 3)  # builds the recording (eager on the CPU) and refreshes every layer's estimate
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]) if padded else None
+    dec(ids, 3, mask)  # builds the recording (eager on the CPU) and refreshes every layer's estimate
     (rec,) = dec._recorded.values()
+    assert (rec.mask is not None) == padded
     with torch.no_grad():
-        dec._prefill(rec, ids, torch.device("cpu"))
+        dec._prefill(rec, ids, mask, torch.device("cpu"))
     mlp = model.model.layers[0].mlp
     calls_before = mlp._infer_calls
     with torch.no_grad(), static_dispatch(), _Recorder() as recorder:
@@ -238,3 +277,18 @@ def test_gpu_compiled_and_graphed_step_matches_generate() -> None:
     ids = _ids(1, 6, device="cuda")
     got = GreedyDecoder(model, compile=True)(ids, 10)
     assert torch.equal(got, _generate(model, ids, 10, min_new_tokens=10, pad_token_id=0))
+
+
+@pytest.mark.gpu
+def test_gpu_graphed_left_padded_batch_matches_generate() -> None:
+    model = _model("llama", torch.float32, "cuda")
+    ids = _ids(3, 6, seed=8, device="cuda")
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        want = model.generate(ids, attention_mask=mask, max_new_tokens=9, min_new_tokens=9, do_sample=False,
+                              pad_token_id=0)
+    dec = GreedyDecoder(model)
+    assert torch.equal(dec(ids, 9, mask), want)
+    assert torch.equal(dec(ids, 9, mask), want)

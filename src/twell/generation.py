@@ -8,9 +8,9 @@ FFN saves on the GPU cannot show.  Here the whole step -- embedding, every layer
 logits, the argmax, the end-of-sequence bookkeeping and the position increment -- is recorded once in
 a CUDA graph and replayed per token: one launch per token from the host.
 
-What it computes is ``model.generate(input_ids, max_new_tokens=n, do_sample=False)`` for prompts
-without padding (every row of ``input_ids`` is a full prompt; no attention mask): the same tokens
-(``tests/test_generation.py`` compares them on the CPU, where the same step runs eagerly).  With
+What it computes is ``model.generate(input_ids, max_new_tokens=n, do_sample=False)``: the same tokens
+(``tests/test_generation.py`` compares them on the CPU, where the same step runs eagerly, and on the
+GPU), for full prompts and for left-padded batches given with their ``attention_mask``.  With
 ``eos_token_id``, a sequence that has produced it continues with ``pad_token_id``, and the output ends
 after the step at which every sequence had finished, as ``generate`` stops there; without it, exactly
 ``max_new_tokens`` tokens are generated.  All ``max_new_tokens`` steps run either way: noticing that
@@ -58,6 +58,25 @@ def _check_ids(input_ids: object, device: torch.device) -> torch.Tensor:
     return input_ids
 
 
+def _check_mask(mask: object, ids: torch.Tensor) -> torch.Tensor | None:
+    """None for no padding (None or all ones); else the int64 mask of a left-padded batch (one sync)."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape or mask.device != ids.device:
+        raise ValueError(
+            f"attention_mask must be a tensor of input_ids' shape {tuple(ids.shape)} on {ids.device}, got "
+            + (f"{tuple(mask.shape)} on {mask.device}" if isinstance(mask, torch.Tensor) else type(mask).__name__))
+    m = mask.to(torch.int64)
+    if bool(((m != 0) & (m != 1)).any()):
+        raise ValueError("attention_mask must hold 0 (padding) and 1 (token) only")
+    if bool((m.sum(-1) == 0).any()):
+        raise ValueError("attention_mask has a row without any token")
+    if bool((m[:, 1:] < m[:, :-1]).any()):
+        raise ValueError("attention_mask must be left-padded (each row's zeros before its ones), as generate "
+                         "expects for decoder-only models")
+    return None if bool(m.all()) else m
+
+
 def _check_count(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -98,6 +117,8 @@ class _Recorded:
     done: torch.Tensor  # [B, 1] bool: the sequence has produced an end-of-sequence token
     run: Callable[[], None]
     decisions: tuple[str, ...]  # the sparse layers' kernel choices the step was recorded with
+    mask: torch.Tensor | None = None  # [B, P + n] left-padded batches: 0 at the pads, 1 everywhere else
+    posid: torch.Tensor | None = None  # [B, 1] left-padded batches: the position id of the step's token
 
 
 class GreedyDecoder:
@@ -160,26 +181,33 @@ class GreedyDecoder:
 
     # ------------------------------------------------------------------------------------------ call
     @torch.no_grad()
-    def __call__(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """``[B, P + n]``: the prompts followed by the generated tokens (see the module docstring)."""
+    def __call__(self, input_ids: torch.Tensor, max_new_tokens: int,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, P + n]``: the prompts followed by the generated tokens (see the module docstring).
+
+        ``attention_mask`` [B, P] (1 = token, 0 = padding) takes a batch of prompts of different lengths,
+        left-padded as ``generate`` wants them (a row's padding before its tokens); all ones, or None,
+        is the unpadded path."""
         model = self.model
         if model.training:
             raise RuntimeError("greedy decoding needs the model in eval mode (model.eval())")
         device = next(model.parameters()).device
         ids = _check_ids(input_ids, device)
         n = _check_count(max_new_tokens, "max_new_tokens")
+        mask = _check_mask(attention_mask, ids)
         if n == 0:
             return ids.clone()
         b, p = ids.shape
-        rec = self._recording(b, p + n, device)
-        self._prefill(rec, ids, device)
+        padded = mask is not None
+        rec = self._recording(b, p + n, device, padded)
+        self._prefill(rec, ids, mask, device)
         if self.cuda_graph and rec.decisions != self._decisions(b, device):
             # The prompt's forward moved a layer's l0 estimate across a threshold of its policy: the
             # recorded step would run the old kernels.  Record it again and redo the prompt.  (Eager and
             # compiled steps decide, or are guarded, on every call.)
-            self._recorded.pop(self._key(b, p + n), None)
-            rec = self._recording(b, p + n, device)
-            self._prefill(rec, ids, device)
+            self._recorded.pop(self._key(b, p + n, padded), None)
+            rec = self._recording(b, p + n, device, padded)
+            self._prefill(rec, ids, mask, device)
         out = torch.empty((b, n), dtype=ids.dtype, device=device)
         out[:, 0] = rec.tok[:, 0]
         for i in range(1, n):
@@ -201,42 +229,52 @@ class GreedyDecoder:
         first_end = torch.where(is_eos, steps, torch.full_like(steps, n)).amin(dim=1)
         return int(first_end.amax())
 
-    def _prefill(self, rec: _Recorded, ids: torch.Tensor, device: torch.device) -> None:
+    def _prefill(self, rec: _Recorded, ids: torch.Tensor, mask: torch.Tensor | None, device: torch.device) -> None:
         """The prompt's forward into the emptied cache (eager: the sparse layers refresh their l0
-        estimates as in any call), then the step's buffers set for the first decode step."""
+        estimates as in any call), then the step's buffers set for the first decode step.  Left-padded
+        prompts: position ids count each row's tokens only, as generate computes them, and the step's
+        mask is the prompt's followed by ones (positions past the step are hidden by causality anyway)."""
         p = ids.shape[1]
         rec.cache.reset()
+        extra: dict[str, torch.Tensor] = {}
+        if mask is not None:
+            assert rec.mask is not None and rec.posid is not None
+            rec.mask.fill_(1)
+            rec.mask[:, :p] = mask
+            extra["attention_mask"] = rec.mask[:, :p]
+            extra["position_ids"] = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 1)
+            rec.posid.copy_(mask.sum(-1, keepdim=True))  # the first generated token's position id
         logits = self.model(input_ids=ids, cache_position=torch.arange(p, device=device), use_cache=True,
-                            **{self._cache_arg: rec.cache}, **self._logits_kw).logits
+                            **{self._cache_arg: rec.cache}, **self._logits_kw, **extra).logits
         rec.tok.copy_(logits[:, -1].argmax(-1, keepdim=True))
         rec.pos.fill_(p)
         rec.done.zero_()
         if self.eos:
             rec.done.copy_(torch.isin(rec.tok, self._eos_tensor(device)))
 
-    def _key(self, batch: int, length: int) -> tuple:
+    def _key(self, batch: int, length: int, padded: bool) -> tuple:
         # What a recorded graph bakes in besides the kernel choices: parameter storage and module identity.
         sparse = tuple(id(m) for m in self.model.modules() if isinstance(m, SparseGatedMLP))
-        return (batch, length, tuple(q.data_ptr() for q in self.model.parameters()), sparse)
+        return (batch, length, padded, tuple(q.data_ptr() for q in self.model.parameters()), sparse)
 
     def _decisions(self, batch: int, device: torch.device) -> tuple[str, ...]:
         """Each sparse layer's kernel choice for a ``batch``-token call at its current l0 estimate."""
         return tuple(m._path(batch, device.type) for m in self.model.modules() if isinstance(m, SparseGatedMLP))
 
-    def _recording(self, batch: int, length: int, device: torch.device) -> _Recorded:
-        key = self._key(batch, length)
+    def _recording(self, batch: int, length: int, device: torch.device, padded: bool) -> _Recorded:
+        key = self._key(batch, length, padded)
         rec = self._recorded.get(key)
         if rec is not None:
             self._recorded.move_to_end(key)
             return rec
         while self._recorded and len(self._recorded) >= max(1, self.max_graphs):
             self._recorded.popitem(last=False)
-        rec = self._build(batch, length, device)
+        rec = self._build(batch, length, device, padded)
         if self.max_graphs:
             self._recorded[key] = rec
         return rec
 
-    def _build(self, batch: int, length: int, device: torch.device) -> _Recorded:
+    def _build(self, batch: int, length: int, device: torch.device, padded: bool = False) -> _Recorded:
         """A static cache, the step's buffers and, with ``cuda_graph``, the step recorded.  Recorded before
         the prompt's forward, whose ``cache.reset()`` then empties whatever the recording's runs wrote
         (transformers' static cache layers keep their write position on the device and reset it there)."""
@@ -244,9 +282,11 @@ class GreedyDecoder:
         tok = torch.zeros((batch, 1), dtype=torch.int64, device=device)
         pos = torch.zeros((1,), dtype=torch.int64, device=device)
         done = torch.zeros((batch, 1), dtype=torch.bool, device=device)
-        step = self._step_fn(cache, tok, pos, done, device)
+        mask = torch.ones((batch, length), dtype=torch.int64, device=device) if padded else None
+        posid = torch.zeros((batch, 1), dtype=torch.int64, device=device) if padded else None
+        step = self._step_fn(cache, tok, pos, done, mask, posid, device)
         if not self.cuda_graph:
-            return _Recorded(cache, tok, pos, done, step, self._decisions(batch, device))
+            return _Recorded(cache, tok, pos, done, step, self._decisions(batch, device), mask, posid)
         # One eager call first: it allocates the cache (its first update does) and gives every sparse
         # layer an l0 estimate; then warm-up runs on a side stream and the recording, both with the
         # sparse layers' kernel choices frozen (static_dispatch).
@@ -260,13 +300,16 @@ class GreedyDecoder:
         graph = torch.cuda.CUDAGraph()
         with static_dispatch(), torch.cuda.graph(graph):
             step()
-        return _Recorded(cache, tok, pos, done, graph.replay, self._decisions(batch, device))
+        return _Recorded(cache, tok, pos, done, graph.replay, self._decisions(batch, device), mask, posid)
 
     def _step_fn(self, cache: Any, tok: torch.Tensor, pos: torch.Tensor, done: torch.Tensor,
-                 device: torch.device) -> Callable[[], None]:
-        """One decode step over static buffers: reads tok at pos, writes the next token and pos + 1."""
+                 mask: torch.Tensor | None, posid: torch.Tensor | None, device: torch.device) -> Callable[[], None]:
+        """One decode step over static buffers: reads tok at pos, writes the next token and pos + 1 (and,
+        for left-padded batches, reads the static mask and advances each row's position id)."""
         model, pad = self.model, self.pad
-        kw = {self._cache_arg: cache, **self._logits_kw}
+        kw: dict[str, Any] = {self._cache_arg: cache, **self._logits_kw}
+        if mask is not None:
+            kw.update(attention_mask=mask, position_ids=posid)
         eos = self._eos_tensor(device) if self.eos else None
 
         def step() -> None:
@@ -277,6 +320,8 @@ class GreedyDecoder:
                 done.logical_or_(torch.isin(nxt, eos))
             tok.copy_(nxt)
             pos.add_(1)
+            if posid is not None:
+                posid.add_(1)
 
         if self.compile_backend is None:
             return step
@@ -298,8 +343,9 @@ def greedy_decode(
     pad_token_id: int | None = None,
     cuda_graph: bool | None = None,
     compile: bool | str = False,  # noqa: A002 - the torch.compile option's name
+    attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One greedy generation (a :class:`GreedyDecoder` that keeps nothing); ``[B, P + n]`` token ids."""
     decoder = GreedyDecoder(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id, cuda_graph=cuda_graph,
                             max_graphs=0, compile=compile)
-    return decoder(input_ids, max_new_tokens)
+    return decoder(input_ids, max_new_tokens, attention_mask)
