@@ -4,8 +4,8 @@ The model directory holds either a twell model (``config.json`` of model type ``
 ``twell_qwen2``, as ``save_pretrained`` and ``twell train`` checkpoints write it) or a Llama-style
 ReLU checkpoint such as the published SparseLM ones (loaded by :func:`twell.models.load_sparselm`).
 Prompts are text (``--prompt``, needs a tokenizer: ``--tokenizer``, else the model directory's
-``tokenizer.json``) or token ids (``--prompt-ids``).  Each prompt is decoded on its own (batch 1: the
-decoder takes unpadded prompts).  ``--compare`` also runs ``model.generate`` on the same prompt and
+``tokenizer.json``) or token ids (``--prompt-ids``).  Each prompt is decoded on its own (batch 1), so
+that its tokens/s are its own.  ``--compare`` also runs ``model.generate`` on the same prompt and
 prints whether the tokens are identical and both speeds.  Nothing is downloaded.
 """
 
