@@ -1,0 +1,79 @@
+"""Host time per call of twell's Triton-launching ops on tiny inputs, where the GPU work is negligible.
+
+At M=4096 the hot/cold training op is bound by its host (H200: 2.80 ms a step for 0.93 ms of kernels,
+bench_results/h200/trainprof_session5.log), and with its seven Triton launches stubbed out its Python
+and torch ops cost only 1.36x dense autograd's on the CPU (docs/performance.md): the launches
+themselves (``JITFunction.run`` binding and specialising each argument) are the suspect.  Here, on
+tiny shapes (d=64, F=256, M=64), each call's wall time is its host time; per op it prints that, the
+number of Triton launches it makes, and a plain one-kernel launch (the l0 count) for the per-launch
+floor, next to a torch op and dense autograd.
+
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/launch_overhead.py``
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from twell.nn.train_dispatch import dense_train_ffn_l1
+from twell.ops.active_count import mean_active_per_token
+from twell.ops.decode import decode_gated_ffn
+from twell.ops.hot_cold_training import hot_units, twell_gated_ffn_l1_hot_cold
+
+
+def host_us(fn: Callable[[], object], calls: int = 200, rounds: int = 7) -> float:
+    """Median over rounds of wall time per call of ``calls`` back-to-back calls and one sync."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    m, d, f = 64, 64, 256
+    x = torch.randn(m, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    ws = [(torch.randn(f, d, device=dev) / 8).bfloat16().requires_grad_(),
+          (torch.randn(f, d, device=dev) / 8).bfloat16().requires_grad_(),
+          (torch.randn(d, f, device=dev) / 16).bfloat16().requires_grad_()]
+    hot = hot_units(torch.arange(0, 64, device=dev), f, cold_l0=4.0)
+    gout = torch.randn(m, d, device=dev, dtype=torch.bfloat16)
+    gl1 = torch.tensor(0.5, device=dev)
+    a = torch.relu(torch.randn(m, f, device=dev, dtype=torch.bfloat16))
+
+    def hot_cold() -> None:
+        out, l1, _ = twell_gated_ffn_l1_hot_cold(x, *ws, hot)
+        torch.autograd.grad((out, l1), (x, *ws), (gout, gl1))
+
+    def dense() -> None:
+        out, l1, _ = dense_train_ffn_l1(x, *ws, with_l0=False)
+        torch.autograd.grad((out, l1), (x, *ws), (gout, gl1))
+
+    xd = x.detach()[:1]
+    wd = [w.detach() for w in ws]
+    cases = {
+        "torch add (one aten launch)": (lambda: a.add(1.0), 0),
+        "l0 count (one Triton launch, 6 args)": (lambda: mean_active_per_token(a), 1),
+        "decode op, 1 token (2 Triton launches)": (lambda: decode_gated_ffn(xd, *wd, backend="triton"), 2),
+        "dense autograd fwd+bwd (cuBLAS)": (dense, 0),
+        "hot/cold op fwd+bwd (7 Triton launches)": (hot_cold, 7),
+    }
+    print(f"{torch.cuda.get_device_name(dev)} torch {torch.__version__}; host us per call (tiny shapes)")
+    for name, (fn, launches) in cases.items():
+        print(f"  {name:45s} {host_us(fn):8.1f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
