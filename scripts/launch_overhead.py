@@ -64,14 +64,14 @@ def main() -> None:
     xd = x.detach()[:1]
     wd = [w.detach() for w in ws]
     cases = {
-        "torch add (one aten launch)": (lambda: a.add(1.0), 0),
-        "l0 count (one Triton launch, 6 args)": (lambda: mean_active_per_token(a), 1),
-        "decode op, 1 token (2 Triton launches)": (lambda: decode_gated_ffn(xd, *wd, backend="triton"), 2),
-        "dense autograd fwd+bwd (cuBLAS)": (dense, 0),
-        "hot/cold op fwd+bwd (7 Triton launches)": (hot_cold, 7),
+        "torch add (one aten launch)": lambda: a.add(1.0),
+        "l0 count (one Triton launch, 6 args)": lambda: mean_active_per_token(a),
+        "decode op, 1 token (2 Triton launches)": lambda: decode_gated_ffn(xd, *wd, backend="triton"),
+        "dense autograd fwd+bwd (cuBLAS)": dense,
+        "hot/cold op fwd+bwd (7 Triton launches)": hot_cold,
     }
     print(f"{torch.cuda.get_device_name(dev)} torch {torch.__version__}; host us per call (tiny shapes)")
-    for name, (fn, launches) in cases.items():
+    for name, fn in cases.items():
         print(f"  {name:45s} {host_us(fn):8.1f} us", flush=True)
 
 
