@@ -18,6 +18,7 @@ import torch
 from twell.bench.model_measure import kernel_lines, profile_kernels
 from twell.bench.model_setup import prepare
 from twell.bench.model_sparsity import SparsityTarget
+from twell.bench.timing import back_to_back_ms
 from twell.generation import GreedyDecoder
 from twell.ops import decode, decode_kernels
 
@@ -54,12 +55,7 @@ def main() -> None:
         (rec,) = dec._recorded.values()
         with torch.no_grad():
             dec._prefill(rec, prompt, None, dev)  # back to position 128: 100 replays stay inside the cache
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(100):
-            rec.run()
-        torch.cuda.synchronize()
-        replay_ms = (time.perf_counter() - t0) * 10
+        replay_ms = back_to_back_ms(rec.run, device=dev, calls=100, rounds=1)
         label = (f"{name}{' (gate by cuBLAS)' if gate_by_gemm else ''}{' (fused up+down)' if fused else ''}"
                  f"{' compiled' if a.compile else ''}")
         print(f"{label} batch {a.batch}: {replay_ms:.3f} ms per replayed step (100 back to back); first "

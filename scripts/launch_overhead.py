@@ -13,31 +13,22 @@ Usage (GPU machine): ``PYTHONPATH=src python3 scripts/launch_overhead.py``
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
+from twell.bench.timing import back_to_back_ms
 from twell.nn.train_dispatch import dense_train_ffn_l1
 from twell.ops.active_count import mean_active_per_token
 from twell.ops.decode import decode_gated_ffn
 from twell.ops.hot_cold_training import hot_units, twell_gated_ffn_l1_hot_cold
 
 
-def host_us(fn: Callable[[], object], calls: int = 200, rounds: int = 7) -> float:
-    """Median over rounds of wall time per call of ``calls`` back-to-back calls and one sync."""
+def host_us(fn: Callable[[], object]) -> float:
+    """Wall microseconds per call, 200 calls back to back then one sync (20 untimed calls first)."""
     for _ in range(20):
         fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(samples)
+    return back_to_back_ms(fn, device=torch.device("cuda"), calls=200, rounds=7) * 1e3
 
 
 def main() -> None:

@@ -27,44 +27,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
-from twell.bench.timing import time_ms
+from twell.bench.timing import back_to_back_ms, synchronize, time_ms
 from twell.nn import SparseGatedMLP
 from twell.nn.train_dispatch import TrainDispatchPolicy, dense_train_ffn_l1
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _host_us(fn: Callable[[], None], dev: torch.device, calls: int = 8, rounds: int = 30) -> float:
-    samples = []
-    for _ in range(rounds):
-        _sync(dev)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    _sync(dev)
-    return statistics.median(samples)
-
-
-def _loop_ms(fn: Callable[[], None], dev: torch.device, calls: int = 40, rounds: int = 5) -> float:
-    samples = []
-    for _ in range(rounds):
-        _sync(dev)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        _sync(dev)
-        samples.append((time.perf_counter() - t0) / calls * 1e3)
-    return statistics.median(samples)
 
 
 def main() -> None:
@@ -111,7 +80,9 @@ def main() -> None:
     base: dict[str, float] = {}
     for rnd in range(2):  # two rounds, so a drift of clocks shows as a difference between them
         for name, fn in paths.items():
-            host, loop, event = _host_us(fn, dev), _loop_ms(fn, dev), time_ms(fn, device=dev)
+            host = back_to_back_ms(fn, device=dev, calls=8, rounds=30, wait=False) * 1e3
+            loop = back_to_back_ms(fn, device=dev, calls=40, rounds=5)
+            event = time_ms(fn, device=dev)
             base.setdefault("loop", loop)
             base.setdefault("event", event)
             print(f"  round {rnd} {name:20s} host {host:7.1f} us | loop {loop:.3f} ms ({base['loop'] / loop:.2f}x) | "
@@ -119,12 +90,12 @@ def main() -> None:
         base.clear()
     prof = cProfile.Profile()
     fn = paths["module auto"]
-    _sync(dev)
+    synchronize(dev)
     prof.enable()
     for _ in range(200):
         fn()
     prof.disable()
-    _sync(dev)
+    synchronize(dev)
     print("cProfile of 200 calls of the switch's path (own time):")
     pstats.Stats(prof).sort_stats("tottime").print_stats(22)
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from .timing import synchronize
+
 __all__ = [
     "PROFILE_TOP",
     "Timings",
@@ -32,11 +34,6 @@ __all__ = [
 
 #: Kernels listed per variant by the parts' ``profile`` options (largest total GPU time first).
 PROFILE_TOP = 25
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def describe_error(exc: BaseException) -> str:

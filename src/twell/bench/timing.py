@@ -49,3 +49,30 @@ def time_ms_interleaved(
     if samples_out is not None:
         samples_out.update(samples)
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work (a no-op off CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def back_to_back_ms(fn: Callable[[], object], *, device: torch.device, calls: int, rounds: int,
+                    wait: bool = True) -> float:
+    """Median over ``rounds`` of the wall milliseconds per call of ``calls`` calls issued back to back.
+
+    ``wait``: the clock stops after a synchronisation, so a round measures the slower of host and device
+    (what a loop of such calls sees); without it the clock stops once the calls are issued, which is the
+    host time per call as long as the device's launch queue does not fill (keep ``calls`` small then)."""
+    samples = []
+    for _ in range(rounds):
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if wait:
+            synchronize(device)
+        samples.append((time.perf_counter() - t0) / calls * 1e3)
+    synchronize(device)
+    return statistics.median(samples)
+
