@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -124,31 +125,46 @@ HIDDEN_VARIANTS = {
 }
 
 
-def hidden_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
-    """Graph-timed hidden kernel per K-loop configuration at 0.5 % density, and the whole op's error with it."""
+def _config_sweep(module: object, attr: str, configs: list[tuple], d: int, f: int, m: int, seed: int,
+                  args: argparse.Namespace, launch: Callable[..., object], op: Callable[..., torch.Tensor]
+                  ) -> tuple[torch.Tensor, list[str]]:
+    """Graph-timed ``launch(x, wg, wu, wd)`` (eager on the CPU) with ``module.<attr>`` set to each of
+    ``configs`` in turn (its ``_meta`` cache cleared), at 0.5 % density, and ``op(x, wg, wu, wd)``'s error
+    against the fp32 dense FFN; a configuration that fails is reported and the sweep goes on.  The
+    module's configuration is restored afterwards.  ``(x, one "cfg: ms rel" entry per configuration)``."""
     device = torch.device(args.device)
-    gen = torch.Generator(device=device).manual_seed(7 * m + f)
+    gen = torch.Generator(device=device).manual_seed(seed)
     p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=0.005 * f), generator=gen, device=device)
     x, w = p["x"], (p["w_gate"], p["w_up"], p["w_down"])
     n_sets = max(1, min(16, math.ceil(FLUSH_BYTES / sum(t.numel() * t.element_size() for t in w))))
     sets = [w] + [tuple(t.clone() for t in w) for _ in range(n_sets - 1)] if device.type == "cuda" else [w]
     want = ref.dense_gated_ffn(x.float(), *(t.float() for t in w))
-    kind = "small" if m <= 16 else "large"
-    attr = "_HIDDEN_SMALL_M" if kind == "small" else "_HIDDEN_LARGE_M"
-    default = getattr(decode_kernels, attr)
+    default = getattr(module, attr)
     parts = []
     try:
-        for cfg in HIDDEN_VARIANTS[kind]:
-            setattr(decode_kernels, attr, cfg)
-            decode_kernels._meta.cache_clear()
-            fns = [lambda s=s: launch_decode_hidden(x, s[0], s[1], match=True) for s in sets]
-            ms = graph_ms(fns * max(1, 16 // len(sets)), args.reps) if device.type == "cuda" else eager_ms(
-                fns, device, args.rep_ms)
-            rel = rel_error(decode_gated_ffn(x, *w, backend="triton"), want)
-            parts.append(f"{cfg}: {ms:.4f} ms rel {rel:.1e}")
+        for cfg in configs:
+            setattr(module, attr, cfg)
+            module._meta.cache_clear()  # type: ignore[attr-defined]
+            fns = [lambda s=s: launch(x, *s) for s in sets]
+            try:
+                ms = graph_ms(fns * max(1, 16 // len(sets)), args.reps) if device.type == "cuda" else eager_ms(
+                    fns, device, args.rep_ms)
+                parts.append(f"{cfg}: {ms:.4f} ms rel {rel_error(op(x, *w), want):.1e}")
+            except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
+                parts.append(f"{cfg}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
     finally:
-        setattr(decode_kernels, attr, default)
-        decode_kernels._meta.cache_clear()
+        setattr(module, attr, default)
+        module._meta.cache_clear()  # type: ignore[attr-defined]
+    return x, parts
+
+
+def hidden_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
+    """Graph-timed hidden kernel per K-loop configuration at 0.5 % density, and the whole op's error with it."""
+    attr = "_HIDDEN_SMALL_M" if m <= 16 else "_HIDDEN_LARGE_M"
+    default = getattr(decode_kernels, attr)
+    x, parts = _config_sweep(decode_kernels, attr, HIDDEN_VARIANTS["small" if m <= 16 else "large"], d, f, m,
+                             7 * m + f, args, lambda x, wg, wu, wd: launch_decode_hidden(x, wg, wu, match=True),
+                             lambda x, wg, wu, wd: decode_gated_ffn(x, wg, wu, wd, backend="triton"))
     wg_mb = f * d * x.element_size() / 2**20
     return f"hidden d={d} F={f} M={m} (Wg {wg_mb:.0f} MiB) default {default} | " + " | ".join(parts)
 
@@ -162,30 +178,12 @@ def fused_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
     """Graph-timed fused up+down op (cuBLAS gate included) per configuration at 0.5 % density, with its error."""
     from twell.ops import decode_fused_kernel
 
-    device = torch.device(args.device)
-    gen = torch.Generator(device=device).manual_seed(11 * m + f)
-    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=0.005 * f), generator=gen, device=device)
-    x, w = p["x"], (p["w_gate"], p["w_up"], p["w_down"])
-    n_sets = max(1, min(16, math.ceil(FLUSH_BYTES / sum(t.numel() * t.element_size() for t in w))))
-    sets = [w] + [tuple(t.clone() for t in w) for _ in range(n_sets - 1)] if device.type == "cuda" else [w]
-    want = ref.dense_gated_ffn(x.float(), *(t.float() for t in w))
+    def fused(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+        return launch_decode_fused(x, wg, wu, wd.t(), match=True)[0]
+
     default = decode_fused_kernel._FUSED_CONFIG
-    parts = []
-    try:
-        for cfg in FUSED_VARIANTS:
-            decode_fused_kernel._FUSED_CONFIG = cfg
-            decode_fused_kernel._meta.cache_clear()
-            fns = [lambda s=s: launch_decode_fused(x, s[0], s[1], s[2].t(), match=True) for s in sets]
-            try:
-                ms = graph_ms(fns * max(1, 16 // len(sets)), args.reps) if device.type == "cuda" else eager_ms(
-                    fns, device, args.rep_ms)
-                rel = rel_error(launch_decode_fused(x, *w[:2], w[2].t(), match=True)[0], want)
-                parts.append(f"{cfg}: {ms:.4f} ms rel {rel:.1e}")
-            except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
-                parts.append(f"{cfg}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
-    finally:
-        decode_fused_kernel._FUSED_CONFIG = default
-        decode_fused_kernel._meta.cache_clear()
+    _, parts = _config_sweep(decode_fused_kernel, "_FUSED_CONFIG", FUSED_VARIANTS, d, f, m, 11 * m + f, args,
+                             fused, fused)
     return f"fused d={d} F={f} M={m} default {default} | " + " | ".join(parts)
 
 
