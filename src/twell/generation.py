@@ -199,14 +199,16 @@ class GreedyDecoder:
             return ids.clone()
         b, p = ids.shape
         padded = mask is not None
-        rec = self._recording(b, p + n, device, padded)
+        layers = self._sparse_layers()
+        key = self._key(b, p + n, padded, layers)
+        rec = self._recording(key, b, p + n, device, padded)
         self._prefill(rec, ids, mask, device)
-        if self.cuda_graph and rec.decisions != self._decisions(b, device):
+        if self.cuda_graph and rec.decisions != self._decisions(b, device, layers):
             # The prompt's forward moved a layer's l0 estimate across a threshold of its policy: the
             # recorded step would run the old kernels.  Record it again and redo the prompt.  (Eager and
             # compiled steps decide, or are guarded, on every call.)
-            self._recorded.pop(self._key(b, p + n, padded), None)
-            rec = self._recording(b, p + n, device, padded)
+            self._recorded.pop(key, None)
+            rec = self._recording(key, b, p + n, device, padded)
             self._prefill(rec, ids, mask, device)
         out = torch.empty((b, n), dtype=ids.dtype, device=device)
         out[:, 0] = rec.tok[:, 0]
@@ -252,17 +254,24 @@ class GreedyDecoder:
         if self.eos:
             rec.done.copy_(torch.isin(rec.tok, self._eos_tensor(device)))
 
-    def _key(self, batch: int, length: int, padded: bool) -> tuple:
+    def _sparse_layers(self) -> list[SparseGatedMLP]:
+        """The model's sparse layers, in module order (walked once per call: modules can be swapped)."""
+        return [m for m in self.model.modules() if isinstance(m, SparseGatedMLP)]
+
+    def _key(self, batch: int, length: int, padded: bool, layers: list[SparseGatedMLP] | None = None) -> tuple:
         # What a recorded graph bakes in besides the kernel choices: parameter storage and module identity.
-        sparse = tuple(id(m) for m in self.model.modules() if isinstance(m, SparseGatedMLP))
-        return (batch, length, padded, tuple(q.data_ptr() for q in self.model.parameters()), sparse)
+        layers = self._sparse_layers() if layers is None else layers
+        return (batch, length, padded, tuple(q.data_ptr() for q in self.model.parameters()),
+                tuple(id(m) for m in layers))
 
-    def _decisions(self, batch: int, device: torch.device) -> tuple[str, ...]:
+    def _decisions(self, batch: int, device: torch.device, layers: list[SparseGatedMLP] | None = None
+                   ) -> tuple[str, ...]:
         """Each sparse layer's kernel choice for a ``batch``-token call at its current l0 estimate."""
-        return tuple(m._path(batch, device.type) for m in self.model.modules() if isinstance(m, SparseGatedMLP))
+        layers = self._sparse_layers() if layers is None else layers
+        return tuple(m._path(batch, device.type) for m in layers)
 
-    def _recording(self, batch: int, length: int, device: torch.device, padded: bool) -> _Recorded:
-        key = self._key(batch, length, padded)
+    def _recording(self, key: tuple, batch: int, length: int, device: torch.device, padded: bool) -> _Recorded:
+        """The recording kept under ``key`` (see :meth:`_key`), or a new one."""
         rec = self._recorded.get(key)
         if rec is not None:
             self._recorded.move_to_end(key)
