@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from .._io import write_json_atomic
+from ..bench.timing import synchronize
 from .data import TokenData
 from .trainer import TrainConfig, TrainResult, evaluate, train
 
@@ -194,11 +195,6 @@ def _autocast(precision: str, device: torch.device) -> Any:
     return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "autocast" else contextlib.nullcontext()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 # ----------------------------------------------------------------------------------------- stages
 def _train_config(cfg: EvidenceConfig, steps: int, coef: float, revive: bool, out_dir: Path | None,
                   eval_every: int) -> TrainConfig:
@@ -285,11 +281,11 @@ def _warm_kernels(d: int, f: int, m: int, device: torch.device, clock: _Clock) -
     wd_um = (torch.randn(f, d, device=device, generator=g) * 0.02).to(torch.bfloat16)
     t = time.perf_counter()
     sparse_gated_ffn(x, wg, wu, wd_um.t())
-    _sync(device)
+    synchronize(device)
     first = time.perf_counter() - t
     t = time.perf_counter()
     sparse_gated_ffn(x, wg, wu, wd_um.t())
-    _sync(device)
+    synchronize(device)
     second = time.perf_counter() - t
     clock.log(f"kernels: first call {first:.1f} s (compile/autotune), second {second * 1e3:.2f} ms")
     return {"first_call_s": first, "second_call_ms": second * 1e3, "tokens": m}
