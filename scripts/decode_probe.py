@@ -28,6 +28,7 @@ from twell.ops import decode_kernels
 from twell.ops.decode import decode_gated_ffn
 from twell.ops.decode_fused_kernel import FUSED_MAX_TOKENS, launch_decode_fused
 from twell.ops.decode_kernels import launch_decode_down, launch_decode_hidden
+from twell.ops.decode_onepass_kernel import ONEPASS_MAX_TOKENS, launch_decode_onepass
 from twell.reference import inference as ref
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import rel_error
@@ -93,6 +94,8 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
     }
     if m <= FUSED_MAX_TOKENS:  # cuBLAS gate + one kernel for up and down (twell.ops.decode_fused_kernel)
         fns["op_fused"] = [lambda s=s: launch_decode_fused(x, s[0], s[1], s[2].t(), match=True) for s in sets]
+    if m <= ONEPASS_MAX_TOKENS:  # gate, up and down in one kernel + a column sum (decode_onepass_kernel)
+        fns["op_1p"] = [lambda s=s: launch_decode_onepass(x, s[0], s[1], s[2].t(), match=True) for s in sets]
     if device.type == "cuda":
         ms = {k: graph_ms(v * max(1, 16 // n_sets), args.reps) for k, v in fns.items()}
     else:
@@ -112,6 +115,9 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
             f"{ms['hidden_g']:.4f} op {ms['op_g']:.4f} dense/op {ms['dense'] / ms['op_g']:.2f} | "
             + (f"fused up+down: op {ms['op_fused']:.4f} dense/op {ms['dense'] / ms['op_fused']:.2f} | "
                if "op_fused" in ms else "")
+            + (f"one pass: op {ms['op_1p']:.4f} dense/op {ms['dense'] / ms['op_1p']:.2f} rel "
+               f"{rel_error(launch_decode_onepass(x, *w[:2], w[2].t(), match=True)[0], want):.2e} | "
+               if "op_1p" in ms else "")
             + f"eager ms: dense {eager['dense']:.4f} op {eager['op']:.4f} "
             f"dense/op {eager['dense'] / eager['op']:.2f} | union {union} | rel {rel:.2e} maxrel {maxrel:.2e} "
             f"reproducible {again} sets {n_sets}")
@@ -187,6 +193,24 @@ def fused_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
     return f"fused d={d} F={f} M={m} default {default} | " + " | ".join(parts)
 
 
+#: ``--onepass-variants``: configurations ``(BK, warps, column-sum BD, BP, warps)`` of the one-pass kernel.
+ONEPASS_VARIANTS = [(1024, 8, 32, 512, 4), (2048, 8, 32, 512, 4), (512, 4, 32, 512, 4), (1024, 4, 32, 512, 4),
+                    (2048, 16, 32, 512, 4), (1024, 8, 16, 1024, 4), (1024, 8, 64, 256, 4)]
+
+
+def onepass_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
+    """Graph-timed one-pass op (both launches) per configuration at 0.5 % density, with its error."""
+    from twell.ops import decode_onepass_kernel
+
+    def onepass(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+        return launch_decode_onepass(x, wg, wu, wd.t(), match=True)[0]
+
+    default = decode_onepass_kernel._ONEPASS_CONFIG
+    _, parts = _config_sweep(decode_onepass_kernel, "_ONEPASS_CONFIG", ONEPASS_VARIANTS, d, f, m, 13 * m + f, args,
+                             onepass, onepass)
+    return f"onepass d={d} F={f} M={m} default {default} | " + " | ".join(parts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -197,8 +221,12 @@ def main() -> None:
                     help="also time the hidden kernel's K-loop configurations (HIDDEN_VARIANTS)")
     ap.add_argument("--fused-variants", action="store_true",
                     help="also time the fused up+down kernel's configurations (FUSED_VARIANTS), 1-16 tokens")
+    ap.add_argument("--onepass-variants", action="store_true",
+                    help="also time the one-pass kernel's configurations (ONEPASS_VARIANTS), 1-8 tokens")
+    ap.add_argument("--ms", default="1,8,64", help="token counts, comma-separated")
     args = ap.parse_args()
-    shapes, ms_, dens_ = [(2048, 5632), (4096, 14336)], (1, 8, 64), (0.5, 2.0)
+    shapes, dens_ = [(2048, 5632), (4096, 14336)], (0.5, 2.0)
+    ms_ = tuple(int(v) for v in args.ms.split(","))
     if args.tiny:
         shapes, ms_, dens_, args.rep_ms = [(64, 1100)], (1, 8), (0.5, 2.0), 1.0
     if torch.cuda.is_available() and args.device == "cuda":
@@ -217,6 +245,13 @@ def main() -> None:
                     print(fused_variants(d, f, m, args), flush=True)
                 except Exception as exc:  # noqa: BLE001 - report every point, keep going
                     print(f"fused d={d} F={f} M={m}: FAILED {type(exc).__name__}: {exc}", flush=True)
+    if args.onepass_variants:
+        for d, f in shapes:
+            for m in (mm for mm in ms_ if mm <= ONEPASS_MAX_TOKENS):
+                try:
+                    print(onepass_variants(d, f, m, args), flush=True)
+                except Exception as exc:  # noqa: BLE001 - report every point, keep going
+                    print(f"onepass d={d} F={f} M={m}: FAILED {type(exc).__name__}: {exc}", flush=True)
     if args.hidden_variants:
         for d, f in shapes:
             for m in ms_:

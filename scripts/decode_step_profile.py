@@ -21,6 +21,7 @@ from twell.bench.model_sparsity import SparsityTarget
 from twell.bench.timing import back_to_back_ms
 from twell.generation import GreedyDecoder
 from twell.ops import decode, decode_kernels
+from twell.ops.decode_onepass_kernel import ONEPASS_MAX_TOKENS
 
 
 def main() -> None:
@@ -33,19 +34,23 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="the step under torch.compile (inductor) before recording")
     ap.add_argument("--no-profile", action="store_true", help="replay timing only (no torch.profiler table)")
     ap.add_argument("--variants", default="dense,sparse,sparse-gate-gemm",
-                    help="comma-separated subset of dense, sparse, sparse-gate-gemm, sparse-fused")
+                    help="comma-separated subset of dense, sparse, sparse-gate-gemm, sparse-fused, sparse-onepass")
     a = ap.parse_args()
     dev = torch.device("cuda")
     bench = prepare(a.preset, device=dev, dtype=torch.bfloat16, batch=16, seq=2048, target=SparsityTarget(mean_l0=29.0),
                     policies=(a.policy,), fused_norms=a.fused_norms)
     prompt = bench.tokens[: a.batch, :128].contiguous()
-    variants = {"dense": ("dense", False, False), "sparse": (f"sparse:{a.policy}", None, False),
-                "sparse-gate-gemm": (f"sparse:{a.policy}", True, False),
-                "sparse-fused": (f"sparse:{a.policy}", None, True)}
+    # (weight set, gate through cuBLAS (None: by size), decode kernels: "two" hidden + down, "fused" cuBLAS gate +
+    # one up-and-down kernel (twell.ops.decode_fused_kernel), "onepass" (twell.ops.decode_onepass_kernel))
+    variants = {"dense": ("dense", False, "two"), "sparse": (f"sparse:{a.policy}", None, "two"),
+                "sparse-gate-gemm": (f"sparse:{a.policy}", True, "two"),
+                "sparse-fused": (f"sparse:{a.policy}", None, "fused"),
+                "sparse-onepass": (f"sparse:{a.policy}", None, "onepass")}
     for key in a.variants.split(","):
-        name, gate_by_gemm, fused = variants[key]
+        name, gate_by_gemm, kernels = variants[key]
         decode_kernels.GATE_BY_GEMM = gate_by_gemm  # the decode FFN's gate through cuBLAS or not, any size
-        decode.FUSED_UPDOWN = fused  # cuBLAS gate + one up-and-down kernel (twell.ops.decode_fused_kernel)
+        decode.FUSED_UPDOWN = kernels == "fused"
+        decode.ONEPASS_TOKENS = ONEPASS_MAX_TOKENS if kernels == "onepass" else 0
         bench.sets.use(name)
         dec = GreedyDecoder(bench.model, pad_token_id=0, max_graphs=1, compile=a.compile)
         t_build = time.perf_counter()
@@ -56,7 +61,8 @@ def main() -> None:
         with torch.no_grad():
             dec._prefill(rec, prompt, None, dev)  # back to position 128: 100 replays stay inside the cache
         replay_ms = back_to_back_ms(rec.run, device=dev, calls=100, rounds=1)
-        label = (f"{name}{' (gate by cuBLAS)' if gate_by_gemm else ''}{' (fused up+down)' if fused else ''}"
+        label = (f"{name}{' (gate by cuBLAS)' if gate_by_gemm else ''}"
+                 f"{'' if kernels == 'two' else f' ({kernels} decode kernel)'}"
                  f"{' compiled' if a.compile else ''}")
         print(f"{label} batch {a.batch}: {replay_ms:.3f} ms per replayed step (100 back to back); first "
               f"generation (record{' + compile' if a.compile else ''}) {t_build:.1f} s", flush=True)

@@ -160,6 +160,21 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
                    {"BM": fbm, "BD": fbd, "BU": fbu, "BK": fbk, "BC": fbc, "CB": _HIDDEN_BU, "DOT_FP32": False,
                     "DOWN_FP32": False, "MATCH": True, "K_STAGES": fstages}, target, num_warps=fwarps)
     results["decode_fused"] = {"local_memory": ".local" in ptx}
+    from .decode_onepass_kernel import _BU, _decode_column_sum_kernel, _decode_onepass_kernel
+    from .decode_onepass_kernel import _meta as _onepass_meta
+
+    onepass_sig = {"x_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16", "part_ptr": "*fp32",
+                   "flag_ptr": "*i8", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "n_blocks": "i32",
+                   "stride_xm": "i32", "stride_wg": "i32", "stride_wu": "i32", "stride_wf": "i32", "stride_wd": "i32"}
+    for m in (1, 8):  # one token and the largest token count of the kernel
+        obm, obk, _, owarps, obd, obp, osum_warps = _onepass_meta(m, 2048, 5632)
+        ptx = _compile(_decode_onepass_kernel, onepass_sig, {"BM": obm, "BU": _BU, "BK": obk, "MATCH": True}, target,
+                       num_warps=owarps)
+        results[f"decode_onepass_bm{obm}"] = {"local_memory": ".local" in ptx}
+    sum_sig = {"part_ptr": "*fp32", "flag_ptr": "*i8", "out_ptr": "*bf16", "D": "i32", "n_blocks": "i32",
+               "stride_om": "i32"}
+    ptx = _compile(_decode_column_sum_kernel, sum_sig, {"BD": obd, "BP": obp}, target, num_warps=osum_warps)
+    results["decode_column_sum"] = {"local_memory": ".local" in ptx}
     return results
 
 

@@ -16,6 +16,7 @@ from ..reference import inference as ref
 from ._runtime import resolve_backend
 from .decode_fused_kernel import FUSED_MAX_TOKENS, launch_decode_fused
 from .decode_kernels import DECODE_MAX_TOKENS, launch_decode_down, launch_decode_hidden
+from .decode_onepass_kernel import ONEPASS_MAX_TOKENS, launch_decode_onepass
 from .inference import _check_triton_dtype, _check_x_w, check_precision
 
 __all__ = ["DECODE_MAX_TOKENS", "decode_gated_ffn"]
@@ -24,6 +25,10 @@ __all__ = ["DECODE_MAX_TOKENS", "decode_gated_ffn"]
 #: one kernel for the up and down projections (:mod:`twell.ops.decode_fused_kernel`) instead of the hidden
 #: and down kernels.  Not measured yet: off.
 FUSED_UPDOWN = False
+#: Calls of up to this many tokens (at most :data:`~twell.ops.decode_onepass_kernel.ONEPASS_MAX_TOKENS`)
+#: through the one-pass kernel (:mod:`twell.ops.decode_onepass_kernel`); 0 turns it off.  Not measured
+#: yet: off.
+ONEPASS_TOKENS = 0
 
 
 def decode_gated_ffn(
@@ -76,6 +81,8 @@ def launch_decode_ffn(
     without the checks, Wd given as Wd^T [F, d] (a contiguous unit-major copy or the ``.t()`` view of the
     [d, F] weight: no copy either way): for callers that validated once (``SparseGatedMLP``, the custom
     op).  1 <= M <= DECODE_MAX_TOKENS, F >= 1, one dtype and device."""
+    if x.shape[0] <= min(ONEPASS_TOKENS, ONEPASS_MAX_TOKENS):
+        return launch_decode_onepass(x.contiguous(), w_gate.contiguous(), w_up.contiguous(), w_down_t, match=match)
     if FUSED_UPDOWN and x.shape[0] <= FUSED_MAX_TOKENS:
         return launch_decode_fused(x.contiguous(), w_gate.contiguous(), w_up.contiguous(), w_down_t, match=match)
     h, fires, counts = launch_decode_hidden(x.contiguous(), w_gate.contiguous(), w_up.contiguous(), match=match)

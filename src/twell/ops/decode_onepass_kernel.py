@@ -1,0 +1,175 @@
+"""The small-batch (decode) FFN in one pass over the weights: gate, up and down in one kernel, then a
+small column-sum kernel (1-8 tokens).
+
+Why: in the 1.5B model's CUDA-graphed decode step on an H200 the sparse FFN took three kernels of
+~8 us each (gate GEMV, up over the firing rows, down), against the dense FFN's ~31 us, because each
+step after the gate was a chain of dependent round trips to memory (the up pass a serial K loop over
+the firing rows, the down kernel a compaction pass and then its K loop; bench_results/h200/
+decode_probe_session6.log: 15.9 us for gate + up, 6.5 us for the down kernel at one token, d=2048,
+F=5632, 0.5 %).  The cuBLAS gate followed by one up+down kernel
+(:mod:`twell.ops.decode_fused_kernel`) only reached 21.9 us.
+
+Here each program owns ``BU`` consecutive units and does everything for them while their gate rows are
+still in its registers:
+
+1. g = round(x Wg[blk]^T) for the (at most 8) tokens: a matrix-vector product by elementwise products
+   and row sums (no tensor cores: at 1-8 tokens they would multiply mostly padding), reading Wg in
+   ``BK``-column chunks with 16-byte loads.  Every Wg row is read (which units fire is only known from g).
+2. a = relu(g); blocks where no token fires store a "no partial" flag and stop: at 0.5 % density and
+   BU = 16, 92 % of the blocks at one token.
+3. The others load only the firing units' Wu rows (masked loads fetch nothing for the rest), form
+   h = round(a round(x Wu^T)), load the same units' Wd^T rows and store, per token that fires in the
+   block, the partial output h Wd^T[blk] [d] in fp32 to a scratch row of their own, with a flag.
+
+:func:`_decode_column_sum_kernel` then adds, per token and ``BD`` output columns, the flagged partial
+rows (masked loads: the rows of blocks without a partial are never read) and rounds to the output
+dtype.  Two launches, no atomics, each sum in a fixed order: bitwise reproducible.  The scratch holds
+M x (F / BU) x d fp32 (2.9 MB at one token, d=2048, F=5632), of which only the flagged rows are written.
+
+Prediction (before measuring): the one-pass kernel at the speed of a GEMV over Wg (cuBLAS: 8.3 us at
+d=2048, F=5632) plus ~2 us for the firing blocks' two further round trips, the column sum ~2 us: ~12 us
+for the FFN at one token against 23.4 us for the hidden + down kernels and 31 us dense.
+
+Rounding as the dense bf16 FFN (``match``): g, u and h rounded to the input dtype, fp32 accumulation;
+``match=False`` keeps u and h in fp32.  A NaN gate counts as firing and reaches the output, as in the
+dense FFN.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ._runtime import next_pow2
+from .decode_kernels import _HIDDEN_BU
+from .gate_kernel import relu_keep_nan, round_to
+
+#: Largest token count of the one-pass kernel: it unrolls a loop over the tokens (each keeps a [d] fp32
+#: partial per firing block), and the scratch grows with M.
+ONEPASS_MAX_TOKENS = 8
+#: Units per program: the same blocks as the hidden kernel, so that the per-(token, block) active counts
+#: have the shape :func:`twell.ops.decode_kernels.decode_blocks` gives (352 programs at F=5632).
+_BU = _HIDDEN_BU
+#: ``(BK, warps, column-sum BD, column-sum BP, column-sum warps)``: the weight-row chunk of the one-pass
+#: kernel (a [BU, BK] tile per load) and its warps; the column-sum kernel's output columns per program
+#: and partial rows per step.  First guesses, to be tuned on the GPU (scripts/decode_probe.py).
+_ONEPASS_CONFIG = (1024, 8, 32, 512, 4)
+
+
+@triton.jit
+def _token_row(tile, rows, r):
+    """Row ``r`` of a [BM, BU] tile as a [BU] vector (a masked sum: Triton has no dynamic row index)."""
+    return tl.sum(tl.where(rows[:, None] == r, tile, 0.0), axis=0)
+
+
+@triton.jit
+def _block_matvec(x_ptr, w_ptr, w_rows, w_ok, rows, M, D, stride_xm, stride_w, BM: tl.constexpr,
+                  BU: tl.constexpr, BK: tl.constexpr):
+    """``x[:M] W[w_rows]^T`` as a [BM, BU] fp32 tile, reading W in [BU, BK] chunks; rows with ``w_ok``
+    False are not read."""
+    acc = tl.zeros((BM, BU), dtype=tl.float32)
+    offs_k = tl.arange(0, BK)
+    for k0 in range(0, D, BK):
+        k = k0 + offs_k
+        k_ok = k < D
+        w = tl.load(w_ptr + w_rows[:, None] * stride_w + k[None, :], mask=w_ok[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
+        for r in tl.static_range(BM):
+            xr = tl.load(x_ptr + r * stride_xm + k, mask=k_ok & (r < M), other=0.0).to(tl.float32)
+            acc += tl.where(rows[:, None] == r, tl.sum(w * xr[None, :], axis=1)[None, :], 0.0)
+    return acc
+
+
+@triton.jit
+def _decode_onepass_kernel(
+    x_ptr, wg_ptr, wu_ptr, wdt_ptr, part_ptr, flag_ptr, cnt_ptr, M, D, F, n_blocks, stride_xm, stride_wg,
+    stride_wu, stride_wf, stride_wd,
+    BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, MATCH: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    units = pid * BU + tl.arange(0, BU)
+    u_ok = units < F
+    w_rows = units.to(tl.int64)
+    rows = tl.arange(0, BM)
+    r_ok = rows < M
+    g = _block_matvec(x_ptr, wg_ptr, w_rows, u_ok, rows, M, D, stride_xm, stride_wg, BM, BU, BK)
+    a = relu_keep_nan(round_to(g, x_ptr.dtype.element_ty).to(tl.float32))  # g rounded as a dense linear
+    act = (a != 0) & r_ok[:, None] & u_ok[None, :]
+    n_act = tl.sum(act.to(tl.int32), axis=1)  # [BM]: firing units per token in this block
+    tl.store(cnt_ptr + rows * n_blocks + pid, n_act, mask=r_ok)
+    tl.store(flag_ptr + rows * n_blocks + pid, (n_act > 0).to(tl.int8), mask=r_ok)
+    unit_act = tl.max(act.to(tl.int32), axis=0) > 0  # fires for some token
+    if tl.sum(unit_act.to(tl.int32), axis=0) > 0:
+        u = _block_matvec(x_ptr, wu_ptr, w_rows, unit_act, rows, M, D, stride_xm, stride_wu, BM, BU, BK)
+        if MATCH:
+            h = round_to(a * round_to(u, x_ptr.dtype.element_ty).to(tl.float32), x_ptr.dtype.element_ty)
+            h = h.to(tl.float32)
+        else:
+            h = a * u
+        h = tl.where(act, h, 0.0)
+        offs_c = tl.arange(0, BK)
+        for c0 in range(0, D, BK):
+            c = c0 + offs_c
+            c_ok = c < D
+            wd = tl.load(wdt_ptr + w_rows[:, None] * stride_wf + c.to(tl.int64)[None, :] * stride_wd,
+                         mask=unit_act[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+            for r in tl.static_range(BM):
+                part = tl.sum(_token_row(h, rows, r)[:, None] * wd, axis=0)  # [BK]
+                fires_r = tl.sum(tl.where(rows == r, n_act, 0), axis=0) > 0
+                slot = (r * n_blocks + pid).to(tl.int64) * D
+                tl.store(part_ptr + slot + c, part, mask=c_ok & fires_r & (r < M))
+
+
+@triton.jit
+def _decode_column_sum_kernel(part_ptr, flag_ptr, out_ptr, D, n_blocks, stride_om, BD: tl.constexpr,
+                              BP: tl.constexpr):
+    cols = tl.program_id(0) * BD + tl.arange(0, BD)
+    c_ok = cols < D
+    r = tl.program_id(1)
+    acc = tl.zeros((BD,), dtype=tl.float32)
+    for p0 in range(0, n_blocks, BP):
+        p = p0 + tl.arange(0, BP)
+        flagged = tl.load(flag_ptr + r * n_blocks + p, mask=p < n_blocks, other=0) != 0
+        slot = (r * n_blocks + p).to(tl.int64) * D
+        t = tl.load(part_ptr + slot[:, None] + cols[None, :], mask=flagged[:, None] & c_ok[None, :], other=0.0)
+        acc += tl.sum(t, axis=0)
+    tl.store(out_ptr + r * stride_om + cols, round_to(acc, out_ptr.dtype.element_ty), mask=c_ok)
+
+
+@functools.lru_cache(maxsize=256)
+def _meta(m: int, d: int, f: int) -> tuple[int, ...]:
+    """``(BM, BK, blocks, warps, BD, BP, column-sum warps)`` of a shape (cached: launch-time host cost)."""
+    bk, warps, bd, bp, sum_warps = _ONEPASS_CONFIG
+    n_blocks = triton.cdiv(f, _BU)
+    return (next_pow2(m), min(bk, max(16, next_pow2(d))), n_blocks, warps, min(bd, max(16, next_pow2(d))),
+            min(bp, max(16, next_pow2(n_blocks))), sum_warps)
+
+
+def launch_decode_onepass(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor, *, match: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out [M, d], counts [M, decode_blocks(F)])`` of the ReLU-gated FFN for x [M, d] (rows contiguous,
+    1 <= M <= ONEPASS_MAX_TOKENS), as :func:`twell.ops.decode.launch_decode_ffn` returns them.  Wg, Wu
+    [F, d] rows contiguous; Wd^T [F, d] with any strides (the ``.t()`` view of the [d, F] weight reads it
+    in place, a unit-major copy reads whole rows)."""
+    m, d = x.shape
+    f = w_gate.shape[0]
+    if not 1 <= m <= ONEPASS_MAX_TOKENS:
+        raise ValueError(f"the one-pass decode kernel takes 1 to {ONEPASS_MAX_TOKENS} tokens, got {m}")
+    bm, bk, n_blocks, warps, bd, bp, sum_warps = _meta(m, d, f)
+    partials = torch.empty((m, n_blocks, d), dtype=torch.float32, device=x.device)
+    flags = torch.empty((m, n_blocks), dtype=torch.int8, device=x.device)
+    counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
+    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    _decode_onepass_kernel[(n_blocks,)](
+        x, w_gate, w_up, w_down_t, partials, flags, counts, m, d, f, n_blocks, x.stride(0), w_gate.stride(0),
+        w_up.stride(0), w_down_t.stride(0), w_down_t.stride(1), BM=bm, BU=_BU, BK=bk, MATCH=match,
+        num_warps=warps,
+    )
+    _decode_column_sum_kernel[(triton.cdiv(d, bd), m)](
+        partials, flags, out, d, n_blocks, out.stride(0), BD=bd, BP=bp, num_warps=sum_warps,
+    )
+    return out, counts

@@ -1,0 +1,106 @@
+"""The one-pass small-batch kernel (gate, up and down in one kernel, then a column sum) against the dense
+reference.
+
+Triton under TRITON_INTERPRET=1 on the CPU (CI), natively on the GPU; inputs from
+test_ops_kernels.make_problem (exact-grid values, a bias channel setting the density).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_ops_kernels import make_problem
+
+from twell.ops import decode as decode_mod
+from twell.ops import decode_onepass_kernel as onepass_mod
+from twell.ops.decode import decode_gated_ffn, launch_decode_ffn
+from twell.ops.decode_kernels import decode_blocks, launch_decode_hidden
+from twell.ops.decode_onepass_kernel import ONEPASS_MAX_TOKENS, launch_decode_onepass
+from twell.reference import inference as ref
+from twell.tolerances import REL_TOL, rel_error
+
+CASES = [
+    # m, d, f, frac_pos
+    (1, 32, 128, 0.05),  # one token, a few firing units
+    (3, 48, 200, 0.10),  # F not a multiple of the unit blocks, d not a power of two, M not one either
+    (8, 32, 96, 0.0),  # nothing fires: zero output, no partial written
+    (8, 64, 160, 1.0),  # the largest M, every unit fires
+    (2, 32, 700, 0.02),  # several blocks, most without a firing unit
+]
+
+
+def _check(out, counts, x, wg, wu, wd, precision):
+    m, d = x.shape
+    want = ref.dense_gated_ffn(x, wg, wu, wd, precision=precision)
+    assert out.dtype == x.dtype and out.shape == (m, d)
+    if bool((want != 0).any()):
+        assert rel_error(out, want) <= REL_TOL[x.dtype]
+    else:
+        assert torch.count_nonzero(out) == 0
+    # per-token active units per block of 16 units: the two-kernel path's l0 statistics, exactly
+    assert counts.shape == (m, decode_blocks(wg.shape[0]))
+    assert torch.equal(counts, launch_decode_hidden(x, wg, wu, match=True)[2])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"m{c[0]}-d{c[1]}-f{c[2]}-p{c[3]}" for c in CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("precision", ["match", "fp32"])
+def test_matches_dense_reference_and_the_two_kernel_counts(case, dtype, precision, device):
+    m, d, f, frac = case
+    p = make_problem(m, d, f, frac_pos=frac, seed=5 * m + f, dtype=dtype, device=device)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    out, counts = launch_decode_onepass(x, wg, wu, wd.t(), match=precision == "match")
+    _check(out, counts, x, wg, wu, wd, precision)
+    again = launch_decode_onepass(x, wg, wu, wd.t(), match=precision == "match")
+    assert torch.equal(again[0], out) and torch.equal(again[1], counts)  # bitwise reproducible
+
+
+def test_chunked_loops_over_k_columns_and_partial_rows(device, monkeypatch):
+    """Small BK, BD and BP: the weight rows and the output in several chunks, the flags in several steps."""
+    monkeypatch.setattr(onepass_mod, "_ONEPASS_CONFIG", (16, 4, 16, 16, 4))
+    onepass_mod._meta.cache_clear()
+    try:
+        p = make_problem(5, 72, 600, frac_pos=0.08, seed=11, dtype=torch.bfloat16, device=device)
+        x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+        assert onepass_mod._meta(5, 72, 600)[1] == 16  # BK: 72 columns in 5 chunks, the last one partial
+        out, counts = launch_decode_onepass(x, wg, wu, wd.t(), match=True)
+        _check(out, counts, x, wg, wu, wd, "match")
+    finally:
+        onepass_mod._meta.cache_clear()
+
+
+def test_unit_major_copy_of_wd_gives_the_same_bits(device):
+    p = make_problem(3, 32, 300, frac_pos=0.1, seed=9, dtype=torch.bfloat16, device=device)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    view = launch_decode_onepass(x, wg, wu, wd.t(), match=True)[0]
+    copy = launch_decode_onepass(x, wg, wu, wd.t().contiguous(), match=True)[0]
+    assert torch.equal(view, copy)
+
+
+def test_nan_gate_reaches_the_output_like_the_dense_ffn(device):
+    p = make_problem(2, 32, 64, frac_pos=0.2, seed=5, dtype=torch.float32, device=device)
+    p["x"][1, 3] = float("nan")
+    out = launch_decode_onepass(p["x"], p["w_gate"], p["w_up"], p["w_down"].t(), match=True)[0]
+    want = ref.dense_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"])
+    assert torch.equal(torch.isnan(out).cpu(), torch.isnan(want).cpu())
+
+
+def test_decode_entry_point_routes_small_calls_through_the_one_pass_kernel(device, monkeypatch):
+    p = make_problem(4, 32, 128, frac_pos=0.1, seed=2, dtype=torch.bfloat16, device=device)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    monkeypatch.setattr(decode_mod, "ONEPASS_TOKENS", 4)
+    routed = launch_decode_ffn(x, wg, wu, wd.t())
+    assert torch.equal(routed[0], launch_decode_onepass(x, wg, wu, wd.t(), match=True)[0])
+    monkeypatch.setattr(decode_mod, "ONEPASS_TOKENS", 3)  # 4 tokens now go through the two kernels
+    two_kernels = launch_decode_ffn(x, wg, wu, wd.t())
+    assert torch.equal(routed[1], two_kernels[1])  # same counts: same l0 for SparseGatedMLP
+    for out in (routed[0], two_kernels[0], decode_gated_ffn(x, wg, wu, wd, backend="triton")):
+        assert rel_error(out, ref.dense_gated_ffn(x, wg, wu, wd)) <= REL_TOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize("m", [0, ONEPASS_MAX_TOKENS + 1])
+def test_token_count_outside_the_kernel_is_refused(m, device):
+    p = make_problem(max(m, 1), 32, 64, frac_pos=0.1, seed=1, dtype=torch.float32, device=device)
+    x = p["x"][:m]
+    with pytest.raises(ValueError, match=f"1 to {ONEPASS_MAX_TOKENS} tokens"):
+        launch_decode_onepass(x, p["w_gate"], p["w_up"], p["w_down"].t(), match=True)
