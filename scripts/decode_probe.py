@@ -96,6 +96,9 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
         fns["op_fused"] = [lambda s=s: launch_decode_fused(x, s[0], s[1], s[2].t(), match=True) for s in sets]
     if m <= ONEPASS_MAX_TOKENS:  # gate, up and down in one kernel + a column sum (decode_onepass_kernel)
         fns["op_1p"] = [lambda s=s: launch_decode_onepass(x, s[0], s[1], s[2].t(), match=True) for s in sets]
+        # x = 0: no unit fires, so this is the gate's matrix-vector pass and a column sum that reads no row
+        x0 = torch.zeros_like(x)
+        fns["op_1p_idle"] = [lambda s=s: launch_decode_onepass(x0, s[0], s[1], s[2].t(), match=True) for s in sets]
     if device.type == "cuda":
         ms = {k: graph_ms(v * max(1, 16 // n_sets), args.reps) for k, v in fns.items()}
     else:
@@ -115,7 +118,8 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
             f"{ms['hidden_g']:.4f} op {ms['op_g']:.4f} dense/op {ms['dense'] / ms['op_g']:.2f} | "
             + (f"fused up+down: op {ms['op_fused']:.4f} dense/op {ms['dense'] / ms['op_fused']:.2f} | "
                if "op_fused" in ms else "")
-            + (f"one pass: op {ms['op_1p']:.4f} dense/op {ms['dense'] / ms['op_1p']:.2f} rel "
+            + (f"one pass: op {ms['op_1p']:.4f} (nothing firing {ms['op_1p_idle']:.4f}) dense/op "
+               f"{ms['dense'] / ms['op_1p']:.2f} rel "
                f"{rel_error(launch_decode_onepass(x, *w[:2], w[2].t(), match=True)[0], want):.2e} | "
                if "op_1p" in ms else "")
             + f"eager ms: dense {eager['dense']:.4f} op {eager['op']:.4f} "
@@ -194,8 +198,8 @@ def fused_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
 
 
 #: ``--onepass-variants``: configurations ``(BK, warps, column-sum BD, BP, warps)`` of the one-pass kernel.
-ONEPASS_VARIANTS = [(1024, 8, 32, 512, 4), (2048, 8, 32, 512, 4), (512, 4, 32, 512, 4), (1024, 4, 32, 512, 4),
-                    (2048, 16, 32, 512, 4), (1024, 8, 16, 1024, 4), (1024, 8, 64, 256, 4)]
+ONEPASS_VARIANTS = [(1024, 8, 16, 1024, 4), (2048, 8, 16, 1024, 4), (2048, 16, 16, 1024, 4), (4096, 16, 16, 1024, 4),
+                    (1024, 8, 8, 1024, 4), (1024, 8, 16, 1024, 8), (1024, 4, 16, 1024, 4), (512, 4, 16, 1024, 4)]
 
 
 def onepass_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:

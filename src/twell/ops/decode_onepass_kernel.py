@@ -56,13 +56,23 @@ _BU = _HIDDEN_BU
 #: ``(BK, warps, column-sum BD, column-sum BP, column-sum warps)``: the weight-row chunk of the one-pass
 #: kernel (a [BU, BK] tile per load) and its warps; the column-sum kernel's output columns per program
 #: and partial rows per step.  First guesses, to be tuned on the GPU (scripts/decode_probe.py).
-_ONEPASS_CONFIG = (1024, 8, 32, 512, 4)
+_ONEPASS_CONFIG = (1024, 8, 16, 1024, 4)
 
 
 @triton.jit
 def _token_row(tile, rows, r):
     """Row ``r`` of a [BM, BU] tile as a [BU] vector (a masked sum: Triton has no dynamic row index)."""
     return tl.sum(tl.where(rows[:, None] == r, tile, 0.0), axis=0)
+
+
+@triton.jit
+def _tile_matvec(w, x_ptr, k, k_ok, rows, M, stride_xm, BM: tl.constexpr):
+    """``x[:M, k] w^T`` for a loaded [BU, BK] weight tile ``w``: a [BM, BU] fp32 tile."""
+    acc = tl.zeros((BM, w.shape[0]), dtype=tl.float32)
+    for r in tl.static_range(BM):
+        xr = tl.load(x_ptr + r * stride_xm + k, mask=k_ok & (r < M), other=0.0).to(tl.float32)
+        acc += tl.where(rows[:, None] == r, tl.sum(w.to(tl.float32) * xr[None, :], axis=1)[None, :], 0.0)
+    return acc
 
 
 @triton.jit
@@ -75,12 +85,19 @@ def _block_matvec(x_ptr, w_ptr, w_rows, w_ok, rows, M, D, stride_xm, stride_w, B
     for k0 in range(0, D, BK):
         k = k0 + offs_k
         k_ok = k < D
-        w = tl.load(w_ptr + w_rows[:, None] * stride_w + k[None, :], mask=w_ok[:, None] & k_ok[None, :],
-                    other=0.0).to(tl.float32)
-        for r in tl.static_range(BM):
-            xr = tl.load(x_ptr + r * stride_xm + k, mask=k_ok & (r < M), other=0.0).to(tl.float32)
-            acc += tl.where(rows[:, None] == r, tl.sum(w * xr[None, :], axis=1)[None, :], 0.0)
+        w = tl.load(w_ptr + w_rows[:, None] * stride_w + k[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += _tile_matvec(w, x_ptr, k, k_ok, rows, M, stride_xm, BM)
     return acc
+
+
+@triton.jit
+def _store_partials(h, wd, part_ptr, c, c_ok, rows, n_act, pid, M, D, n_blocks, BM: tl.constexpr):
+    """Per token that fires in the block, ``h[r] wd`` ([BK] columns ``c`` of its partial) to its scratch row."""
+    for r in tl.static_range(BM):
+        part = tl.sum(_token_row(h, rows, r)[:, None] * wd, axis=0)
+        fires_r = tl.sum(tl.where(rows == r, n_act, 0), axis=0) > 0
+        slot = (r * n_blocks + pid).to(tl.int64) * D
+        tl.store(part_ptr + slot + c, part, mask=c_ok & fires_r & (r < M))
 
 
 @triton.jit
@@ -103,24 +120,35 @@ def _decode_onepass_kernel(
     tl.store(flag_ptr + rows * n_blocks + pid, (n_act > 0).to(tl.int8), mask=r_ok)
     unit_act = tl.max(act.to(tl.int32), axis=0) > 0  # fires for some token
     if tl.sum(unit_act.to(tl.int32), axis=0) > 0:
-        u = _block_matvec(x_ptr, wu_ptr, w_rows, unit_act, rows, M, D, stride_xm, stride_wu, BM, BU, BK)
-        if MATCH:
-            h = round_to(a * round_to(u, x_ptr.dtype.element_ty).to(tl.float32), x_ptr.dtype.element_ty)
-            h = h.to(tl.float32)
+        if BK >= D:  # one chunk: the firing rows of Wu and Wd^T requested together, one round trip for both
+            k = tl.arange(0, BK)
+            k_ok = k < D
+            wu = tl.load(wu_ptr + w_rows[:, None] * stride_wu + k[None, :], mask=unit_act[:, None] & k_ok[None, :],
+                         other=0.0)
+            wd = tl.load(wdt_ptr + w_rows[:, None] * stride_wf + k.to(tl.int64)[None, :] * stride_wd,
+                         mask=unit_act[:, None] & k_ok[None, :], other=0.0)
+            h = _hidden(a, _tile_matvec(wu, x_ptr, k, k_ok, rows, M, stride_xm, BM), act, x_ptr, MATCH)
+            _store_partials(h, wd.to(tl.float32), part_ptr, k, k_ok, rows, n_act, pid, M, D, n_blocks, BM)
         else:
-            h = a * u
-        h = tl.where(act, h, 0.0)
-        offs_c = tl.arange(0, BK)
-        for c0 in range(0, D, BK):
-            c = c0 + offs_c
-            c_ok = c < D
-            wd = tl.load(wdt_ptr + w_rows[:, None] * stride_wf + c.to(tl.int64)[None, :] * stride_wd,
-                         mask=unit_act[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
-            for r in tl.static_range(BM):
-                part = tl.sum(_token_row(h, rows, r)[:, None] * wd, axis=0)  # [BK]
-                fires_r = tl.sum(tl.where(rows == r, n_act, 0), axis=0) > 0
-                slot = (r * n_blocks + pid).to(tl.int64) * D
-                tl.store(part_ptr + slot + c, part, mask=c_ok & fires_r & (r < M))
+            u = _block_matvec(x_ptr, wu_ptr, w_rows, unit_act, rows, M, D, stride_xm, stride_wu, BM, BU, BK)
+            h = _hidden(a, u, act, x_ptr, MATCH)
+            offs_c = tl.arange(0, BK)
+            for c0 in range(0, D, BK):
+                c = c0 + offs_c
+                c_ok = c < D
+                wd = tl.load(wdt_ptr + w_rows[:, None] * stride_wf + c.to(tl.int64)[None, :] * stride_wd,
+                             mask=unit_act[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+                _store_partials(h, wd, part_ptr, c, c_ok, rows, n_act, pid, M, D, n_blocks, BM)
+
+
+@triton.jit
+def _hidden(a, u, act, x_ptr, MATCH: tl.constexpr):
+    """h = a u (rounded as the dense FFN rounds u and h with ``MATCH``), 0 where the unit does not fire."""
+    if MATCH:
+        h = round_to(a * round_to(u, x_ptr.dtype.element_ty).to(tl.float32), x_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        h = a * u
+    return tl.where(act, h, 0.0)
 
 
 @triton.jit
