@@ -197,9 +197,11 @@ def fused_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
     return f"fused d={d} F={f} M={m} default {default} | " + " | ".join(parts)
 
 
-#: ``--onepass-variants``: configurations ``(BK, warps, column-sum BD, BP, warps)`` of the one-pass kernel.
-ONEPASS_VARIANTS = [(1024, 8, 16, 1024, 4), (2048, 8, 16, 1024, 4), (2048, 16, 16, 1024, 4), (4096, 16, 16, 1024, 4),
-                    (1024, 8, 8, 1024, 4), (1024, 8, 16, 1024, 8), (1024, 4, 16, 1024, 4), (512, 4, 16, 1024, 4)]
+#: ``--onepass-variants``: configurations ``(BK, warps, column-sum BD, BP, warps, unrolled gate)`` of the
+#: one-pass kernel.
+ONEPASS_VARIANTS = [(1024, 8, 16, 1024, 4, False), (1024, 8, 16, 1024, 4, True), (512, 8, 16, 1024, 4, True),
+                    (512, 4, 16, 1024, 4, True), (1024, 4, 16, 1024, 4, True), (256, 4, 16, 1024, 4, True),
+                    (1024, 4, 16, 1024, 4, False), (1024, 8, 8, 1024, 8, True)]
 
 
 def onepass_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:

@@ -57,14 +57,16 @@ def test_matches_dense_reference_and_the_two_kernel_counts(case, dtype, precisio
 
 def test_chunked_loops_over_k_columns_and_partial_rows(device, monkeypatch):
     """Small BK, BD and BP: the weight rows and the output in several chunks, the flags in several steps."""
-    monkeypatch.setattr(onepass_mod, "_ONEPASS_CONFIG", (16, 4, 16, 16, 4))
-    onepass_mod._meta.cache_clear()
+    p = make_problem(5, 72, 600, frac_pos=0.08, seed=11, dtype=torch.bfloat16, device=device)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
     try:
-        p = make_problem(5, 72, 600, frac_pos=0.08, seed=11, dtype=torch.bfloat16, device=device)
-        x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
-        assert onepass_mod._meta(5, 72, 600)[1] == 16  # BK: 72 columns in 5 chunks, the last one partial
-        out, counts = launch_decode_onepass(x, wg, wu, wd.t(), match=True)
-        _check(out, counts, x, wg, wu, wd, "match")
+        for unrolled in (False, True):  # the gate's K loop as a loop, and unrolled
+            monkeypatch.setattr(onepass_mod, "_ONEPASS_CONFIG", (16, 4, 16, 16, 4, unrolled))
+            onepass_mod._meta.cache_clear()
+            # BK = 16: 72 columns in 5 chunks, the last one partial
+            assert onepass_mod._meta(5, 72, 600)[1:3] == (16, 5 if unrolled else 0)
+            out, counts = launch_decode_onepass(x, wg, wu, wd.t(), match=True)
+            _check(out, counts, x, wg, wu, wd, "match")
     finally:
         onepass_mod._meta.cache_clear()
 

@@ -167,8 +167,9 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
                    "flag_ptr": "*i8", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "n_blocks": "i32",
                    "stride_xm": "i32", "stride_wg": "i32", "stride_wu": "i32", "stride_wf": "i32", "stride_wd": "i32"}
     for m in (1, 8):  # one token and the largest token count of the kernel
-        obm, obk, _, owarps, obd, obp, osum_warps = _onepass_meta(m, 2048, 5632)
-        ptx = _compile(_decode_onepass_kernel, onepass_sig, {"BM": obm, "BU": _BU, "BK": obk, "MATCH": True}, target,
+        obm, obk, onk, _, owarps, obd, obp, osum_warps = _onepass_meta(m, 2048, 5632)
+        ptx = _compile(_decode_onepass_kernel, onepass_sig, {"BM": obm, "BU": _BU, "BK": obk, "NK": onk, "MATCH": True},
+                       target,
                        num_warps=owarps)
         results[f"decode_onepass_bm{obm}"] = {"local_memory": ".local" in ptx}
     sum_sig = {"part_ptr": "*fp32", "flag_ptr": "*i8", "out_ptr": "*bf16", "D": "i32", "n_blocks": "i32",

@@ -53,10 +53,12 @@ ONEPASS_MAX_TOKENS = 8
 #: Units per program: the same blocks as the hidden kernel, so that the per-(token, block) active counts
 #: have the shape :func:`twell.ops.decode_kernels.decode_blocks` gives (352 programs at F=5632).
 _BU = _HIDDEN_BU
-#: ``(BK, warps, column-sum BD, column-sum BP, column-sum warps)``: the weight-row chunk of the one-pass
-#: kernel (a [BU, BK] tile per load) and its warps; the column-sum kernel's output columns per program
-#: and partial rows per step.  First guesses, to be tuned on the GPU (scripts/decode_probe.py).
-_ONEPASS_CONFIG = (1024, 8, 16, 1024, 4)
+#: ``(BK, warps, column-sum BD, column-sum BP, column-sum warps, unrolled gate)``: the weight-row chunk of
+#: the one-pass kernel (a [BU, BK] tile per load) and its warps; the column-sum kernel's output columns per
+#: program and partial rows per step; whether the gate's K loop is unrolled (all its chunk loads issued
+#: before the first is used; the kernel is then compiled per d).  To be tuned on the GPU
+#: (scripts/decode_probe.py --onepass-variants).
+_ONEPASS_CONFIG = (1024, 8, 16, 1024, 4, False)
 
 
 @triton.jit
@@ -77,16 +79,26 @@ def _tile_matvec(w, x_ptr, k, k_ok, rows, M, stride_xm, BM: tl.constexpr):
 
 @triton.jit
 def _block_matvec(x_ptr, w_ptr, w_rows, w_ok, rows, M, D, stride_xm, stride_w, BM: tl.constexpr,
-                  BU: tl.constexpr, BK: tl.constexpr):
+                  BU: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr):
     """``x[:M] W[w_rows]^T`` as a [BM, BU] fp32 tile, reading W in [BU, BK] chunks; rows with ``w_ok``
-    False are not read."""
+    False are not read.  NK > 0: the NK = cdiv(D, BK) chunks unrolled (their loads can all be in flight at
+    once); 0: a loop."""
     acc = tl.zeros((BM, BU), dtype=tl.float32)
     offs_k = tl.arange(0, BK)
-    for k0 in range(0, D, BK):
-        k = k0 + offs_k
-        k_ok = k < D
-        w = tl.load(w_ptr + w_rows[:, None] * stride_w + k[None, :], mask=w_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += _tile_matvec(w, x_ptr, k, k_ok, rows, M, stride_xm, BM)
+    if NK > 0:
+        for kc in tl.static_range(NK):
+            k = kc * BK + offs_k
+            k_ok = k < D
+            w = tl.load(w_ptr + w_rows[:, None] * stride_w + k[None, :], mask=w_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            acc += _tile_matvec(w, x_ptr, k, k_ok, rows, M, stride_xm, BM)
+    else:
+        for k0 in range(0, D, BK):
+            k = k0 + offs_k
+            k_ok = k < D
+            w = tl.load(w_ptr + w_rows[:, None] * stride_w + k[None, :], mask=w_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            acc += _tile_matvec(w, x_ptr, k, k_ok, rows, M, stride_xm, BM)
     return acc
 
 
@@ -104,7 +116,7 @@ def _store_partials(h, wd, part_ptr, c, c_ok, rows, n_act, pid, M, D, n_blocks, 
 def _decode_onepass_kernel(
     x_ptr, wg_ptr, wu_ptr, wdt_ptr, part_ptr, flag_ptr, cnt_ptr, M, D, F, n_blocks, stride_xm, stride_wg,
     stride_wu, stride_wf, stride_wd,
-    BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, MATCH: tl.constexpr,
+    BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, MATCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     units = pid * BU + tl.arange(0, BU)
@@ -112,7 +124,7 @@ def _decode_onepass_kernel(
     w_rows = units.to(tl.int64)
     rows = tl.arange(0, BM)
     r_ok = rows < M
-    g = _block_matvec(x_ptr, wg_ptr, w_rows, u_ok, rows, M, D, stride_xm, stride_wg, BM, BU, BK)
+    g = _block_matvec(x_ptr, wg_ptr, w_rows, u_ok, rows, M, D, stride_xm, stride_wg, BM, BU, BK, NK)
     a = relu_keep_nan(round_to(g, x_ptr.dtype.element_ty).to(tl.float32))  # g rounded as a dense linear
     act = (a != 0) & r_ok[:, None] & u_ok[None, :]
     n_act = tl.sum(act.to(tl.int32), axis=1)  # [BM]: firing units per token in this block
@@ -130,7 +142,7 @@ def _decode_onepass_kernel(
             h = _hidden(a, _tile_matvec(wu, x_ptr, k, k_ok, rows, M, stride_xm, BM), act, x_ptr, MATCH)
             _store_partials(h, wd.to(tl.float32), part_ptr, k, k_ok, rows, n_act, pid, M, D, n_blocks, BM)
         else:
-            u = _block_matvec(x_ptr, wu_ptr, w_rows, unit_act, rows, M, D, stride_xm, stride_wu, BM, BU, BK)
+            u = _block_matvec(x_ptr, wu_ptr, w_rows, unit_act, rows, M, D, stride_xm, stride_wu, BM, BU, BK, 0)
             h = _hidden(a, u, act, x_ptr, MATCH)
             offs_c = tl.arange(0, BK)
             for c0 in range(0, D, BK):
@@ -169,10 +181,11 @@ def _decode_column_sum_kernel(part_ptr, flag_ptr, out_ptr, D, n_blocks, stride_o
 
 @functools.lru_cache(maxsize=256)
 def _meta(m: int, d: int, f: int) -> tuple[int, ...]:
-    """``(BM, BK, blocks, warps, BD, BP, column-sum warps)`` of a shape (cached: launch-time host cost)."""
-    bk, warps, bd, bp, sum_warps = _ONEPASS_CONFIG
+    """``(BM, BK, NK, blocks, warps, BD, BP, column-sum warps)`` of a shape (cached: launch-time host cost)."""
+    bk, warps, bd, bp, sum_warps, unroll = _ONEPASS_CONFIG
     n_blocks = triton.cdiv(f, _BU)
-    return (next_pow2(m), min(bk, max(16, next_pow2(d))), n_blocks, warps, min(bd, max(16, next_pow2(d))),
+    bk = min(bk, max(16, next_pow2(d)))
+    return (next_pow2(m), bk, triton.cdiv(d, bk) if unroll else 0, n_blocks, warps, min(bd, max(16, next_pow2(d))),
             min(bp, max(16, next_pow2(n_blocks))), sum_warps)
 
 
@@ -187,14 +200,14 @@ def launch_decode_onepass(
     f = w_gate.shape[0]
     if not 1 <= m <= ONEPASS_MAX_TOKENS:
         raise ValueError(f"the one-pass decode kernel takes 1 to {ONEPASS_MAX_TOKENS} tokens, got {m}")
-    bm, bk, n_blocks, warps, bd, bp, sum_warps = _meta(m, d, f)
+    bm, bk, nk, n_blocks, warps, bd, bp, sum_warps = _meta(m, d, f)
     partials = torch.empty((m, n_blocks, d), dtype=torch.float32, device=x.device)
     flags = torch.empty((m, n_blocks), dtype=torch.int8, device=x.device)
     counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
     out = torch.empty((m, d), dtype=x.dtype, device=x.device)
     _decode_onepass_kernel[(n_blocks,)](
         x, w_gate, w_up, w_down_t, partials, flags, counts, m, d, f, n_blocks, x.stride(0), w_gate.stride(0),
-        w_up.stride(0), w_down_t.stride(0), w_down_t.stride(1), BM=bm, BU=_BU, BK=bk, MATCH=match,
+        w_up.stride(0), w_down_t.stride(0), w_down_t.stride(1), BM=bm, BU=_BU, BK=bk, NK=nk, MATCH=match,
         num_warps=warps,
     )
     _decode_column_sum_kernel[(triton.cdiv(d, bd), m)](
