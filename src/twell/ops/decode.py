@@ -26,9 +26,13 @@ __all__ = ["DECODE_MAX_TOKENS", "decode_gated_ffn"]
 #: and down kernels.  Not measured yet: off.
 FUSED_UPDOWN = False
 #: Calls of up to this many tokens (at most :data:`~twell.ops.decode_onepass_kernel.ONEPASS_MAX_TOKENS`)
-#: through the one-pass kernel (:mod:`twell.ops.decode_onepass_kernel`); 0 turns it off.  Not measured
-#: yet: off.
-ONEPASS_TOKENS = 0
+#: through the one-pass kernel (:mod:`twell.ops.decode_onepass_kernel`); 0 turns it off.  One token: on
+#: an H200 (bf16, CUDA-graph GPU time, bench_results/h200/decode_probe_onepass_session6.log) it takes
+#: 17.5 / 21.5 us at 0.5 / 2 % density against the two kernels' 23.3 / 30.1 us and the dense FFN's 31 us
+#: (d=2048, F=5632), and 48.4 / 64.2 against 62.3 / 76.7 and 97 us (d=4096, F=14336).  At 2 and 4
+#: tokens it lost to the two kernels (0.038 vs 0.033 ms at d=2048, 2 tokens, 0.5 %): every token adds
+#: its own reductions over the whole gate tile (6 us per token with nothing firing).
+ONEPASS_TOKENS = 1
 
 
 def decode_gated_ffn(
