@@ -5,7 +5,9 @@ captured in a CUDA graph (after a warm-up on a side stream) and the graph replay
 so the times are GPU time only.  The graph cycles over copies of the weights (at least ~200 MB in all,
 4x the H200's L2) so that each call reads its weights from DRAM as a decode step does (the other layers
 evict them).  Columns: dense chain, hidden kernel alone, down kernel alone (Wd^T as the ``.t()`` view that
-decode_gated_ffn passes, and as a contiguous unit-major copy), the whole op, the dense/op ratio; then eager
+decode_gated_ffn passes, and as a contiguous unit-major copy), the whole op (what decode_gated_ffn
+dispatches to: the one-pass kernel at one token), the dense/op ratio; the gate through cuBLAS; the one-pass
+kernel (1-8 tokens; also with x = 0, when nothing fires: its gate pass and an empty column sum); then eager
 times (twell.bench.timing.time_ms, host overhead included) of the dense chain and the op and their ratio;
 the union of firing units; the op's error against an fp32 reference (Frobenius relative, and max |err| /
 max |ref|).  Usage:
@@ -26,7 +28,6 @@ import torch.nn.functional as F
 from twell.bench.timing import time_ms
 from twell.ops import decode_kernels
 from twell.ops.decode import decode_gated_ffn
-from twell.ops.decode_fused_kernel import FUSED_MAX_TOKENS, launch_decode_fused
 from twell.ops.decode_kernels import launch_decode_down, launch_decode_hidden
 from twell.ops.decode_onepass_kernel import ONEPASS_MAX_TOKENS, launch_decode_onepass
 from twell.reference import inference as ref
@@ -92,8 +93,6 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
         "op_g": [lambda s=s: launch_decode_down(*launch_decode_hidden(x, s[0], s[1], match=True, gate_by_gemm=True)[:2],
                                                 s[2].t(), x.dtype) for s in sets],
     }
-    if m <= FUSED_MAX_TOKENS:  # cuBLAS gate + one kernel for up and down (twell.ops.decode_fused_kernel)
-        fns["op_fused"] = [lambda s=s: launch_decode_fused(x, s[0], s[1], s[2].t(), match=True) for s in sets]
     if m <= ONEPASS_MAX_TOKENS:  # gate, up and down in one kernel + a column sum (decode_onepass_kernel)
         fns["op_1p"] = [lambda s=s: launch_decode_onepass(x, s[0], s[1], s[2].t(), match=True) for s in sets]
         # x = 0: no unit fires, so this is the gate's matrix-vector pass and a column sum that reads no row
@@ -116,8 +115,6 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
             f"hidden {ms['hidden']:.4f} down {ms['down']:.4f} down_um {ms['down_um']:.4f} op {ms['op']:.4f} "
             f"dense/op {ms['dense'] / ms['op']:.2f} | cuBLAS gate: gate {ms['gate_gemm']:.4f} hidden+gate "
             f"{ms['hidden_g']:.4f} op {ms['op_g']:.4f} dense/op {ms['dense'] / ms['op_g']:.2f} | "
-            + (f"fused up+down: op {ms['op_fused']:.4f} dense/op {ms['dense'] / ms['op_fused']:.2f} | "
-               if "op_fused" in ms else "")
             + (f"one pass: op {ms['op_1p']:.4f} (nothing firing {ms['op_1p_idle']:.4f}) dense/op "
                f"{ms['dense'] / ms['op_1p']:.2f} rel "
                f"{rel_error(launch_decode_onepass(x, *w[:2], w[2].t(), match=True)[0], want):.2e} | "
@@ -179,24 +176,6 @@ def hidden_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
     return f"hidden d={d} F={f} M={m} (Wg {wg_mb:.0f} MiB) default {default} | " + " | ".join(parts)
 
 
-#: ``--fused-variants``: configurations ``(BD, BU, BK, BC, warps, stages)`` of the fused up+down kernel.
-FUSED_VARIANTS = [(16, 32, 256, 4096, 4, 3), (32, 32, 256, 4096, 4, 3), (16, 16, 512, 4096, 4, 3),
-                  (16, 64, 256, 4096, 4, 2), (32, 32, 512, 4096, 8, 3), (64, 32, 256, 4096, 4, 3)]
-
-
-def fused_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
-    """Graph-timed fused up+down op (cuBLAS gate included) per configuration at 0.5 % density, with its error."""
-    from twell.ops import decode_fused_kernel
-
-    def fused(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
-        return launch_decode_fused(x, wg, wu, wd.t(), match=True)[0]
-
-    default = decode_fused_kernel._FUSED_CONFIG
-    _, parts = _config_sweep(decode_fused_kernel, "_FUSED_CONFIG", FUSED_VARIANTS, d, f, m, 11 * m + f, args,
-                             fused, fused)
-    return f"fused d={d} F={f} M={m} default {default} | " + " | ".join(parts)
-
-
 #: ``--onepass-variants``: configurations ``(BK, warps, column-sum BD, BP, warps, unrolled gate)`` of the
 #: one-pass kernel.
 ONEPASS_VARIANTS = [(1024, 8, 16, 1024, 4, False), (1024, 8, 16, 1024, 4, True), (512, 8, 16, 1024, 4, True),
@@ -225,8 +204,6 @@ def main() -> None:
     ap.add_argument("--rep-ms", type=float, default=100.0, help="eager timing budget per callable")
     ap.add_argument("--hidden-variants", action="store_true",
                     help="also time the hidden kernel's K-loop configurations (HIDDEN_VARIANTS)")
-    ap.add_argument("--fused-variants", action="store_true",
-                    help="also time the fused up+down kernel's configurations (FUSED_VARIANTS), 1-16 tokens")
     ap.add_argument("--onepass-variants", action="store_true",
                     help="also time the one-pass kernel's configurations (ONEPASS_VARIANTS), 1-8 tokens")
     ap.add_argument("--ms", default="1,8,64", help="token counts, comma-separated")
@@ -244,13 +221,6 @@ def main() -> None:
                     print(probe(d, f, m, dens, args), flush=True)
                 except Exception as exc:  # noqa: BLE001 - report every point, keep going
                     print(f"d={d} F={f} M={m} dens={dens}%: FAILED {type(exc).__name__}: {exc}", flush=True)
-    if args.fused_variants:
-        for d, f in shapes:
-            for m in (mm for mm in ms_ if mm <= FUSED_MAX_TOKENS):
-                try:
-                    print(fused_variants(d, f, m, args), flush=True)
-                except Exception as exc:  # noqa: BLE001 - report every point, keep going
-                    print(f"fused d={d} F={f} M={m}: FAILED {type(exc).__name__}: {exc}", flush=True)
     if args.onepass_variants:
         for d, f in shapes:
             for m in (mm for mm in ms_ if mm <= ONEPASS_MAX_TOKENS):

@@ -34,22 +34,20 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="the step under torch.compile (inductor) before recording")
     ap.add_argument("--no-profile", action="store_true", help="replay timing only (no torch.profiler table)")
     ap.add_argument("--variants", default="dense,sparse,sparse-gate-gemm",
-                    help="comma-separated subset of dense, sparse, sparse-gate-gemm, sparse-fused, sparse-onepass")
+                    help="comma-separated subset of dense, sparse, sparse-gate-gemm, sparse-onepass")
     a = ap.parse_args()
     dev = torch.device("cuda")
     bench = prepare(a.preset, device=dev, dtype=torch.bfloat16, batch=16, seq=2048, target=SparsityTarget(mean_l0=29.0),
                     policies=(a.policy,), fused_norms=a.fused_norms)
     prompt = bench.tokens[: a.batch, :128].contiguous()
-    # (weight set, gate through cuBLAS (None: by size), decode kernels: "two" hidden + down, "fused" cuBLAS gate +
-    # one up-and-down kernel (twell.ops.decode_fused_kernel), "onepass" (twell.ops.decode_onepass_kernel))
+    # (weight set, gate through cuBLAS (None: by size), decode kernels for one token: "two" hidden + down,
+    # "onepass" (twell.ops.decode_onepass_kernel))
     variants = {"dense": ("dense", False, "two"), "sparse": (f"sparse:{a.policy}", None, "two"),
                 "sparse-gate-gemm": (f"sparse:{a.policy}", True, "two"),
-                "sparse-fused": (f"sparse:{a.policy}", None, "fused"),
                 "sparse-onepass": (f"sparse:{a.policy}", None, "onepass")}
     for key in a.variants.split(","):
         name, gate_by_gemm, kernels = variants[key]
         decode_kernels.GATE_BY_GEMM = gate_by_gemm  # the decode FFN's gate through cuBLAS or not, any size
-        decode.FUSED_UPDOWN = kernels == "fused"
         decode.ONEPASS_TOKENS = ONEPASS_MAX_TOKENS if kernels == "onepass" else 0
         bench.sets.use(name)
         dec = GreedyDecoder(bench.model, pad_token_id=0, max_graphs=1, compile=a.compile)

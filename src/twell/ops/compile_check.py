@@ -148,18 +148,6 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
         ptx = _compile(_decode_down_kernel, down_sig, {"BM": bm, "BD": bd, "BU": bu, "BC": bc, "DOT_FP32": False,
                                                        "K_STAGES": stages}, target, num_warps=warps)
         results[f"decode_down_bm{bm}"] = {"local_memory": ".local" in ptx}
-    from .decode_fused_kernel import _decode_fused_kernel
-    from .decode_fused_kernel import _meta as _fused_meta
-
-    fbm, fbd, fbu, fbk, fbc, _, fwarps, fstages = _fused_meta(1, 2048, 5632)
-    fused_sig = {"x_ptr": "*bf16", "g_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16", "out_ptr": "*bf16",
-                 "idx_ptr": "*i32", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "stride_xm": "i32",
-                 "stride_gm": "i32", "stride_wu": "i32", "stride_wf": "i32", "stride_wd": "i32", "stride_om": "i32",
-                 "n_blocks": "i32"}
-    ptx = _compile(_decode_fused_kernel, fused_sig,
-                   {"BM": fbm, "BD": fbd, "BU": fbu, "BK": fbk, "BC": fbc, "CB": _HIDDEN_BU, "DOT_FP32": False,
-                    "DOWN_FP32": False, "MATCH": True, "K_STAGES": fstages}, target, num_warps=fwarps)
-    results["decode_fused"] = {"local_memory": ".local" in ptx}
     from .decode_onepass_kernel import _BU, _decode_column_sum_kernel, _decode_onepass_kernel
     from .decode_onepass_kernel import _meta as _onepass_meta
 

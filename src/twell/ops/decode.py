@@ -14,17 +14,12 @@ import torch
 from .._validation import FLOAT_DTYPES, check_finite, check_same_device, check_same_dtype, check_tensor
 from ..reference import inference as ref
 from ._runtime import resolve_backend
-from .decode_fused_kernel import FUSED_MAX_TOKENS, launch_decode_fused
 from .decode_kernels import DECODE_MAX_TOKENS, launch_decode_down, launch_decode_hidden
 from .decode_onepass_kernel import ONEPASS_MAX_TOKENS, launch_decode_onepass
 from .inference import _check_triton_dtype, _check_x_w, check_precision
 
 __all__ = ["DECODE_MAX_TOKENS", "decode_gated_ffn"]
 
-#: Calls of up to :data:`~twell.ops.decode_fused_kernel.FUSED_MAX_TOKENS` tokens through cuBLAS's gate and
-#: one kernel for the up and down projections (:mod:`twell.ops.decode_fused_kernel`) instead of the hidden
-#: and down kernels.  Not measured yet: off.
-FUSED_UPDOWN = False
 #: Calls of up to this many tokens (at most :data:`~twell.ops.decode_onepass_kernel.ONEPASS_MAX_TOKENS`)
 #: through the one-pass kernel (:mod:`twell.ops.decode_onepass_kernel`); 0 turns it off.  One token: on
 #: an H200 (bf16, CUDA-graph GPU time, bench_results/h200/decode_probe_onepass_session6.log) it takes
@@ -87,7 +82,5 @@ def launch_decode_ffn(
     op).  1 <= M <= DECODE_MAX_TOKENS, F >= 1, one dtype and device."""
     if x.shape[0] <= min(ONEPASS_TOKENS, ONEPASS_MAX_TOKENS):
         return launch_decode_onepass(x.contiguous(), w_gate.contiguous(), w_up.contiguous(), w_down_t, match=match)
-    if FUSED_UPDOWN and x.shape[0] <= FUSED_MAX_TOKENS:
-        return launch_decode_fused(x.contiguous(), w_gate.contiguous(), w_up.contiguous(), w_down_t, match=match)
     h, fires, counts = launch_decode_hidden(x.contiguous(), w_gate.contiguous(), w_up.contiguous(), match=match)
     return launch_decode_down(h, fires, w_down_t, x.dtype), counts

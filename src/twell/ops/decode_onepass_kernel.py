@@ -6,8 +6,10 @@ Why: in the 1.5B model's CUDA-graphed decode step on an H200 the sparse FFN took
 step after the gate was a chain of dependent round trips to memory (the up pass a serial K loop over
 the firing rows, the down kernel a compaction pass and then its K loop; bench_results/h200/
 decode_probe_session6.log: 15.9 us for gate + up, 6.5 us for the down kernel at one token, d=2048,
-F=5632, 0.5 %).  The cuBLAS gate followed by one up+down kernel
-(:mod:`twell.ops.decode_fused_kernel`) only reached 21.9 us.
+F=5632, 0.5 %).  cuBLAS's gate followed by one kernel for up and down (each program owning output
+columns and recomputing u for every firing unit; removed in session 6) only reached 21.9 us there, and
+lost to the two kernels at 2 % density and in the model's step (decode_probe_fused_variants_session6.log,
+model/decode_step_fused_session6.log: 3.130 vs 2.955 ms).
 
 Here each program owns ``BU`` consecutive units and does everything for them while their gate rows are
 still in its registers:
