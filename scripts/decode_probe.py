@@ -29,7 +29,12 @@ from twell.bench.timing import time_ms
 from twell.ops import decode_kernels
 from twell.ops.decode import decode_gated_ffn
 from twell.ops.decode_kernels import launch_decode_down, launch_decode_hidden
-from twell.ops.decode_onepass_kernel import ONEPASS_MAX_TOKENS, launch_decode_onepass
+from twell.ops.decode_onepass_kernel import (
+    ONEPASS_MAX_TOKENS,
+    launch_column_sum,
+    launch_decode_onepass,
+    launch_onepass_partials,
+)
 from twell.reference import inference as ref
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import rel_error
@@ -98,6 +103,10 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
         # x = 0: no unit fires, so this is the gate's matrix-vector pass and a column sum that reads no row
         x0 = torch.zeros_like(x)
         fns["op_1p_idle"] = [lambda s=s: launch_decode_onepass(x0, s[0], s[1], s[2].t(), match=True) for s in sets]
+        # its two launches alone: the one-pass kernel, and the column sum over this problem's partials
+        fns["1p_partials"] = [lambda s=s: launch_onepass_partials(x, s[0], s[1], s[2].t(), match=True) for s in sets]
+        parts = launch_onepass_partials(x, *w[:2], w[2].t(), match=True)[:2]
+        fns["1p_colsum"] = [lambda: launch_column_sum(*parts, x.dtype)]
     if device.type == "cuda":
         ms = {k: graph_ms(v * max(1, 16 // n_sets), args.reps) for k, v in fns.items()}
     else:
@@ -115,8 +124,9 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
             f"hidden {ms['hidden']:.4f} down {ms['down']:.4f} down_um {ms['down_um']:.4f} op {ms['op']:.4f} "
             f"dense/op {ms['dense'] / ms['op']:.2f} | cuBLAS gate: gate {ms['gate_gemm']:.4f} hidden+gate "
             f"{ms['hidden_g']:.4f} op {ms['op_g']:.4f} dense/op {ms['dense'] / ms['op_g']:.2f} | "
-            + (f"one pass: op {ms['op_1p']:.4f} (nothing firing {ms['op_1p_idle']:.4f}) dense/op "
-               f"{ms['dense'] / ms['op_1p']:.2f} rel "
+            + (f"one pass: op {ms['op_1p']:.4f} (nothing firing {ms['op_1p_idle']:.4f}; one-pass kernel "
+               f"{ms['1p_partials']:.4f}, column sum {ms['1p_colsum']:.4f}) "
+               f"dense/op {ms['dense'] / ms['op_1p']:.2f} rel "
                f"{rel_error(launch_decode_onepass(x, *w[:2], w[2].t(), match=True)[0], want):.2e} | "
                if "op_1p" in ms else "")
             + f"eager ms: dense {eager['dense']:.4f} op {eager['op']:.4f} "

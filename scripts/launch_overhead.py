@@ -13,9 +13,14 @@ Usage (GPU machine): ``PYTHONPATH=src python3 scripts/launch_overhead.py``
 
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 from collections.abc import Callable
 
 import torch
+import triton
+import triton.language as tl
 
 from twell.bench.timing import back_to_back_ms
 from twell.nn.train_dispatch import dense_train_ffn_l1
@@ -29,6 +34,42 @@ def host_us(fn: Callable[[], object]) -> float:
     for _ in range(20):
         fn()
     return back_to_back_ms(fn, device=torch.device("cuda"), calls=200, rounds=7) * 1e3
+
+
+@triton.jit
+def _fill_kernel(out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, 1.0, mask=offs < n)
+
+
+def bare_launches(dev: torch.device) -> dict[str, Callable[[], object]]:
+    """A two-argument Triton kernel through ``kernel[grid](...)`` (Triton's per-call binding and cache
+    lookup), and the same compiled kernel's launcher called directly (what a cached fast path would
+    pay); the direct call uses Triton 3.6's ``CompiledKernel.run`` argument order."""
+    buf = torch.empty(128, device=dev)
+    compiled = _fill_kernel[(1,)](buf, 128, BLOCK=128)
+
+    def direct() -> None:
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, buf, 128, 128)
+
+    return {"bare Triton launch (2 args, kernel[grid])": lambda: _fill_kernel[(1,)](buf, 128, BLOCK=128),
+            "same kernel, launcher called directly": direct}
+
+
+def profile_top(fn: Callable[[], object], calls: int = 300, top: int = 15) -> str:
+    """cProfile of ``calls`` calls: the ``top`` functions by their own time (where the host time goes)."""
+    for _ in range(20):
+        fn()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
 
 
 def main() -> None:
@@ -61,9 +102,15 @@ def main() -> None:
         "dense autograd fwd+bwd (cuBLAS)": dense,
         "hot/cold op fwd+bwd (7 Triton launches)": hot_cold,
     }
-    print(f"{torch.cuda.get_device_name(dev)} torch {torch.__version__}; host us per call (tiny shapes)")
-    for name, fn in cases.items():
-        print(f"  {name:45s} {host_us(fn):8.1f} us", flush=True)
+    print(f"{torch.cuda.get_device_name(dev)} torch {torch.__version__} triton {triton.__version__}; host us per "
+          "call (tiny shapes)")
+    for name, fn in {**bare_launches(dev), **cases}.items():
+        try:
+            print(f"  {name:45s} {host_us(fn):8.1f} us", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a launcher API that differs in this Triton: report, go on
+            print(f"  {name:45s} FAILED {type(exc).__name__}: {str(exc)[:100]}", flush=True)
+    for name in ("l0 count (one Triton launch, 6 args)", "decode op, 1 token (2 Triton launches)"):
+        print(f"\n--- cProfile, 300 calls of {name}, by own time\n{profile_top(cases[name])}", flush=True)
 
 
 if __name__ == "__main__":

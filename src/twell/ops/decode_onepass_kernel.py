@@ -198,21 +198,38 @@ def launch_decode_onepass(
     1 <= M <= ONEPASS_MAX_TOKENS), as :func:`twell.ops.decode.launch_decode_ffn` returns them.  Wg, Wu
     [F, d] rows contiguous; Wd^T [F, d] with any strides (the ``.t()`` view of the [d, F] weight reads it
     in place, a unit-major copy reads whole rows)."""
+    partials, flags, counts = launch_onepass_partials(x, w_gate, w_up, w_down_t, match=match)
+    return launch_column_sum(partials, flags, x.dtype), counts
+
+
+def launch_onepass_partials(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor, *, match: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first launch of :func:`launch_decode_onepass`: ``(partials [M, blocks, d] fp32, flags [M, blocks]
+    int8, counts [M, blocks] int32)``; a partial row is written only where its flag is 1."""
     m, d = x.shape
     f = w_gate.shape[0]
     if not 1 <= m <= ONEPASS_MAX_TOKENS:
         raise ValueError(f"the one-pass decode kernel takes 1 to {ONEPASS_MAX_TOKENS} tokens, got {m}")
-    bm, bk, nk, n_blocks, warps, bd, bp, sum_warps = _meta(m, d, f)
+    bm, bk, nk, n_blocks, warps = _meta(m, d, f)[:5]
     partials = torch.empty((m, n_blocks, d), dtype=torch.float32, device=x.device)
     flags = torch.empty((m, n_blocks), dtype=torch.int8, device=x.device)
     counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
-    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
     _decode_onepass_kernel[(n_blocks,)](
         x, w_gate, w_up, w_down_t, partials, flags, counts, m, d, f, n_blocks, x.stride(0), w_gate.stride(0),
         w_up.stride(0), w_down_t.stride(0), w_down_t.stride(1), BM=bm, BU=_BU, BK=bk, NK=nk, MATCH=match,
         num_warps=warps,
     )
+    return partials, flags, counts
+
+
+def launch_column_sum(partials: torch.Tensor, flags: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """The second launch of :func:`launch_decode_onepass`: the flagged partial rows summed per token,
+    rounded to ``out_dtype`` ([M, d])."""
+    m, n_blocks, d = partials.shape
+    bd, bp, sum_warps = _meta(m, d, n_blocks * _BU)[5:]
+    out = torch.empty((m, d), dtype=out_dtype, device=partials.device)
     _decode_column_sum_kernel[(triton.cdiv(d, bd), m)](
         partials, flags, out, d, n_blocks, out.stride(0), BD=bd, BP=bp, num_warps=sum_warps,
     )
-    return out, counts
+    return out
