@@ -292,3 +292,37 @@ def test_gpu_graphed_left_padded_batch_matches_generate() -> None:
     dec = GreedyDecoder(model)
     assert torch.equal(dec(ids, 9, mask), want)
     assert torch.equal(dec(ids, 9, mask), want)
+
+
+def test_one_token_kernels_lift_the_policy_for_the_call_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``one_token_kernels``: the batch-1 step takes the small-batch path during the call (counted at
+    SparseGatedMLP's decode branch), the layers' policies are theirs again afterwards, and the tokens
+    are those of the plain loop.  Off by default where the step is not graphed (the CPU)."""
+    model = _model()
+    policy = DispatchPolicy(table=(), force=True, shapes=None)  # always dense, decode_max_tokens 0
+    tm.set_dispatch_policy(model, policy)
+    layers = [m for m in model.modules() if isinstance(m, SparseGatedMLP)]
+    paths: list[str] = []
+    original = SparseGatedMLP._path
+
+    def path(self: SparseGatedMLP, n_tokens: int, device_type: str) -> str:
+        chosen = original(self, n_tokens, device_type)
+        paths.append(chosen)
+        return chosen
+
+    monkeypatch.setattr(SparseGatedMLP, "_path", path)
+    ids = _ids(1, 4)
+    plain = greedy_decode(model, ids, 5)
+    assert GreedyDecoder(model).one_token_kernels is False and "decode" not in paths
+    paths.clear()
+    dec = GreedyDecoder(model, one_token_kernels=True)
+    got = dec(ids, 5)
+    assert "decode" in paths
+    assert all(m.policy is policy for m in layers)  # restored
+    assert torch.equal(got, plain)
+    lifted = dec._one_token_policies[policy]
+    assert lifted.decode_max_tokens == 1 and lifted.table == policy.table
+    dec(ids, 5)
+    assert dec._one_token_policies[policy] is lifted  # one lifted object per policy across calls
+    with pytest.raises(TypeError, match="one_token_kernels"):
+        GreedyDecoder(model, one_token_kernels=1)

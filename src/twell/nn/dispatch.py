@@ -72,12 +72,14 @@ class DispatchPolicy:
         decode_max_tokens: calls of 1 to this many tokens (at most :data:`twell.ops.DECODE_MAX_TOKENS`)
             take the small-batch kernels of :mod:`twell.ops.decode` whatever the density (they read Wg
             whole and Wu, Wd only at firing units); 0 (the default) leaves such calls to the table.
-            Measured on an H200 (bf16, bench_results/h200/decode_probe_hidden_variants.log): under
-            CUDA graphs (a compiled or graphed decode step) one token per call ran 1.33x of the dense
-            chain at 2048 x 5632 and 0.5 % density, 1.05x at 2 %, 1.45x at 4096 x 14336 (0.5 %); eight
-            tokens ran 0.48-0.83x; called eagerly, where the host's launches dominate, one token ran
-            0.59-0.87x.  So ``decode_max_tokens=1`` pays only in a graphed decode step, and the default
-            stays 0.  Subject to ``device_types`` and ``shapes`` like the table.
+            Measured on an H200 (bf16, CUDA-graph GPU time, bench_results/h200/decode_probe_onepass_*
+            session6.log: the one-pass kernel's, m124 for two tokens, v1 for eight): one token per
+            call (the one-pass kernel) ran 1.78x of the dense chain at 2048 x 5632 and 0.5 % density,
+            1.45x at 2 %, 2.01x at 4096 x 14336 (0.5 %); two tokens 0.93x, eight 0.55-0.83x; called
+            eagerly, where the host's launches dominate, one token ran 0.60x at 2048 x 5632.  So
+            ``decode_max_tokens=1`` pays only in a graphed decode step (:class:`twell.generation.
+            GreedyDecoder` turns it on for its calls by default), and the default stays 0.  Subject to
+            ``device_types`` and ``shapes`` like the table.
         shapes: the layer shapes ``(hidden_size, intermediate_size)`` the table was measured for (by
             default those of the default table), or None for a table that holds for any shape.
             Break-even densities move with the shape (at 4096 x 14336 on an H200 the sparse path lost
