@@ -186,11 +186,44 @@ def hidden_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
     return f"hidden d={d} F={f} M={m} (Wg {wg_mb:.0f} MiB) default {default} | " + " | ".join(parts)
 
 
-#: ``--onepass-variants``: configurations ``(BK, warps, column-sum BD, BP, warps, unrolled gate)`` of the
-#: one-pass kernel.
-ONEPASS_VARIANTS = [(1024, 8, 16, 1024, 4, False), (1024, 8, 16, 1024, 4, True), (512, 8, 16, 1024, 4, True),
-                    (512, 4, 16, 1024, 4, True), (1024, 4, 16, 1024, 4, True), (256, 4, 16, 1024, 4, True),
-                    (1024, 4, 16, 1024, 4, False), (1024, 8, 8, 1024, 8, True)]
+#: ``--onepass-variants``: configurations ``(BK, warps, column-sum BD, BP, warps, unrolled gate, up/down
+#: chunks at once)`` of the one-pass kernel (twell.ops.decode_onepass_kernel._ONEPASS_CONFIG).
+ONEPASS_VARIANTS = [(1024, 8, 16, 1024, 4, False, 1), (512, 8, 16, 1024, 4, False, 1), (256, 8, 16, 1024, 4, False, 1),
+                    (512, 4, 16, 1024, 4, False, 1), (256, 4, 16, 1024, 4, False, 1), (512, 8, 16, 1024, 4, True, 1),
+                    (1024, 16, 16, 1024, 4, False, 2), (2048, 8, 16, 1024, 4, False, 1)]
+
+
+def onepass_registers(d: int, f: int, m: int) -> str:
+    """ptxas's registers and spill bytes per ONEPASS_VARIANTS configuration (sm_90a, no GPU needed), and
+    the programs an H200 SM then holds (65,536 registers, 64 warps): the kernel's gate pass is bound by
+    how many of its loads are in flight."""
+    from triton.backends.compiler import GPUTarget
+
+    from twell.ops import compile_check, decode_onepass_kernel
+
+    sig = {"x_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16", "part_ptr": "*fp32",
+           "flag_ptr": "*i8", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "n_blocks": "i32",
+           "stride_xm": "i32", "stride_wg": "i32", "stride_wu": "i32", "stride_wf": "i32", "stride_wd": "i32"}
+    default = decode_onepass_kernel._ONEPASS_CONFIG
+    parts = []
+    try:
+        for cfg in ONEPASS_VARIANTS:
+            decode_onepass_kernel._ONEPASS_CONFIG = cfg
+            decode_onepass_kernel._meta.cache_clear()
+            bm, bk, nk, nud, n_blocks, warps = decode_onepass_kernel._meta(m, d, f)[:6]
+            ptx = compile_check._compile(
+                decode_onepass_kernel._decode_onepass_kernel, sig,
+                {"BM": bm, "BU": decode_onepass_kernel._BU, "BK": bk, "NK": nk, "NUD": nud, "MATCH": True},
+                GPUTarget("cuda", 90, 32), num_warps=warps)
+            use = compile_check._usage(ptx, 90)
+            regs = (use["registers"] + 7) // 8 * 8
+            per_sm = min(65536 // (regs * 32 * warps), 64 // warps)
+            parts.append(f"{cfg}: {use['registers']} regs, spill {use['spill_bytes']} B, {per_sm} programs/SM "
+                         f"({n_blocks} programs)")
+    finally:
+        decode_onepass_kernel._ONEPASS_CONFIG = default
+        decode_onepass_kernel._meta.cache_clear()
+    return f"onepass registers d={d} F={f} M={m} | " + " | ".join(parts)
 
 
 def onepass_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
@@ -216,12 +249,19 @@ def main() -> None:
                     help="also time the hidden kernel's K-loop configurations (HIDDEN_VARIANTS)")
     ap.add_argument("--onepass-variants", action="store_true",
                     help="also time the one-pass kernel's configurations (ONEPASS_VARIANTS), 1-8 tokens")
+    ap.add_argument("--registers", action="store_true",
+                    help="only print ptxas's registers per one-pass configuration (no GPU needed), then exit")
     ap.add_argument("--ms", default="1,8,64", help="token counts, comma-separated")
     args = ap.parse_args()
     shapes, dens_ = [(2048, 5632), (4096, 14336)], (0.5, 2.0)
     ms_ = tuple(int(v) for v in args.ms.split(","))
     if args.tiny:
         shapes, ms_, dens_, args.rep_ms = [(64, 1100)], (1, 8), (0.5, 2.0), 1.0
+    if args.registers:
+        for d, f in shapes:
+            for m in (mm for mm in ms_ if mm <= ONEPASS_MAX_TOKENS):
+                print(onepass_registers(d, f, m), flush=True)
+        return
     if torch.cuda.is_available() and args.device == "cuda":
         print(torch.cuda.get_device_name(), "torch", torch.__version__)
     for d, f in shapes:

@@ -1,7 +1,8 @@
 """Tier 3: build the kernels for sm_90 (Hopper) on a machine without a GPU.
 
 Catches compile errors the interpreter cannot see, checks that the gate GEMM is lowered to Hopper's
-wgmma tensor-core instructions, and that no kernel spills to local memory.  Runs in a subprocess
+wgmma tensor-core instructions, that no kernel's PTX touches local memory, and that ptxas's register
+allocation spills no more than the budgets below.  Runs in a subprocess
 because this test session sets TRITON_INTERPRET=1, which replaces the kernels by Python functions.
 """
 
@@ -27,6 +28,26 @@ def compiled() -> dict:
 def test_tensor_core_kernels_use_wgmma(compiled):
     for name in ("gate_epilogue0", "gate_epilogue2", "union_up", "union_down"):
         assert compiled[name]["wgmma"], name
+
+
+#: Bytes that ptxas (Triton 3.6's bundled one, sm_90a) spills per kernel today: first measured in session 6,
+#: when the compile check began to run ptxas -v (before, it looked for ``.local`` in the PTX only, which
+#: register allocation's spills never show).  Each of these kernels sits at the 255-register ceiling
+#: (the decode hidden kernel at 168) and is open work: fewer live values or smaller tiles.  A kernel not
+#: listed must not spill at all, and a listed one must not spill more.
+SPILL_BUDGET_BYTES = {
+    "gate_epilogue0": 540, "gate_epilogue2": 420, "union_up": 460, "union_down": 344, "train_pack_rows": 356,
+    "train_backward_rows": 52, "train_unit_grads": 208, "decode_hidden_bm16": 16, "decode_hidden_bm64": 60,
+}
+
+
+def test_register_spills_within_budget(compiled):
+    missing = [name for name, r in compiled.items() if "spill_bytes" not in r]
+    assert missing == [], "ptxas statistics missing (no ptxas bundled with this Triton?)"
+    over = {name: r["spill_bytes"] for name, r in compiled.items()
+            if r["spill_bytes"] > SPILL_BUDGET_BYTES.get(name, 0)}
+    assert over == {}
+    assert all(0 < r["registers"] <= 255 for r in compiled.values())
 
 
 def test_no_kernel_uses_local_memory(compiled):

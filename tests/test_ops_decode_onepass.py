@@ -61,12 +61,29 @@ def test_chunked_loops_over_k_columns_and_partial_rows(device, monkeypatch):
     x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
     try:
         for unrolled in (False, True):  # the gate's K loop as a loop, and unrolled
-            monkeypatch.setattr(onepass_mod, "_ONEPASS_CONFIG", (16, 4, 16, 16, 4, unrolled))
+            monkeypatch.setattr(onepass_mod, "_ONEPASS_CONFIG", (16, 4, 16, 16, 4, unrolled, 2))
             onepass_mod._meta.cache_clear()
-            # BK = 16: 72 columns in 5 chunks, the last one partial
-            assert onepass_mod._meta(5, 72, 600)[1:3] == (16, 5 if unrolled else 0)
+            # BK = 16: 72 columns in 5 chunks, the last one partial; the up/down chunks in a loop
+            assert onepass_mod._meta(5, 72, 600)[1:4] == (16, 5 if unrolled else 0, 0)
             out, counts = launch_decode_onepass(x, wg, wu, wd.t(), match=True)
             _check(out, counts, x, wg, wu, wd, "match")
+    finally:
+        onepass_mod._meta.cache_clear()
+
+
+@pytest.mark.parametrize(("bk", "d", "nud"), [(64, 72, 2), (64, 128, 2), (128, 72, 1)])
+def test_firing_rows_in_one_or_two_chunks_at_once(bk, d, nud, device, monkeypatch):
+    """Up/down with every chunk of the firing rows requested together: d in two chunks (the second
+    partial, or full) and in one."""
+    p = make_problem(3, d, 400, frac_pos=0.1, seed=d + bk, dtype=torch.bfloat16, device=device)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    try:
+        monkeypatch.setattr(onepass_mod, "_ONEPASS_CONFIG", (bk, 4, 16, 16, 4, False, 2))
+        onepass_mod._meta.cache_clear()
+        assert onepass_mod._meta(3, d, 400)[3] == nud
+        out, counts = launch_decode_onepass(x, wg, wu, wd.t(), match=True)
+        _check(out, counts, x, wg, wu, wd, "match")
+        assert torch.equal(out, launch_decode_onepass(x, wg, wu, wd.t().contiguous(), match=True)[0])
     finally:
         onepass_mod._meta.cache_clear()
 

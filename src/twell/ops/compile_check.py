@@ -1,14 +1,22 @@
 """Build every Triton kernel for a GPU target without a GPU (``python -m twell.ops.compile_check``).
 
 Prints one JSON object: per kernel variant, whether it compiled, whether the gate GEMM uses Hopper's
-wgmma instructions, and whether any variant touches local memory (register spills).  Must run
-without ``TRITON_INTERPRET=1`` (the interpreter replaces the kernels by Python functions).
+wgmma instructions, whether the PTX touches local memory, and, from the ptxas that ships with Triton,
+the registers per thread and the bytes spilled to local memory by register allocation (which the PTX
+cannot show: the decode one-pass kernel with a [16, 2048] tile on 8 warps had no ``.local`` in its PTX
+yet spilled 92 bytes, and ran 9 % slower than with [16, 1024] tiles on an H200).  Registers also set
+how many programs an SM holds (65,536 per SM).  Must run without ``TRITON_INTERPRET=1`` (the
+interpreter replaces the kernels by Python functions).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import sys
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -35,14 +43,50 @@ def _compile(fn, signature: dict, constexprs: dict, target: GPUTarget, **options
     return triton.compile(src, target=target, options=options).asm["ptx"]
 
 
-def check(arch: int = 90) -> dict[str, dict[str, bool]]:
+def _ptxas() -> str | None:
+    """The ptxas bundled with Triton's NVIDIA backend, if this install has it."""
+    import triton.backends.nvidia as nvidia
+
+    path = os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas")
+    return path if os.access(path, os.X_OK) else None
+
+
+def _usage(ptx: str, arch: int) -> dict[str, int]:
+    """``{"registers", "spill_bytes"}`` of ``ptx`` from ``ptxas -v`` (empty without a bundled ptxas)."""
+    ptxas = _ptxas()
+    if ptxas is None:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        suffix = "a" if arch >= 90 else ""
+        proc = subprocess.run([ptxas, f"-arch=sm_{arch}{suffix}", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+                              capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ptxas failed: {proc.stderr[-2000:]}")
+    regs = re.findall(r"Used (\d+) registers", proc.stderr)
+    spills = re.findall(r"(\d+) bytes spill stores", proc.stderr)
+    return {"registers": max(int(r) for r in regs), "spill_bytes": max(int(b) for b in spills)}
+
+
+def _stats(ptx: str, arch: int, *, wgmma: bool = False) -> dict[str, bool | int]:
+    """One kernel's entry: ptxas's registers and spill bytes, local memory in the PTX, and with ``wgmma``
+    whether the PTX uses Hopper's wgmma instructions."""
+    out: dict[str, bool | int] = {**_usage(ptx, arch), "local_memory": ".local" in ptx}
+    if wgmma:
+        out["wgmma"] = "wgmma.mma_async" in ptx
+    return out
+
+
+def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
     if interpreting():
         raise RuntimeError("unset TRITON_INTERPRET: the compile check needs the real Triton JIT")
     from .gate_kernel import _gate_twell_kernel, _pack_twell_kernel
     from .twell_ffn_kernel import _twell_ffn_row_kernel
 
     target = GPUTarget("cuda", arch, 32)
-    results: dict[str, dict[str, bool]] = {}
+    results: dict[str, dict[str, bool | int]] = {}
     gate_sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32",
                 "M": "i32", "F": "i32", "D": "i32", "M_BUCKET": "i32", "stride_xm": "i32", "stride_wf": "i32",
                 "n_tiles": "i32"}
@@ -50,12 +94,12 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
         consts = {"TILE": 128, "CAP": 16, "BLOCK_M": 128, "BLOCK_K": 64, "GROUP_M": 8, "DOT_FP32": False,
                   "EVEN_K": True, "EPILOGUE": epilogue}
         ptx = _compile(_gate_twell_kernel, gate_sig, consts, target, num_warps=8, num_stages=3)
-        results[f"gate_epilogue{epilogue}"] = {"wgmma": "wgmma.mma_async" in ptx, "local_memory": ".local" in ptx}
+        results[f"gate_epilogue{epilogue}"] = _stats(ptx, arch, wgmma=True)
     pack_sig = {"g_ptr": "*bf16", "val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32", "M": "i32", "F": "i32",
                 "stride_gm": "i32", "n_tiles": "i32"}
     ptx = _compile(_pack_twell_kernel, pack_sig, {"TILE": 128, "CAP": 16, "BLOCK_M": 16, "PREFIX_DOT": False},
                    target, num_warps=2)
-    results["pack"] = {"local_memory": ".local" in ptx}
+    results["pack"] = _stats(ptx, arch)
     ffn_sig = {n: "*bf16" for n in ("x_ptr", "wg_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr", "spill_ptr")}
     ffn_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "spill_slot_ptr": "*i32", "unit_map_ptr": "*i32",
                     "init_ptr": "*fp32", "F": "i32", "D": "i32", "n_tiles": "i32", "stride_xm": "i32",
@@ -64,69 +108,69 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
         consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "D_PAD": 2048, "SB": 4, "GATED": gated,
                   "HAS_SPILL": spill, "ROUND_HIDDEN": True, "HAS_MAP": split, "HAS_INIT": split}
         ptx = _compile(_twell_ffn_row_kernel, ffn_sig, consts, target, num_warps=4)
-        results[f"ffn_gated{int(gated)}_spill{int(spill)}_split{int(split)}"] = {"local_memory": ".local" in ptx}
+        results[f"ffn_gated{int(gated)}_spill{int(spill)}_split{int(split)}"] = _stats(ptx, arch)
     from .hot_cold import _hot_hidden_kernel
 
     ptx = _compile(_hot_hidden_kernel, {"gu_ptr": "*bf16", "h_ptr": "*bf16", "cnt_ptr": "*i32", "M": "i32", "H": "i32",
                                         "F": "i32", "stride_gm": "i32", "n_hot_tiles": "i32"},
                    {"BLOCK_M": 32, "TILE": 128}, target, num_warps=4)
-    results["hot_hidden"] = {"local_memory": ".local" in ptx}
+    results["hot_hidden"] = _stats(ptx, arch)
     from .bitmap_kernels import _bitmap_ffn_row_kernel, _pack_bitmap_kernel
 
     ptx = _compile(_pack_bitmap_kernel, {"g_ptr": "*bf16", "bits_ptr": "*i32", "cnt_ptr": "*i32", "M": "i32",
                                          "F": "i32", "stride_gm": "i32", "n_tiles": "i32"},
                    {"TILE": 128, "BLOCK_M": 16}, target, num_warps=2)
-    results["pack_bitmap"] = {"local_memory": ".local" in ptx}
+    results["pack_bitmap"] = _stats(ptx, arch)
     bm_sig = {n: "*bf16" for n in ("x_ptr", "g_ptr", "wu_ptr", "wdt_ptr", "out_ptr")}
     bm_sig.update({"bits_ptr": "*i32", "cnt_ptr": "*i32", "unit_map_ptr": "*i32", "init_ptr": "*fp32", "D": "i32",
                    "n_tiles": "i32", "stride_xm": "i32", "stride_gm": "i32", "stride_om": "i32", "stride_im": "i32"})
     ptx = _compile(_bitmap_ffn_row_kernel, bm_sig, {"TILE": 128, "NT_PAD": 64, "D_PAD": 2048, "SB": 4,
                                                     "HAS_INIT": True}, target, num_warps=4)
-    results["bitmap_ffn"] = {"local_memory": ".local" in ptx}
+    results["bitmap_ffn"] = _stats(ptx, arch)
     from .block_union_kernel import _block_union_kernel, _union_down_kernel, _union_up_kernel
 
     ptx = _compile(_block_union_kernel, {"g_ptr": "*bf16", "cnt_ptr": "*i32", "ucnt_ptr": "*i32", "ucols_ptr": "*i16",
                                          "M": "i32", "F": "i32", "stride_gm": "i32", "n_tiles": "i32"},
                    {"BLOCK_M": 64, "TILE": 128}, target, num_warps=4)
-    results["block_union"] = {"local_memory": ".local" in ptx}
+    results["block_union"] = _stats(ptx, arch)
     up_sig = {"x_ptr": "*bf16", "wu_ptr": "*bf16", "g_ptr": "*bf16", "h_ptr": "*bf16", "ucnt_ptr": "*i32",
               "ucols_ptr": "*i16", "M": "i32", "D": "i32", "stride_xm": "i32", "stride_gm": "i32", "stride_hm": "i32",
               "n_tiles": "i32"}
     up_consts = {"BLOCK_M": 64, "BLOCK_U": 64, "BLOCK_K": 64, "TILE": 128, "NT_PAD": 64, "ROUND_HIDDEN": True,
                  "DOT_FP32": False}
     ptx = _compile(_union_up_kernel, up_sig, up_consts, target, num_warps=4, num_stages=3)
-    results["union_up"] = {"wgmma": "wgmma.mma_async" in ptx, "local_memory": ".local" in ptx}
+    results["union_up"] = _stats(ptx, arch, wgmma=True)
     down_sig = {"h_ptr": "*bf16", "wdt_ptr": "*bf16", "out_ptr": "*bf16", "ucnt_ptr": "*i32", "ucols_ptr": "*i16",
                 "M": "i32", "D": "i32", "stride_hm": "i32", "stride_om": "i32", "n_tiles": "i32"}
     ptx = _compile(_union_down_kernel, down_sig, {"BLOCK_M": 64, "BLOCK_D": 128, "BLOCK_U": 64, "TILE": 128,
                                                   "NT_PAD": 64, "H_IS_GATE": False, "DOT_FP32": False},
                    target, num_warps=4, num_stages=3)
-    results["union_down"] = {"wgmma": "wgmma.mma_async" in ptx, "local_memory": ".local" in ptx}
+    results["union_down"] = _stats(ptx, arch, wgmma=True)
 
     from .train_kernels import _backward_rows_kernel, _forward_rows_kernel, _pack_rows_kernel, _unit_grads_kernel
 
     ptx = _compile(_pack_rows_kernel, {"g_ptr": "*bf16", "ids_ptr": "*i32", "val_ptr": "*bf16", "cnt_ptr": "*i32",
                                        "F": "i32", "W": "i32", "stride_gm": "i32"}, {"BF": 8192}, target, num_warps=4)
-    results["train_pack_rows"] = {"local_memory": ".local" in ptx}
+    results["train_pack_rows"] = _stats(ptx, arch)
     rows = {"D_PAD": 2048, "SB": 4}
     fwd_sig = {"x_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16", "ids_ptr": "*i32",
                "val_ptr": "*bf16", "cnt_ptr": "*i32", "u_ptr": "*fp32", "out_ptr": "*bf16", "l1_ptr": "*fp32",
                "F": "i32", "D": "i32", "W": "i32", "stride_xm": "i32", "stride_om": "i32"}
     ptx = _compile(_forward_rows_kernel, fwd_sig, rows, target, num_warps=4)
-    results["train_forward_rows"] = {"local_memory": ".local" in ptx}
+    results["train_forward_rows"] = _stats(ptx, arch)
     bwd_sig = {"x_ptr": "*bf16", "go_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16",
                "ids_ptr": "*i32", "val_ptr": "*bf16", "cnt_ptr": "*i32", "u_ptr": "*fp32", "gl1_ptr": "*fp32",
                "dg_ptr": "*fp32", "du_ptr": "*fp32", "dx_ptr": "*bf16", "M": "i32", "F": "i32", "D": "i32",
                "W": "i32", "stride_xm": "i32", "stride_gm": "i32", "stride_dxm": "i32"}
     ptx = _compile(_backward_rows_kernel, bwd_sig, rows, target, num_warps=4)
-    results["train_backward_rows"] = {"local_memory": ".local" in ptx}
+    results["train_backward_rows"] = _stats(ptx, arch)
     unit_sig = {"x_ptr": "*bf16", "go_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16",
                 "perm_ptr": "*i64", "start_ptr": "*i64", "val_ptr": "*bf16", "u_ptr": "*fp32", "dg_ptr": "*fp32",
                 "du_ptr": "*fp32", "ovl_ptr": "*i64", "nover_ptr": "*i64", "gl1_ptr": "*fp32", "pwd_ptr": "*fp32",
                 "pwg_ptr": "*fp32", "pwu_ptr": "*fp32", "M": "i32", "F": "i32", "D": "i32", "W": "i32", "K": "i32",
                 "stride_xm": "i32", "stride_gm": "i32"}
     ptx = _compile(_unit_grads_kernel, unit_sig, rows, target, num_warps=4)
-    results["train_unit_grads"] = {"local_memory": ".local" in ptx}
+    results["train_unit_grads"] = _stats(ptx, arch)
     from .decode_kernels import _HIDDEN_BU, _decode_down_kernel, _decode_hidden_kernel, _meta
 
     for bm in (16, 64):  # one token and the largest decode batch
@@ -141,13 +185,13 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
                            {"BM": bm, "BU": _HIDDEN_BU, "BK": bk, "DOT_FP32": False, "MATCH": True,
                             "K_STAGES": hidden_stages, "FUSED_UP": fused_up and not gate_in, "GATE_IN": gate_in},
                            target, num_warps=hidden_warps)
-            results[f"decode_hidden_bm{bm}" + ("_gate_in" if gate_in else "")] = {"local_memory": ".local" in ptx}
+            results[f"decode_hidden_bm{bm}" + ("_gate_in" if gate_in else "")] = _stats(ptx, arch)
         down_sig = {"h_ptr": "*bf16", "act_ptr": "*i8", "wdt_ptr": "*bf16", "out_ptr": "*bf16", "idx_ptr": "*i32",
                     "M": "i32", "D": "i32", "F": "i32", "stride_hm": "i32", "stride_wf": "i32", "stride_wd": "i32",
                     "stride_om": "i32"}
         ptx = _compile(_decode_down_kernel, down_sig, {"BM": bm, "BD": bd, "BU": bu, "BC": bc, "DOT_FP32": False,
                                                        "K_STAGES": stages}, target, num_warps=warps)
-        results[f"decode_down_bm{bm}"] = {"local_memory": ".local" in ptx}
+        results[f"decode_down_bm{bm}"] = _stats(ptx, arch)
     from .decode_onepass_kernel import _BU, _decode_column_sum_kernel, _decode_onepass_kernel
     from .decode_onepass_kernel import _meta as _onepass_meta
 
@@ -155,15 +199,15 @@ def check(arch: int = 90) -> dict[str, dict[str, bool]]:
                    "flag_ptr": "*i8", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "n_blocks": "i32",
                    "stride_xm": "i32", "stride_wg": "i32", "stride_wu": "i32", "stride_wf": "i32", "stride_wd": "i32"}
     for m in (1, 8):  # one token and the largest token count of the kernel
-        obm, obk, onk, _, owarps, obd, obp, osum_warps = _onepass_meta(m, 2048, 5632)
-        ptx = _compile(_decode_onepass_kernel, onepass_sig, {"BM": obm, "BU": _BU, "BK": obk, "NK": onk, "MATCH": True},
-                       target,
+        obm, obk, onk, onud, _, owarps, obd, obp, osum_warps = _onepass_meta(m, 2048, 5632)
+        ptx = _compile(_decode_onepass_kernel, onepass_sig,
+                       {"BM": obm, "BU": _BU, "BK": obk, "NK": onk, "NUD": onud, "MATCH": True}, target,
                        num_warps=owarps)
-        results[f"decode_onepass_bm{obm}"] = {"local_memory": ".local" in ptx}
+        results[f"decode_onepass_bm{obm}"] = _stats(ptx, arch)
     sum_sig = {"part_ptr": "*fp32", "flag_ptr": "*i8", "out_ptr": "*bf16", "D": "i32", "n_blocks": "i32",
                "stride_om": "i32"}
     ptx = _compile(_decode_column_sum_kernel, sum_sig, {"BD": obd, "BP": obp}, target, num_warps=osum_warps)
-    results["decode_column_sum"] = {"local_memory": ".local" in ptx}
+    results["decode_column_sum"] = _stats(ptx, arch)
     return results
 
 

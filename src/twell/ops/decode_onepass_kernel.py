@@ -55,12 +55,18 @@ ONEPASS_MAX_TOKENS = 8
 #: Units per program: the same blocks as the hidden kernel, so that the per-(token, block) active counts
 #: have the shape :func:`twell.ops.decode_kernels.decode_blocks` gives (352 programs at F=5632).
 _BU = _HIDDEN_BU
-#: ``(BK, warps, column-sum BD, column-sum BP, column-sum warps, unrolled gate)``: the weight-row chunk of
-#: the one-pass kernel (a [BU, BK] tile per load) and its warps; the column-sum kernel's output columns per
-#: program and partial rows per step; whether the gate's K loop is unrolled (all its chunk loads issued
-#: before the first is used; the kernel is then compiled per d).  To be tuned on the GPU
-#: (scripts/decode_probe.py --onepass-variants).
-_ONEPASS_CONFIG = (1024, 8, 16, 1024, 4, False)
+#: ``(BK, warps, column-sum BD, column-sum BP, column-sum warps, unrolled gate, up/down chunks at once)``:
+#: the weight-row chunk of the one-pass kernel (a [BU, BK] tile per load) and its warps; the column-sum
+#: kernel's output columns per program and partial rows per step; whether the gate's K loop is unrolled
+#: (all its chunk loads issued before the first is used); the most BK chunks of the firing units' Wu and
+#: Wd^T rows requested together (1 or 2: d up to that many chunks goes in one round trip; else a loop).
+#: Chosen on an H200 (bf16, 2048 x 5632 / 4096 x 14336, 0.5 %, one token, the sweep's problem; logs
+#: bench_results/h200/decode_probe_onepass_{v1,m124,}_session6.log): BK 1024 on 8 warps 19.9 / 79.1 us;
+#: one chunk (BK 2048) 21.6 / 86.4, 16 warps 20.7 / 85.2, 4 warps 21.9 / 82.9 (m124); the unrolled gate
+#: 22.7-28.3 us at 2048 x 5632; a 16-column sum over 1024 partial rows 19.8 against 23.0 us for 32
+#: columns over 512 (v1).  The two-chunk up/down (one round trip instead of four for the ~27 firing
+#: blocks, which add 6.6 us to the 10.9 us of a call where nothing fires) is not measured yet: off.
+_ONEPASS_CONFIG = (1024, 8, 16, 1024, 4, False, 1)
 
 
 @triton.jit
@@ -118,7 +124,8 @@ def _store_partials(h, wd, part_ptr, c, c_ok, rows, n_act, pid, M, D, n_blocks, 
 def _decode_onepass_kernel(
     x_ptr, wg_ptr, wu_ptr, wdt_ptr, part_ptr, flag_ptr, cnt_ptr, M, D, F, n_blocks, stride_xm, stride_wg,
     stride_wu, stride_wf, stride_wd,
-    BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, MATCH: tl.constexpr,
+    BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr, NUD: tl.constexpr,
+    MATCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     units = pid * BU + tl.arange(0, BU)
@@ -134,25 +141,42 @@ def _decode_onepass_kernel(
     tl.store(flag_ptr + rows * n_blocks + pid, (n_act > 0).to(tl.int8), mask=r_ok)
     unit_act = tl.max(act.to(tl.int32), axis=0) > 0  # fires for some token
     if tl.sum(unit_act.to(tl.int32), axis=0) > 0:
-        if BK >= D:  # one chunk: the firing rows of Wu and Wd^T requested together, one round trip for both
-            k = tl.arange(0, BK)
+        # The firing units' Wu and Wd^T rows: with NUD = 1 or 2 (d in one or two BK chunks) every chunk of
+        # both is requested before any is used, one round trip in all; else a loop over the chunks.
+        k = tl.arange(0, BK)
+        if NUD == 1:
             k_ok = k < D
-            wu = tl.load(wu_ptr + w_rows[:, None] * stride_wu + k[None, :], mask=unit_act[:, None] & k_ok[None, :],
-                         other=0.0)
-            wd = tl.load(wdt_ptr + w_rows[:, None] * stride_wf + k.to(tl.int64)[None, :] * stride_wd,
-                         mask=unit_act[:, None] & k_ok[None, :], other=0.0)
+            wu = _load_rows(wu_ptr, w_rows, unit_act, k, k_ok, stride_wu, 1)
+            wd = _load_rows(wdt_ptr, w_rows, unit_act, k, k_ok, stride_wf, stride_wd)
             h = _hidden(a, _tile_matvec(wu, x_ptr, k, k_ok, rows, M, stride_xm, BM), act, x_ptr, MATCH)
             _store_partials(h, wd.to(tl.float32), part_ptr, k, k_ok, rows, n_act, pid, M, D, n_blocks, BM)
+        elif NUD == 2:
+            k1 = BK + k
+            k1_ok = k1 < D
+            wu0 = _load_rows(wu_ptr, w_rows, unit_act, k, k < D, stride_wu, 1)
+            wu1 = _load_rows(wu_ptr, w_rows, unit_act, k1, k1_ok, stride_wu, 1)
+            wd0 = _load_rows(wdt_ptr, w_rows, unit_act, k, k < D, stride_wf, stride_wd)
+            wd1 = _load_rows(wdt_ptr, w_rows, unit_act, k1, k1_ok, stride_wf, stride_wd)
+            u = (_tile_matvec(wu0, x_ptr, k, k < D, rows, M, stride_xm, BM)
+                 + _tile_matvec(wu1, x_ptr, k1, k1_ok, rows, M, stride_xm, BM))
+            h = _hidden(a, u, act, x_ptr, MATCH)
+            _store_partials(h, wd0.to(tl.float32), part_ptr, k, k < D, rows, n_act, pid, M, D, n_blocks, BM)
+            _store_partials(h, wd1.to(tl.float32), part_ptr, k1, k1_ok, rows, n_act, pid, M, D, n_blocks, BM)
         else:
             u = _block_matvec(x_ptr, wu_ptr, w_rows, unit_act, rows, M, D, stride_xm, stride_wu, BM, BU, BK, 0)
             h = _hidden(a, u, act, x_ptr, MATCH)
-            offs_c = tl.arange(0, BK)
             for c0 in range(0, D, BK):
-                c = c0 + offs_c
+                c = c0 + k
                 c_ok = c < D
-                wd = tl.load(wdt_ptr + w_rows[:, None] * stride_wf + c.to(tl.int64)[None, :] * stride_wd,
-                             mask=unit_act[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+                wd = _load_rows(wdt_ptr, w_rows, unit_act, c, c_ok, stride_wf, stride_wd).to(tl.float32)
                 _store_partials(h, wd, part_ptr, c, c_ok, rows, n_act, pid, M, D, n_blocks, BM)
+
+
+@triton.jit
+def _load_rows(w_ptr, w_rows, w_ok, k, k_ok, stride_row, stride_col):
+    """The [BU, BK] tile of rows ``w_rows`` (those with ``w_ok``; the others are not read), columns ``k``."""
+    return tl.load(w_ptr + w_rows[:, None] * stride_row + k.to(tl.int64)[None, :] * stride_col,
+                   mask=w_ok[:, None] & k_ok[None, :], other=0.0)
 
 
 @triton.jit
@@ -183,12 +207,14 @@ def _decode_column_sum_kernel(part_ptr, flag_ptr, out_ptr, D, n_blocks, stride_o
 
 @functools.lru_cache(maxsize=256)
 def _meta(m: int, d: int, f: int) -> tuple[int, ...]:
-    """``(BM, BK, NK, blocks, warps, BD, BP, column-sum warps)`` of a shape (cached: launch-time host cost)."""
-    bk, warps, bd, bp, sum_warps, unroll = _ONEPASS_CONFIG
+    """``(BM, BK, NK, NUD, blocks, warps, BD, BP, column-sum warps)`` of a shape (cached: launch-time host
+    cost)."""
+    bk, warps, bd, bp, sum_warps, unroll, ud_chunks = _ONEPASS_CONFIG
     n_blocks = triton.cdiv(f, _BU)
     bk = min(bk, max(16, next_pow2(d)))
-    return (next_pow2(m), bk, triton.cdiv(d, bk) if unroll else 0, n_blocks, warps, min(bd, max(16, next_pow2(d))),
-            min(bp, max(16, next_pow2(n_blocks))), sum_warps)
+    nk = triton.cdiv(d, bk)
+    return (next_pow2(m), bk, nk if unroll else 0, nk if nk <= ud_chunks else 0, n_blocks, warps,
+            min(bd, max(16, next_pow2(d))), min(bp, max(16, next_pow2(n_blocks))), sum_warps)
 
 
 def launch_decode_onepass(
@@ -211,13 +237,13 @@ def launch_onepass_partials(
     f = w_gate.shape[0]
     if not 1 <= m <= ONEPASS_MAX_TOKENS:
         raise ValueError(f"the one-pass decode kernel takes 1 to {ONEPASS_MAX_TOKENS} tokens, got {m}")
-    bm, bk, nk, n_blocks, warps = _meta(m, d, f)[:5]
+    bm, bk, nk, nud, n_blocks, warps = _meta(m, d, f)[:6]
     partials = torch.empty((m, n_blocks, d), dtype=torch.float32, device=x.device)
     flags = torch.empty((m, n_blocks), dtype=torch.int8, device=x.device)
     counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
     _decode_onepass_kernel[(n_blocks,)](
         x, w_gate, w_up, w_down_t, partials, flags, counts, m, d, f, n_blocks, x.stride(0), w_gate.stride(0),
-        w_up.stride(0), w_down_t.stride(0), w_down_t.stride(1), BM=bm, BU=_BU, BK=bk, NK=nk, MATCH=match,
+        w_up.stride(0), w_down_t.stride(0), w_down_t.stride(1), BM=bm, BU=_BU, BK=bk, NK=nk, NUD=nud, MATCH=match,
         num_warps=warps,
     )
     return partials, flags, counts
@@ -227,7 +253,7 @@ def launch_column_sum(partials: torch.Tensor, flags: torch.Tensor, out_dtype: to
     """The second launch of :func:`launch_decode_onepass`: the flagged partial rows summed per token,
     rounded to ``out_dtype`` ([M, d])."""
     m, n_blocks, d = partials.shape
-    bd, bp, sum_warps = _meta(m, d, n_blocks * _BU)[5:]
+    bd, bp, sum_warps = _meta(m, d, n_blocks * _BU)[6:]
     out = torch.empty((m, d), dtype=out_dtype, device=partials.device)
     _decode_column_sum_kernel[(triton.cdiv(d, bd), m)](
         partials, flags, out, d, n_blocks, out.stride(0), BD=bd, BP=bp, num_warps=sum_warps,
