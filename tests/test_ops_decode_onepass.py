@@ -43,7 +43,7 @@ def _check(out, counts, x, wg, wu, wd, precision):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"m{c[0]}-d{c[1]}-f{c[2]}-p{c[3]}" for c in CASES])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("precision", ["match", "fp32"])
 def test_matches_dense_reference_and_the_two_kernel_counts(case, dtype, precision, device):
     m, d, f, frac = case
