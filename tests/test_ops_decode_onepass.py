@@ -123,3 +123,50 @@ def test_token_count_outside_the_kernel_is_refused(m, device):
     x = p["x"][:m]
     with pytest.raises(ValueError, match=f"1 to {ONEPASS_MAX_TOKENS} tokens"):
         launch_decode_onepass(x, p["w_gate"], p["w_up"], p["w_down"].t(), match=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("d", "f"), [(2048, 5632), (4096, 14336)])
+@pytest.mark.parametrize("m", [1, ONEPASS_MAX_TOKENS])
+def test_gpu_bf16_real_shape_with_poisoned_scratch(d, f, m):
+    """Real shapes on random data; the caching allocator's blocks are filled with NaN first, so the
+    output, the flags and the partial rows of blocks without a firing unit start as garbage: a row read
+    without its flag, or an output element not written, shows as NaN."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+    gen = torch.Generator(device="cuda").manual_seed(d + m)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=0.005 * f), generator=gen, device="cuda")
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    scratch_bytes = m * (f // 16 + 1) * d * 4  # the fp32 partial rows
+    poison = torch.full((scratch_bytes,), float("nan"), device="cuda")  # 4x that: room for every buffer
+    del poison  # its blocks go back to the cache, NaN-filled
+    out, counts = launch_decode_onepass(x, wg, wu, wd.t(), match=True)
+    want = ref.dense_gated_ffn(*(t.float() for t in (x, wg, wu, wd))).to(torch.bfloat16)
+    assert not bool(torch.isnan(out).any())
+    assert rel_error(out, want) <= REL_TOL[torch.bfloat16]
+    assert torch.equal(counts, launch_decode_hidden(x, wg, wu, match=True, gate_by_gemm=True)[2])
+
+
+@pytest.mark.gpu
+def test_gpu_one_token_runs_on_the_current_stream_and_in_a_cuda_graph():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    p = synthetic_ffn_problem(1, 2048, 5632, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
+    args = (p["x"], p["w_gate"], p["w_up"], p["w_down"])
+    expect = decode_gated_ffn(*args)  # one token: the one-pass kernel
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = decode_gated_ffn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = decode_gated_ffn(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expect) and torch.equal(captured, expect)
