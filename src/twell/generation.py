@@ -144,7 +144,7 @@ class GreedyDecoder:
             device types and layer shapes); their policies are restored afterwards.  Default: on when the
             step is CUDA-graphed, where they win and eagerly they lose (H200, bf16, 2048 x 5632 at 0.5 %
             density: 17.5 against 31.2 us for the dense FFN under CUDA graphs, 0.60x eagerly; the 1.5B
-            model's graphed step 2.751 vs 3.097 ms, compiled and graphed 1.738 vs 2.032 ms;
+            model's graphed step 2.751 vs 3.105 ms; compiled and graphed, whole-model decode 1.160x at batch 1;
             bench_results/h200/decode_probe_onepass_session6.log, model/decode_step_*_session6.log).
     """
 
