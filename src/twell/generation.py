@@ -143,9 +143,10 @@ class GreedyDecoder:
             step) during each call, whatever their policy's ``decode_max_tokens`` (still subject to its
             device types and layer shapes); their policies are restored afterwards.  Default: on when the
             step is CUDA-graphed, where they win and eagerly they lose (H200, bf16, 2048 x 5632 at 0.5 %
-            density: 17.5 against 31.2 us for the dense FFN under CUDA graphs, 0.60x eagerly; the 1.5B
-            model's graphed step 2.751 vs 3.105 ms; compiled and graphed, whole-model decode 1.160x at batch 1;
-            bench_results/h200/decode_probe_onepass_session6.log, model/decode_step_*_session6.log).
+            density: 17.5 against 31.2 us for the dense FFN under CUDA graphs; eagerly, host time included,
+            the small-batch path ran 0.60x; the 1.5B model's graphed step 2.751 vs 3.105 ms, and its
+            compiled and graphed decode 1.160x at batch 1; bench_results/h200/decode_probe_onepass_session6.log,
+            model/decode_step_*_session6.log, model/model_1.5b_decode_compiled_onepass_session6.json).
     """
 
     def __init__(
