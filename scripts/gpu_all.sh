@@ -15,7 +15,8 @@ OUT=${OUT:-out}
 RUN="$OUT/run"
 mkdir -p "$RUN"
 STAGES=${STAGES:-"tests ffn train-ffn model"}
-# Other stages: probe coldfmt trainprof decodeprobe decodestep switchovh launchcost overhead (the diagnostics).
+# Other stages: probe coldfmt trainprof decodeprobe decodestep switchovh launchcost packprobe overhead (the
+# diagnostics).
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
@@ -47,6 +48,7 @@ for stage in $STAGES; do
     decodeprobe) run_stage decodeprobe 90 python3 scripts/decode_probe.py ${ARGS_DECODEPROBE:-} ;;
     decodestep) run_stage decodestep 150 python3 scripts/decode_step_profile.py ${ARGS_DECODESTEP:-} ;;
     launchcost) run_stage launchcost 90 python3 scripts/launch_overhead.py ;;
+    packprobe) run_stage packprobe 120 python3 scripts/pack_probe.py ;;
     switchovh) run_stage switchovh 120 python3 scripts/train_switch_overhead.py ${ARGS_SWITCHOVH:-} ;;
     overhead) run_stage overhead 120 python3 scripts/module_overhead.py --device cuda ${ARGS_OVERHEAD:-} ;;
     *) echo "unknown stage $stage" | tee -a "$RUN/stages.txt" ;;

@@ -97,9 +97,10 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         results[f"gate_epilogue{epilogue}"] = _stats(ptx, arch, wgmma=True)
     pack_sig = {"g_ptr": "*bf16", "val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32", "M": "i32", "F": "i32",
                 "stride_gm": "i32", "n_tiles": "i32"}
-    ptx = _compile(_pack_twell_kernel, pack_sig, {"TILE": 128, "CAP": 16, "BLOCK_M": 16, "PREFIX_DOT": False},
-                   target, num_warps=2)
-    results["pack"] = _stats(ptx, arch)
+    for few in (False, True):  # the general epilogue, and with the fast path for <= 2 non-zeros per row-tile
+        ptx = _compile(_pack_twell_kernel, pack_sig,
+                       {"TILE": 128, "CAP": 16, "BLOCK_M": 16, "PREFIX_DOT": False, "FEW": few}, target, num_warps=2)
+        results["pack_few" if few else "pack"] = _stats(ptx, arch)
     ffn_sig = {n: "*bf16" for n in ("x_ptr", "wg_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr", "spill_ptr")}
     ffn_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "spill_slot_ptr": "*i32", "unit_map_ptr": "*i32",
                     "init_ptr": "*fp32", "F": "i32", "D": "i32", "n_tiles": "i32", "stride_xm": "i32",
