@@ -15,7 +15,7 @@ OUT=${OUT:-out}
 RUN="$OUT/run"
 mkdir -p "$RUN"
 STAGES=${STAGES:-"tests ffn train-ffn model"}
-# Other stages: probe coldfmt trainprof decodeprobe decodestep switchovh launchcost packprobe overhead (the
+# Other stages: probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe overhead (the
 # diagnostics).
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv
@@ -48,7 +48,7 @@ for stage in $STAGES; do
     decodeprobe) run_stage decodeprobe 90 python3 scripts/decode_probe.py ${ARGS_DECODEPROBE:-} ;;
     decodestep) run_stage decodestep 150 python3 scripts/decode_step_profile.py ${ARGS_DECODESTEP:-} ;;
     launchcost) run_stage launchcost 90 python3 scripts/launch_overhead.py ;;
-    packprobe) run_stage packprobe 120 python3 scripts/pack_probe.py ;;
+    coldprobe) run_stage coldprobe 150 python3 scripts/cold_pack_gather_probe.py ;;
     switchovh) run_stage switchovh 120 python3 scripts/train_switch_overhead.py ${ARGS_SWITCHOVH:-} ;;
     overhead) run_stage overhead 120 python3 scripts/module_overhead.py --device cuda ${ARGS_OVERHEAD:-} ;;
     *) echo "unknown stage $stage" | tee -a "$RUN/stages.txt" ;;
