@@ -1,6 +1,7 @@
 """GPU time of the two kernels of the hot/cold split's cold path, per variant, on the synthetic problems
 of ``twell bench ffn``: the TwELL pack with and without its fast path for sparse row-tiles
-(``twell.ops.gate_kernel.PACK_FEW``), and the row-gather FFN kernel per (SB, warps).
+(``twell.ops.gate_kernel.PACK_FEW``) and with unit ids (``twell.ops.hot_cold.COLD_UNIT_IDS``), and the
+row-gather FFN kernel per (SB, warps), over column indices + the unit map and over unit ids.
 
 Per (M, l0): the whole gate pre-activation g [M, F] (the "gemm+pack" gate) and the cold columns (g
 with its units ordered by frequency on a 4096-token sample, the H most frequent dropped: a strided
@@ -48,26 +49,29 @@ def same(a: tuple, b: tuple) -> bool:
 
 
 def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: torch.Tensor, dev: torch.device,
-                 rep_ms: float) -> str:
+                 rep_ms: float, idx_is_unit: bool = False, want: torch.Tensor | None = None
+                 ) -> tuple[str, torch.Tensor]:
     """The row-gather kernel over the cold ``container`` per GATHER_VARIANTS, with the split's unit map
-    and an fp32 init row (the hot units' partial sums), and whether every variant gives the same bits."""
+    and an fp32 init row (the hot units' partial sums), and whether each variant gives the bits of
+    ``want`` (default: the first variant's); ``(line, first variant's output)``."""
     v, i, c = container
     wg, wu, wdt = weights
     m, d = x.shape
     init = torch.zeros((m, d), dtype=torch.float32, device=dev)
     out = torch.empty((m, d), dtype=x.dtype, device=dev)
     pairs = float(c.clamp(max=CAP).sum())
-    parts, want = [], None
+    parts = []
     for sb, warps in GATHER_VARIANTS:
         def gather(sb: int = sb, warps: int = warps) -> torch.Tensor:
             return launch_twell_ffn(x, v, i, c, None, None, wg, wu, wdt, n_cols=unit_map.numel(), tile=TILE,
-                                    round_hidden=True, out=out, unit_map=unit_map, init=init, sb=sb, num_warps=warps)
+                                    round_hidden=True, out=out, unit_map=unit_map, init=init, sb=sb, num_warps=warps,
+                                    idx_is_unit=idx_is_unit)
         t = time_ms(gather, device=dev, rep_ms=rep_ms)
         got = gather().clone()
         want = got if want is None else want
         parts.append(f"SB {sb} / {warps} warps {t:.3f} ms ({t * 1e6 / max(pairs, 1):.2f} ns/pair, "
                      f"same {bool(torch.equal(got, want))})")
-    return f"{pairs / m:.2f} pairs/token: " + " | ".join(parts)
+    return f"{pairs / m:.2f} pairs/token: " + " | ".join(parts), want
 
 
 def main() -> None:
@@ -98,8 +102,15 @@ def main() -> None:
             print(f"M={m:6d} l0={l0:5.1f} {name:14s} [{mat.shape[0]} x {mat.shape[1]}] fast-path programs "
                   f"{fast_share(mat):6.1%} | pack general {times[False]:.3f} ms, with fast path {times[True]:.3f} ms "
                   f"({times[False] / times[True]:.2f}x) | same container {ok}", flush=True)
-        gathers = time_gathers(x, launch_pack_twell(cold, TILE, CAP), (wg, wu, wdt), unit_map, dev, rep_ms)
-        print(f"M={m:6d} l0={l0:5.1f} cold gather, " + gathers, flush=True)
+        t_ids = time_ms(lambda cold=cold: launch_pack_twell(cold, TILE, CAP, few=True, unit_map=unit_map), device=dev,
+                        rep_ms=rep_ms)
+        print(f"M={m:6d} l0={l0:5.1f} cold pack with the fast path and unit ids (COLD_UNIT_IDS): {t_ids:.3f} ms",
+              flush=True)
+        line, want = time_gathers(x, launch_pack_twell(cold, TILE, CAP), (wg, wu, wdt), unit_map, dev, rep_ms)
+        print(f"M={m:6d} l0={l0:5.1f} cold gather, column indices + map: " + line, flush=True)
+        ids = launch_pack_twell(cold, TILE, CAP, unit_map=unit_map)
+        line, _ = time_gathers(x, ids, (wg, wu, wdt), unit_map, dev, rep_ms, idx_is_unit=True, want=want)
+        print(f"M={m:6d} l0={l0:5.1f} cold gather, unit ids: " + line, flush=True)
         del g, cold, x, wg, wu, wdt
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -52,9 +52,10 @@ def test_register_spills_within_budget(compiled):
 
 def test_no_kernel_uses_local_memory(compiled):
     assert set(compiled) == {
-        "gate_epilogue0", "gate_epilogue2", "pack", "pack_few", "ffn_gated1_spill0_split0", "ffn_gated0_spill1_split0",
-        "ffn_gated1_spill0_split1", "hot_hidden", "pack_bitmap", "bitmap_ffn", "block_union", "union_up", "union_down",
-        "train_pack_rows", "train_forward_rows", "train_backward_rows", "train_unit_grads", "decode_hidden_bm16",
+        "gate_epilogue0", "gate_epilogue2", "pack", "pack_few", "pack_few_ids", "ffn_gated1_spill0_split0",
+        "ffn_gated0_spill1_split0", "ffn_gated1_spill0_split1", "ffn_gated1_spill0_split1_ids", "hot_hidden",
+        "pack_bitmap", "bitmap_ffn", "block_union", "union_up", "union_down", "train_pack_rows",
+        "train_forward_rows", "train_backward_rows", "train_unit_grads", "decode_hidden_bm16",
         "decode_hidden_bm16_gate_in", "decode_down_bm16", "decode_hidden_bm64", "decode_hidden_bm64_gate_in",
         "decode_down_bm64", "decode_onepass_bm1", "decode_onepass_bm8", "decode_column_sum",
     }

@@ -95,21 +95,24 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
                   "EVEN_K": True, "EPILOGUE": epilogue}
         ptx = _compile(_gate_twell_kernel, gate_sig, consts, target, num_warps=8, num_stages=3)
         results[f"gate_epilogue{epilogue}"] = _stats(ptx, arch, wgmma=True)
-    pack_sig = {"g_ptr": "*bf16", "val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32", "M": "i32", "F": "i32",
-                "stride_gm": "i32", "n_tiles": "i32"}
-    for few in (False, True):  # the general epilogue, and with the fast path for <= 2 non-zeros per row-tile
-        ptx = _compile(_pack_twell_kernel, pack_sig,
-                       {"TILE": 128, "CAP": 16, "BLOCK_M": 16, "PREFIX_DOT": False, "FEW": few}, target, num_warps=2)
-        results["pack_few" if few else "pack"] = _stats(ptx, arch)
+    pack_sig = {"g_ptr": "*bf16", "val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32", "map_ptr": "*i32",
+                "M": "i32", "F": "i32", "stride_gm": "i32", "n_tiles": "i32"}
+    # the general epilogue; with the fast path for <= 2 non-zeros per row-tile; that and unit ids (hot/cold)
+    for name, few, map_ids in (("pack", False, False), ("pack_few", True, False), ("pack_few_ids", True, True)):
+        ptx = _compile(_pack_twell_kernel, pack_sig, {"TILE": 128, "CAP": 16, "BLOCK_M": 16, "PREFIX_DOT": False,
+                                                      "FEW": few, "MAP_IDS": map_ids}, target, num_warps=2)
+        results[name] = _stats(ptx, arch)
     ffn_sig = {n: "*bf16" for n in ("x_ptr", "wg_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr", "spill_ptr")}
     ffn_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "spill_slot_ptr": "*i32", "unit_map_ptr": "*i32",
                     "init_ptr": "*fp32", "F": "i32", "D": "i32", "n_tiles": "i32", "stride_xm": "i32",
                     "stride_om": "i32", "stride_im": "i32"})
-    for gated, spill, split in ((True, False, False), (False, True, False), (True, False, True)):
+    for gated, spill, split, ids in ((True, False, False, False), (False, True, False, False),
+                                     (True, False, True, False), (True, False, True, True)):
         consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "D_PAD": 2048, "SB": 4, "GATED": gated,
-                  "HAS_SPILL": spill, "ROUND_HIDDEN": True, "HAS_MAP": split, "HAS_INIT": split}
+                  "HAS_SPILL": spill, "ROUND_HIDDEN": True, "HAS_MAP": split, "HAS_INIT": split, "IDX_IS_UNIT": ids}
         ptx = _compile(_twell_ffn_row_kernel, ffn_sig, consts, target, num_warps=4)
-        results[f"ffn_gated{int(gated)}_spill{int(spill)}_split{int(split)}"] = _stats(ptx, arch)
+        results[f"ffn_gated{int(gated)}_spill{int(spill)}_split{int(split)}" + ("_ids" if ids else "")] = \
+            _stats(ptx, arch)
     from .hot_cold import _hot_hidden_kernel
 
     ptx = _compile(_hot_hidden_kernel, {"gu_ptr": "*bf16", "h_ptr": "*bf16", "cnt_ptr": "*i32", "M": "i32", "H": "i32",

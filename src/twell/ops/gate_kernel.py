@@ -135,8 +135,8 @@ def _gate_twell_kernel(
         dense_ptrs = val_ptr + offs_m.to(tl.int64)[:, None] * F + offs_n[None, :]
         tl.store(dense_ptrs, act, mask=m_ok[:, None] & n_ok[None, :])
     else:
-        _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, BLOCK_M, TILE, CAP,
-                        EPILOGUE == 1, not DOT_FP32)
+        _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, tl.arange(0, TILE), BLOCK_M,
+                        TILE, CAP, EPILOGUE == 1, not DOT_FP32)
 
 
 @triton.jit
@@ -150,13 +150,15 @@ def _twell_epilogue(
     idx_ptr,
     cnt_ptr,
     n_tiles,
+    ids,
     BLOCK_M: tl.constexpr,
     TILE: tl.constexpr,
     CAP: tl.constexpr,
     COUNTS_ONLY: tl.constexpr,
     PREFIX_DOT: tl.constexpr,
 ):
-    """Write one activated [BLOCK_M, TILE] tile as TwELL: per row its count and its first CAP non-zeros.
+    """Write one activated [BLOCK_M, TILE] tile as TwELL: per row its count and its first CAP non-zeros,
+    each non-zero's index taken from ``ids`` [TILE] (the column inside the tile, or a unit id).
 
     The slot of each non-zero is the exclusive prefix count of non-zeros to its left.  On the GPU
     (PREFIX_DOT) that prefix is a tensor-core product with a strictly upper-triangular matrix of ones,
@@ -180,7 +182,7 @@ def _twell_epilogue(
         base = (pid_m.to(tl.int64) * BLOCK_M * n_tiles + pid_n) * CAP
         local = tl.arange(0, BLOCK_M)[:, None] * (n_tiles * CAP) + pos
         tl.store(val_ptr + base + local, act, mask=keep)
-        tl.store(idx_ptr + base + local, tl.broadcast_to(cols[None, :], (BLOCK_M, TILE)).to(tl.int16), mask=keep)
+        tl.store(idx_ptr + base + local, tl.broadcast_to(ids[None, :], (BLOCK_M, TILE)).to(tl.int16), mask=keep)
 
 
 @triton.jit
@@ -189,6 +191,7 @@ def _pack_twell_kernel(
     val_ptr,
     idx_ptr,
     cnt_ptr,
+    map_ptr,
     M,
     F,
     stride_gm,
@@ -198,17 +201,23 @@ def _pack_twell_kernel(
     BLOCK_M: tl.constexpr,
     PREFIX_DOT: tl.constexpr,
     FEW: tl.constexpr = False,
+    MAP_IDS: tl.constexpr = False,
 ):
     """Pack a dense pre-activation g [M, F] (from a cuBLAS GEMM) into TwELL, with the same epilogue.
 
     ``FEW``: when no row of the program's tile has more than two non-zeros, write them without the
-    per-element prefix sum and pointers (see :func:`_twell_store_few`)."""
+    per-element prefix sum and pointers (see :func:`_twell_store_few`).  ``MAP_IDS``: store
+    ``map[column]`` (a unit id, int32 map) as each non-zero's index instead of its column in the tile."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * TILE + tl.arange(0, TILE)
     m_ok = offs_m < M
     n_ok = offs_n < F
+    if MAP_IDS:
+        ids = tl.load(map_ptr + offs_n, mask=n_ok, other=0)
+    else:
+        ids = tl.arange(0, TILE)
     g = tl.load(g_ptr + offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :],
                 mask=m_ok[:, None] & n_ok[None, :], other=0.0)
     act = relu_keep_nan(g).to(val_ptr.dtype.element_ty)
@@ -217,17 +226,17 @@ def _pack_twell_kernel(
         count = tl.sum(nz.to(tl.int32), axis=1)
         if tl.max(count, axis=0) <= 2:
             tl.store(cnt_ptr + offs_m.to(tl.int64) * n_tiles + pid_n, count, mask=m_ok)
-            _twell_store_few(act, nz, count, offs_m, pid_n, m_ok, val_ptr, idx_ptr, n_tiles, TILE, CAP)
+            _twell_store_few(act, nz, count, offs_m, pid_n, m_ok, val_ptr, idx_ptr, n_tiles, ids, TILE, CAP)
         else:
-            _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, BLOCK_M, TILE, CAP,
-                            False, PREFIX_DOT)
+            _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, ids, BLOCK_M, TILE,
+                            CAP, False, PREFIX_DOT)
     else:
-        _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, BLOCK_M, TILE, CAP,
+        _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, ids, BLOCK_M, TILE, CAP,
                         False, PREFIX_DOT)
 
 
 @triton.jit
-def _twell_store_few(act, nz, count, offs_m, pid_n, m_ok, val_ptr, idx_ptr, n_tiles, TILE: tl.constexpr,
+def _twell_store_few(act, nz, count, offs_m, pid_n, m_ok, val_ptr, idx_ptr, n_tiles, ids, TILE: tl.constexpr,
                      CAP: tl.constexpr):
     """TwELL slots 0 and 1 of row-tiles with at most two non-zeros each: slot 0 holds the leftmost
     non-zero (a min over the columns), slot 1 the rightmost when there are two (a max); each value is
@@ -245,9 +254,10 @@ def _twell_store_few(act, nz, count, offs_m, pid_n, m_ok, val_ptr, idx_ptr, n_ti
     one = m_ok & (count >= 1)
     two = m_ok & (count == 2)
     tl.store(val_ptr + base, v_first.to(val_ptr.dtype.element_ty), mask=one)
-    tl.store(idx_ptr + base, first.to(tl.int16), mask=one)
+    tl.store(idx_ptr + base, tl.sum(tl.where(cols == first[:, None], ids[None, :], 0), axis=1).to(tl.int16), mask=one)
     tl.store(val_ptr + base + 1, v_last.to(val_ptr.dtype.element_ty), mask=two)
-    tl.store(idx_ptr + base + 1, last.to(tl.int16), mask=two)
+    tl.store(idx_ptr + base + 1, tl.sum(tl.where(cols == last[:, None], ids[None, :], 0), axis=1).to(tl.int16),
+             mask=two)
 
 
 def launch_gate_twell(
@@ -315,9 +325,12 @@ def launch_pack_twell(
     block_m: int | None = None,
     num_warps: int = 2,
     few: bool | None = None,
+    unit_map: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pack a dense gate pre-activation g [M, F] (row-major) into TwELL; same outputs as the gate kernel.
-    ``few``: the fast path for tiles whose rows hold at most two non-zeros (default :data:`PACK_FEW`)."""
+    ``few``: the fast path for tiles whose rows hold at most two non-zeros (default :data:`PACK_FEW`).
+    ``unit_map`` (int32 [F], values < 2**15): the indices are ``unit_map[column]`` instead of the
+    column inside its tile (the row-gather kernel then reads weight rows without a map lookup)."""
     m, f = g.shape
     n_tiles = triton.cdiv(f, tile)
     values = torch.empty((m, n_tiles, capacity), dtype=g.dtype, device=g.device)
@@ -331,13 +344,16 @@ def launch_pack_twell(
     # (bench_results/h200/hot_cold_probe.log, ncu_pack_gather_union.txt).
     if block_m is None:
         block_m = 16
+    if unit_map is not None and (unit_map.dtype != torch.int32 or unit_map.shape != (f,)):
+        raise ValueError(f"unit_map must be int32 of shape ({f},), got {unit_map.dtype} {tuple(unit_map.shape)}")
     _pack_twell_kernel[(triton.cdiv(m, block_m), n_tiles)](
-        g, values, indices, counts, m, f, g.stride(0), n_tiles,
+        g, values, indices, counts, unit_map if unit_map is not None else counts, m, f, g.stride(0), n_tiles,
         TILE=tile, CAP=capacity, BLOCK_M=block_m,
         # tl.cumsum on the blocked layout of a plain load beat the tensor-core prefix here: 2.13 vs 2.75 ms
         # at M=131072, F=5632 (H200, bench_results/h200/block_union_variants.log).
         PREFIX_DOT=False if prefix_dot is None else prefix_dot,
         FEW=PACK_FEW if few is None else few,
+        MAP_IDS=unit_map is not None,
         num_warps=num_warps,
     )
     return values, indices, counts

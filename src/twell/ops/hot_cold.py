@@ -60,6 +60,15 @@ def _hot_hidden_kernel(
     tl.store(cnt_ptr + rows.to(tl.int64) * n_hot_tiles + pid_t, tl.sum(nz, axis=1), mask=m_ok)
 
 
+#: The cold pack stores each pair's weight-row id (``plan.cold[column]``, int16: F < 2**15) instead of its
+#: column, so the row-gather kernel's steps go index -> weight rows without the map lookup between them
+#: (one dependent load fewer per step of a latency-bound loop: ~7.5 cold pairs per token at l0 = 28 are
+#: two steps of SB = 4, each index -> map -> rows).  Prediction (not measured yet): the cold gather at
+#: M=131072 from 2.08 ms (bench_results/h200/hot_cold_probe.log, H=512) to ~1.6-1.8 ms.  Off until
+#: measured (scripts/cold_pack_gather_probe.py times both).
+COLD_UNIT_IDS = False
+
+
 def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
     """h_hot @ Wd_hot^T accumulated and returned in fp32 (the output is rounded once, later)."""
     if h_hot.is_cuda and h_hot.dtype in (torch.float16, torch.bfloat16):
@@ -113,10 +122,12 @@ def launch_hot_cold_ffn(
         if n_cold:
             launch_bitmap_ffn(x, g_cold, bits, counts, plan.cold, w_up, w_down_t, tile=tile, out=out, init=init)
     elif cold_format == "twell":
-        values, indices, counts = launch_pack_twell(g_cold, tile, capacity)
+        unit_ids = COLD_UNIT_IDS and f < 2**15  # unit ids stored as int16
+        values, indices, counts = launch_pack_twell(g_cold, tile, capacity, unit_map=plan.cold if unit_ids else None)
         if n_cold:
             launch_twell_ffn(x, values, indices, counts, None, None, w_gate, w_up, w_down_t, n_cols=n_cold,
-                             tile=tile, round_hidden=True, out=out, unit_map=plan.cold, init=init)
+                             tile=tile, round_hidden=True, out=out, unit_map=plan.cold, init=init,
+                             idx_is_unit=unit_ids)
     else:
         raise ValueError(f"cold_format must be one of {', '.join(COLD_FORMATS)}; got {cold_format!r}")
     if n_cold == 0:  # every unit hot: the output is the hot partial sum alone

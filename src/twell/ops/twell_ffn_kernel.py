@@ -100,6 +100,7 @@ def _twell_ffn_row_kernel(
     ROUND_HIDDEN: tl.constexpr,
     HAS_MAP: tl.constexpr,
     HAS_INIT: tl.constexpr,
+    IDX_IS_UNIT: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = val_ptr.dtype.element_ty
@@ -121,9 +122,12 @@ def _twell_ffn_row_kernel(
         slot = (row * n_tiles + t_k) * CAP + rank
         a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
         col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
-        unit = t_k.to(tl.int64) * TILE + col
-        if HAS_MAP:
-            unit = tl.load(unit_map_ptr + unit, mask=k_ok, other=0).to(tl.int64)
+        if IDX_IS_UNIT:  # the pack stored weight-row ids: no map lookup between the index and the rows
+            unit = col
+        else:
+            unit = t_k.to(tl.int64) * TILE + col
+            if HAS_MAP:
+                unit = tl.load(unit_map_ptr + unit, mask=k_ok, other=0).to(tl.int64)
         out += _units_contribution(a, k_ok, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED, ROUND_HIDDEN)
 
     n_over = tl.sum((cnt > CAP).to(tl.int32), axis=0)
@@ -173,6 +177,7 @@ def launch_twell_ffn(
     init: torch.Tensor | None = None,
     sb: int | None = None,
     num_warps: int | None = None,
+    idx_is_unit: bool = False,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -181,6 +186,8 @@ def launch_twell_ffn(
     ``w_up=None`` selects the non-gated FFN.  ``unit_map`` (int32 [n_cols]) maps the container's
     columns to weight rows (the hot/cold split packs only the cold units); ``init`` ([M, d], any float
     dtype) is added to the output before rounding (the hot units' fp32 partial sums).
+    ``idx_is_unit``: the container's indices are weight-row ids (``launch_pack_twell(unit_map=...)``),
+    not columns inside a tile; ``unit_map`` is then read only for overflowing row-tiles.
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -223,6 +230,7 @@ def launch_twell_ffn(
         ROUND_HIDDEN=round_hidden,
         HAS_MAP=unit_map is not None,
         HAS_INIT=init is not None,
+        IDX_IS_UNIT=idx_is_unit,
         num_warps=num_warps or 4,
     )
     return out
