@@ -146,7 +146,9 @@ def test_gpu_bf16_real_shape_with_poisoned_scratch(d, f, m):
     want = ref.dense_gated_ffn(*(t.float() for t in (x, wg, wu, wd))).to(torch.bfloat16)
     assert not bool(torch.isnan(out).any())
     assert rel_error(out, want) <= REL_TOL[torch.bfloat16]
-    assert torch.equal(counts, launch_decode_hidden(x, wg, wu, match=True, gate_by_gemm=True)[2])
+    # l0 per token against the fp32 gate's: a gate within rounding of 0 may fall on either side
+    l0_fp32 = (x.float() @ wg.float().T > 0).sum(1)
+    assert int((counts.sum(1) - l0_fp32).abs().max()) <= 2
 
 
 @pytest.mark.gpu
