@@ -5,8 +5,8 @@ Why: in the 1.5B model's CUDA-graphed decode step on an H200 the sparse FFN took
 ~8 us each (gate GEMV, up over the firing rows, down), against the dense FFN's ~31 us, because each
 step after the gate was a chain of dependent round trips to memory (the up pass a serial K loop over
 the firing rows, the down kernel a compaction pass and then its K loop; bench_results/h200/
-decode_probe_session6.log: 15.9 us for gate + up, 6.5 us for the down kernel at one token, d=2048,
-F=5632, 0.5 %).  cuBLAS's gate followed by one kernel for up and down (each program owning output
+decode_probe_fused_variants_session6.log: 15.9 us for gate + up, 6.5 us for the down kernel at one
+token, d=2048, F=5632, 0.5 %).  cuBLAS's gate followed by one kernel for up and down (each program owning output
 columns and recomputing u for every firing unit; removed in session 6) only reached 21.9 us there, and
 lost to the two kernels at 2 % density and in the model's step (decode_probe_fused_variants_session6.log,
 model/decode_step_fused_session6.log: 3.130 vs 2.955 ms).
@@ -30,7 +30,11 @@ M x (F / BU) x d fp32 (2.9 MB at one token, d=2048, F=5632), of which only the f
 
 Prediction (before measuring): the one-pass kernel at the speed of a GEMV over Wg (cuBLAS: 8.3 us at
 d=2048, F=5632) plus ~2 us for the firing blocks' two further round trips, the column sum ~2 us: ~12 us
-for the FFN at one token against 23.4 us for the hidden + down kernels and 31 us dense.
+for the FFN at one token against 23.4 us for the hidden + down kernels and 31 us dense.  Measured
+(H200, CUDA-graph GPU time, decode_probe_onepass_session6.log): 17.5 us at 0.5 % and 21.5 us at 2 %
+(dense 31.2, the two kernels 23.3 and 30.1); 10.9 us when nothing fires.  Part of the miss: ptxas gives
+the shipped configuration 153 registers a thread on 8 warps, so an SM holds one program and the 352
+programs run in 2.7 waves (``scripts/decode_probe.py --registers``: BK 512 needs 79, three per SM).
 
 Rounding as the dense bf16 FFN (``match``): g, u and h rounded to the input dtype, fp32 accumulation;
 ``match=False`` keeps u and h in fp32.  A NaN gate counts as firing and reaches the output, as in the
