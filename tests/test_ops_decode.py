@@ -225,13 +225,14 @@ def test_gpu_bf16_real_shape(m):
 
 
 @pytest.mark.gpu
-def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph():
+@pytest.mark.parametrize("m", [1, 4])  # the one-pass kernel (one token) and the two kernels
+def test_gpu_runs_on_the_current_stream_and_in_a_cuda_graph(m):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
     gen = torch.Generator(device="cuda").manual_seed(7)
-    p = synthetic_ffn_problem(4, 2048, 5632, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
+    p = synthetic_ffn_problem(m, 2048, 5632, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
     args = (p["x"], p["w_gate"], p["w_up"], p["w_down"])
     expect = decode_gated_ffn(*args)
     side = torch.cuda.Stream()
