@@ -201,20 +201,13 @@ def onepass_registers(d: int, f: int, m: int) -> str:
 
     from twell.ops import compile_check, decode_onepass_kernel
 
-    sig = {"x_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16", "part_ptr": "*fp32",
-           "flag_ptr": "*i8", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "n_blocks": "i32",
-           "stride_xm": "i32", "stride_wg": "i32", "stride_wu": "i32", "stride_wf": "i32", "stride_wd": "i32"}
     default = decode_onepass_kernel._ONEPASS_CONFIG
     parts = []
     try:
         for cfg in ONEPASS_VARIANTS:
             decode_onepass_kernel._ONEPASS_CONFIG = cfg
             decode_onepass_kernel._meta.cache_clear()
-            bm, bk, nk, nud, n_blocks, warps = decode_onepass_kernel._meta(m, d, f)[:6]
-            ptx = compile_check._compile(
-                decode_onepass_kernel._decode_onepass_kernel, sig,
-                {"BM": bm, "BU": decode_onepass_kernel._BU, "BK": bk, "NK": nk, "NUD": nud, "MATCH": True},
-                GPUTarget("cuda", 90, 32), num_warps=warps)
+            ptx, warps, n_blocks = compile_check.onepass_ptx(m, d, f, GPUTarget("cuda", 90, 32))
             use = compile_check._usage(ptx, 90)
             regs = (use["registers"] + 7) // 8 * 8
             per_sm = min(65536 // (regs * 32 * warps), 64 // warps)

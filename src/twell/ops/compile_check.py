@@ -70,6 +70,20 @@ def _usage(ptx: str, arch: int) -> dict[str, int]:
     return {"registers": max(int(r) for r in regs), "spill_bytes": max(int(b) for b in spills)}
 
 
+def onepass_ptx(m: int, d: int, f: int, target: GPUTarget) -> tuple[str, int, int]:
+    """``(PTX, warps, programs)`` of the decode one-pass kernel as its launcher configures it for M tokens
+    at d x F (``decode_onepass_kernel._ONEPASS_CONFIG`` as it stands)."""
+    from .decode_onepass_kernel import _BU, _decode_onepass_kernel, _meta
+
+    sig = {"x_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16", "part_ptr": "*fp32",
+           "flag_ptr": "*i8", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "n_blocks": "i32",
+           "stride_xm": "i32", "stride_wg": "i32", "stride_wu": "i32", "stride_wf": "i32", "stride_wd": "i32"}
+    bm, bk, nk, nud, n_blocks, warps = _meta(m, d, f)[:6]
+    ptx = _compile(_decode_onepass_kernel, sig, {"BM": bm, "BU": _BU, "BK": bk, "NK": nk, "NUD": nud, "MATCH": True},
+                   target, num_warps=warps)
+    return ptx, warps, n_blocks
+
+
 def _stats(ptx: str, arch: int, *, wgmma: bool = False) -> dict[str, bool | int]:
     """One kernel's entry: ptxas's registers and spill bytes, local memory in the PTX, and with ``wgmma``
     whether the PTX uses Hopper's wgmma instructions."""
@@ -196,18 +210,13 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         ptx = _compile(_decode_down_kernel, down_sig, {"BM": bm, "BD": bd, "BU": bu, "BC": bc, "DOT_FP32": False,
                                                        "K_STAGES": stages}, target, num_warps=warps)
         results[f"decode_down_bm{bm}"] = _stats(ptx, arch)
-    from .decode_onepass_kernel import _BU, _decode_column_sum_kernel, _decode_onepass_kernel
+    from .decode_onepass_kernel import _decode_column_sum_kernel
     from .decode_onepass_kernel import _meta as _onepass_meta
 
-    onepass_sig = {"x_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16", "part_ptr": "*fp32",
-                   "flag_ptr": "*i8", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "n_blocks": "i32",
-                   "stride_xm": "i32", "stride_wg": "i32", "stride_wu": "i32", "stride_wf": "i32", "stride_wd": "i32"}
     for m in (1, 8):  # one token and the largest token count of the kernel
-        obm, obk, onk, onud, _, owarps, obd, obp, osum_warps = _onepass_meta(m, 2048, 5632)
-        ptx = _compile(_decode_onepass_kernel, onepass_sig,
-                       {"BM": obm, "BU": _BU, "BK": obk, "NK": onk, "NUD": onud, "MATCH": True}, target,
-                       num_warps=owarps)
-        results[f"decode_onepass_bm{obm}"] = _stats(ptx, arch)
+        ptx, _, _ = onepass_ptx(m, 2048, 5632, target)
+        results[f"decode_onepass_bm{_onepass_meta(m, 2048, 5632)[0]}"] = _stats(ptx, arch)
+    obd, obp, osum_warps = _onepass_meta(8, 2048, 5632)[6:]
     sum_sig = {"part_ptr": "*fp32", "flag_ptr": "*i8", "out_ptr": "*bf16", "D": "i32", "n_blocks": "i32",
                "stride_om": "i32"}
     ptx = _compile(_decode_column_sum_kernel, sum_sig, {"BD": obd, "BP": obp}, target, num_warps=osum_warps)
