@@ -10,6 +10,7 @@ import pytest
 import torch
 from test_ops_hot_cold import CASES, _plan, _run
 from test_ops_kernels import make_problem
+from test_ops_pack_few import used_slots
 
 from twell.ops import hot_cold
 from twell.ops.gate_kernel import launch_pack_twell
@@ -25,17 +26,11 @@ def test_pack_stores_the_mapped_ids(few, device):
     unit_map = (torch.randperm(5000, generator=gen)[:f]).to(torch.int32).to(device)
     plain = launch_pack_twell(g, tile, cap, few=few)
     mapped = launch_pack_twell(g, tile, cap, few=few, unit_map=unit_map)
-    assert torch.equal(mapped[2], plain[2]) and torch.equal(mapped[0].cpu()[_used(plain, cap)],
-                                                            plain[0].cpu()[_used(plain, cap)])
-    used = _used(plain, cap)
+    used = used_slots(plain, cap).cpu()
+    assert torch.equal(mapped[2], plain[2]) and torch.equal(mapped[0].cpu()[used], plain[0].cpu()[used])
     tiles = torch.arange(plain[2].shape[1])[None, :, None].expand_as(plain[1].cpu())
     columns = tiles * tile + plain[1].cpu().long()
     assert torch.equal(mapped[1].cpu()[used].long(), unit_map.cpu().long()[columns[used]])
-
-
-def _used(container, cap):
-    counts = container[2].cpu()
-    return torch.arange(cap)[None, None, :] < counts.clamp(max=cap)[:, :, None]
 
 
 def test_pack_refuses_a_bad_map(device):

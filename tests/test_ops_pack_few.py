@@ -30,11 +30,17 @@ def _g(m: int, f: int, tile: int, per_tile: list[int], seed: int, dtype: torch.d
     return g.to(dtype).to(device)
 
 
+def used_slots(container: tuple, capacity: int) -> torch.Tensor:
+    """[M, tiles, capacity] bool: the slots a TwELL container's counts say are written."""
+    counts = container[2]
+    return torch.arange(capacity, device=counts.device)[None, None, :] < counts.clamp(max=capacity)[:, :, None]
+
+
 def _assert_same_slots(fast, general, capacity):
     vf, if_, cf = fast
     vg, ig, cg = general
     assert torch.equal(cf, cg)
-    used = torch.arange(capacity, device=cf.device)[None, None, :] < cg.clamp(max=capacity)[:, :, None]
+    used = used_slots(general, capacity)
     assert torch.equal(if_[used], ig[used])
     assert torch.equal(torch.isnan(vf[used]), torch.isnan(vg[used]))
     assert torch.equal(torch.nan_to_num(vf[used]), torch.nan_to_num(vg[used]))
