@@ -90,6 +90,14 @@ def _tile_matvec(w, x_ptr, k, k_ok, rows, M, stride_xm, BM: tl.constexpr):
 
 
 @triton.jit
+def _chunk_matvec(x_ptr, w_ptr, w_rows, w_ok, k, rows, M, D, stride_xm, stride_w, BM: tl.constexpr):
+    """``x[:M, k] W[w_rows, k]^T`` for the columns ``k`` of one chunk (those >= D masked off)."""
+    k_ok = k < D
+    w = _load_rows(w_ptr, w_rows, w_ok, k, k_ok, stride_w, 1)
+    return _tile_matvec(w, x_ptr, k, k_ok, rows, M, stride_xm, BM)
+
+
+@triton.jit
 def _block_matvec(x_ptr, w_ptr, w_rows, w_ok, rows, M, D, stride_xm, stride_w, BM: tl.constexpr,
                   BU: tl.constexpr, BK: tl.constexpr, NK: tl.constexpr):
     """``x[:M] W[w_rows]^T`` as a [BM, BU] fp32 tile, reading W in [BU, BK] chunks; rows with ``w_ok``
@@ -99,18 +107,10 @@ def _block_matvec(x_ptr, w_ptr, w_rows, w_ok, rows, M, D, stride_xm, stride_w, B
     offs_k = tl.arange(0, BK)
     if NK > 0:
         for kc in tl.static_range(NK):
-            k = kc * BK + offs_k
-            k_ok = k < D
-            w = tl.load(w_ptr + w_rows[:, None] * stride_w + k[None, :], mask=w_ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            acc += _tile_matvec(w, x_ptr, k, k_ok, rows, M, stride_xm, BM)
+            acc += _chunk_matvec(x_ptr, w_ptr, w_rows, w_ok, kc * BK + offs_k, rows, M, D, stride_xm, stride_w, BM)
     else:
         for k0 in range(0, D, BK):
-            k = k0 + offs_k
-            k_ok = k < D
-            w = tl.load(w_ptr + w_rows[:, None] * stride_w + k[None, :], mask=w_ok[:, None] & k_ok[None, :],
-                        other=0.0)
-            acc += _tile_matvec(w, x_ptr, k, k_ok, rows, M, stride_xm, BM)
+            acc += _chunk_matvec(x_ptr, w_ptr, w_rows, w_ok, k0 + offs_k, rows, M, D, stride_xm, stride_w, BM)
     return acc
 
 
