@@ -99,13 +99,16 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
                                                 s[2].t(), x.dtype) for s in sets],
     }
     if m <= ONEPASS_MAX_TOKENS:  # gate, up and down in one kernel + a column sum (decode_onepass_kernel)
-        fns["op_1p"] = [lambda s=s: launch_decode_onepass(x, s[0], s[1], s[2].t(), match=True) for s in sets]
+        # with the unit-major Wd^T that SparseGatedMLP passes (one token: the firing units row by row)
+        fns["op_1p"] = [lambda s=s: launch_decode_onepass(x, s[0], s[1], s[3], match=True) for s in sets]
+        # the [BU, BK] tile path for the firing blocks (the Wd^T view: what one token took before session 7)
+        fns["op_1p_tiles"] = [lambda s=s: launch_decode_onepass(x, s[0], s[1], s[2].t(), match=True) for s in sets]
         # x = 0: no unit fires, so this is the gate's matrix-vector pass and a column sum that reads no row
         x0 = torch.zeros_like(x)
-        fns["op_1p_idle"] = [lambda s=s: launch_decode_onepass(x0, s[0], s[1], s[2].t(), match=True) for s in sets]
+        fns["op_1p_idle"] = [lambda s=s: launch_decode_onepass(x0, s[0], s[1], s[3], match=True) for s in sets]
         # its two launches alone: the one-pass kernel, and the column sum over this problem's partials
-        fns["1p_partials"] = [lambda s=s: launch_onepass_partials(x, s[0], s[1], s[2].t(), match=True) for s in sets]
-        parts = launch_onepass_partials(x, *w[:2], w[2].t(), match=True)[:2]
+        fns["1p_partials"] = [lambda s=s: launch_onepass_partials(x, s[0], s[1], s[3], match=True) for s in sets]
+        parts = launch_onepass_partials(x, *w[:2], sets[0][3], match=True)[:2]
         fns["1p_colsum"] = [lambda: launch_column_sum(*parts, x.dtype)]
     if device.type == "cuda":
         ms = {k: graph_ms(v * max(1, 16 // n_sets), args.reps) for k, v in fns.items()}
@@ -125,9 +128,9 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
             f"dense/op {ms['dense'] / ms['op']:.2f} | cuBLAS gate: gate {ms['gate_gemm']:.4f} hidden+gate "
             f"{ms['hidden_g']:.4f} op {ms['op_g']:.4f} dense/op {ms['dense'] / ms['op_g']:.2f} | "
             + (f"one pass: op {ms['op_1p']:.4f} (nothing firing {ms['op_1p_idle']:.4f}; one-pass kernel "
-               f"{ms['1p_partials']:.4f}, column sum {ms['1p_colsum']:.4f}) "
+               f"{ms['1p_partials']:.4f}, column sum {ms['1p_colsum']:.4f}; tile path {ms['op_1p_tiles']:.4f}) "
                f"dense/op {ms['dense'] / ms['op_1p']:.2f} rel "
-               f"{rel_error(launch_decode_onepass(x, *w[:2], w[2].t(), match=True)[0], want):.2e} | "
+               f"{rel_error(launch_decode_onepass(x, *w[:2], sets[0][3], match=True)[0], want):.2e} | "
                if "op_1p" in ms else "")
             + f"eager ms: dense {eager['dense']:.4f} op {eager['op']:.4f} "
             f"dense/op {eager['dense'] / eager['op']:.2f} | union {union} | rel {rel:.2e} maxrel {maxrel:.2e} "

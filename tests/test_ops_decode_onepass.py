@@ -96,6 +96,58 @@ def test_unit_major_copy_of_wd_gives_the_same_bits(device):
     assert torch.equal(view, copy)
 
 
+UNIT_CASES = [
+    # d, f, frac_pos: one token with a unit-major Wd^T goes through the firing units row by row
+    (32, 128, 0.05),  # a few firing units
+    (48, 200, 0.10),  # d not a power of two (masked row tails), F not a multiple of the 16-unit blocks
+    (32, 96, 0.0),  # nothing fires: no partial written, zero output
+    (64, 160, 1.0),  # every unit of every block fires (16 rows in sequence per program)
+    (32, 700, 0.02),  # several blocks, most without a firing unit
+]
+
+
+@pytest.mark.parametrize("case", UNIT_CASES, ids=[f"d{c[0]}-f{c[1]}-p{c[2]}" for c in UNIT_CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("precision", ["match", "fp32"])
+def test_one_token_unit_by_unit_path_matches_the_reference_and_the_tile_path(case, dtype, precision, device,
+                                                                             monkeypatch):
+    d, f, frac = case
+    p = make_problem(1, d, f, frac_pos=frac, seed=3 * d + f, dtype=dtype, device=device)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    wd_um = wd.t().contiguous()
+    assert onepass_mod.fire_units_width(1, d, unit_major=True) > 0
+    out, counts = launch_decode_onepass(x, wg, wu, wd_um, match=precision == "match")
+    _check(out, counts, x, wg, wu, wd, precision)
+    assert torch.equal(launch_decode_onepass(x, wg, wu, wd_um, match=precision == "match")[0], out)
+    monkeypatch.setattr(onepass_mod, "FIRE_UNITS_MAX_D", False)  # the [BU, BK] tile path on the same call
+    assert onepass_mod.fire_units_width(1, d, unit_major=True) == 0
+    tiles, tile_counts = launch_decode_onepass(x, wg, wu, wd_um, match=precision == "match")
+    assert torch.equal(tile_counts, counts)
+    if bool((tiles != 0).any()):
+        assert rel_error(out, tiles) <= REL_TOL[dtype]
+    else:
+        assert torch.count_nonzero(out) == 0
+
+
+def test_unit_by_unit_path_only_for_one_token_unit_major_rows_and_bounded_width():
+    assert onepass_mod.fire_units_width(1, 2048, unit_major=True) == 2048
+    assert onepass_mod.fire_units_width(1, 1000, unit_major=True) == 1024
+    assert onepass_mod.fire_units_width(2, 2048, unit_major=True) == 0  # tokens: the tile path
+    assert onepass_mod.fire_units_width(1, 2048, unit_major=False) == 0  # strided Wd^T rows: uncoalesced
+    assert onepass_mod.fire_units_width(1, 2 * onepass_mod.FIRE_UNITS_MAX_D, unit_major=True) == 0
+
+
+@pytest.mark.parametrize("unit_major", [False, True], ids=["wd-view", "wd-unit-major"])
+def test_nan_gate_reaches_the_output_at_one_token(unit_major, device):
+    p = make_problem(1, 32, 64, frac_pos=0.2, seed=7, dtype=torch.float32, device=device)
+    p["w_gate"][5, 3] = float("nan")  # unit 5's gate is NaN: it fires, and its NaN reaches every column
+    wd_t = p["w_down"].t().contiguous() if unit_major else p["w_down"].t()
+    out = launch_decode_onepass(p["x"], p["w_gate"], p["w_up"], wd_t, match=True)[0]
+    want = ref.dense_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"])
+    assert bool(torch.isnan(want).all())
+    assert torch.equal(torch.isnan(out).cpu(), torch.isnan(want).cpu())
+
+
 def test_nan_gate_reaches_the_output_like_the_dense_ffn(device):
     p = make_problem(2, 32, 64, frac_pos=0.2, seed=5, dtype=torch.float32, device=device)
     p["x"][1, 3] = float("nan")
@@ -143,7 +195,12 @@ def test_gpu_bf16_real_shape_with_poisoned_scratch(d, f, m):
     poison = torch.full((scratch_bytes,), float("nan"), device="cuda")  # 4x that: room for every buffer
     del poison  # its blocks go back to the cache, NaN-filled
     out, counts = launch_decode_onepass(x, wg, wu, wd.t(), match=True)
+    # unit-major Wd^T as SparseGatedMLP passes it (at one token: the firing units row by row)
+    out_um, counts_um = launch_decode_onepass(x, wg, wu, wd.t().contiguous(), match=True)
+    assert torch.equal(counts_um, counts)
     want = ref.dense_gated_ffn(*(t.float() for t in (x, wg, wu, wd))).to(torch.bfloat16)
+    assert not bool(torch.isnan(out_um).any())
+    assert rel_error(out_um, want) <= REL_TOL[torch.bfloat16]
     assert not bool(torch.isnan(out).any())
     assert rel_error(out, want) <= REL_TOL[torch.bfloat16]
     # l0 per token against the fp32 gate's: a gate within rounding of 0 may fall on either side

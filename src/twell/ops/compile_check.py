@@ -72,15 +72,18 @@ def _usage(ptx: str, arch: int) -> dict[str, int]:
 
 def onepass_ptx(m: int, d: int, f: int, target: GPUTarget) -> tuple[str, int, int]:
     """``(PTX, warps, programs)`` of the decode one-pass kernel as its launcher configures it for M tokens
-    at d x F (``decode_onepass_kernel._ONEPASS_CONFIG`` as it stands)."""
-    from .decode_onepass_kernel import _BU, _decode_onepass_kernel, _meta
+    at d x F (``decode_onepass_kernel._ONEPASS_CONFIG`` as it stands) with a unit-major Wd^T, as
+    SparseGatedMLP passes it (one token: the firing units row by row, ``FIRE_UNITS_MAX_D``)."""
+    from .decode_onepass_kernel import _BU, _decode_onepass_kernel, _meta, fire_units_width
 
     sig = {"x_ptr": "*bf16", "wg_ptr": "*bf16", "wu_ptr": "*bf16", "wdt_ptr": "*bf16", "part_ptr": "*fp32",
            "flag_ptr": "*i8", "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "n_blocks": "i32",
            "stride_xm": "i32", "stride_wg": "i32", "stride_wu": "i32", "stride_wf": "i32", "stride_wd": "i32"}
     bm, bk, nk, nud, n_blocks, warps = _meta(m, d, f)[:6]
-    ptx = _compile(_decode_onepass_kernel, sig, {"BM": bm, "BU": _BU, "BK": bk, "NK": nk, "NUD": nud, "MATCH": True},
-                   target, num_warps=warps)
+    dp = fire_units_width(m, d, unit_major=True)
+    ptx = _compile(_decode_onepass_kernel, sig,
+                   {"BM": bm, "BU": _BU, "BK": bk, "NK": nk, "NUD": nud, "DP": dp, "MATCH": True}, target,
+                   num_warps=warps)
     return ptx, warps, n_blocks
 
 
