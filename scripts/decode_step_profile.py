@@ -20,7 +20,7 @@ from twell.bench.model_setup import prepare
 from twell.bench.model_sparsity import SparsityTarget
 from twell.bench.timing import back_to_back_ms
 from twell.generation import GreedyDecoder
-from twell.ops import decode, decode_kernels
+from twell.ops import decode, decode_kernels, decode_onepass_kernel
 from twell.ops.decode_onepass_kernel import ONEPASS_MAX_TOKENS
 
 
@@ -45,7 +45,19 @@ def main() -> None:
     variants = {"dense": ("dense", False, "two"), "sparse": (f"sparse:{a.policy}", None, "two"),
                 "sparse-gate-gemm": (f"sparse:{a.policy}", True, "two"),
                 "sparse-onepass": (f"sparse:{a.policy}", None, "onepass")}
+    # what the one-pass launcher is given while a step is recorded: (tokens, d, Wd^T strides, row width of
+    # the unit-by-unit up/down or 0 for the tile path)
+    seen: set[tuple] = set()
+    launch = decode_onepass_kernel.launch_onepass_partials
+
+    def spy(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor, **kw: bool) -> tuple:
+        seen.add((x.shape[0], x.shape[1], w_down_t.stride(),
+                  decode_onepass_kernel.fire_units_width(x.shape[0], x.shape[1], unit_major=w_down_t.stride(1) == 1)))
+        return launch(x, w_gate, w_up, w_down_t, **kw)
+
+    decode_onepass_kernel.launch_onepass_partials = spy
     for key in a.variants.split(","):
+        seen.clear()
         name, gate_by_gemm, kernels = variants[key]
         decode_kernels.GATE_BY_GEMM = gate_by_gemm  # the decode FFN's gate through cuBLAS or not, any size
         decode.ONEPASS_TOKENS = ONEPASS_MAX_TOKENS if kernels == "onepass" else 0
@@ -63,7 +75,8 @@ def main() -> None:
                  f"{'' if kernels == 'two' else f' ({kernels} decode kernel)'}"
                  f"{' compiled' if a.compile else ''}")
         print(f"{label} batch {a.batch}: {replay_ms:.3f} ms per replayed step (100 back to back); first "
-              f"generation (record{' + compile' if a.compile else ''}) {t_build:.1f} s", flush=True)
+              f"generation (record{' + compile' if a.compile else ''}) {t_build:.1f} s; one-pass launches "
+              f"(tokens, d, Wd^T strides, row width) {sorted(seen)}", flush=True)
         if not a.no_profile:
             with torch.no_grad():
                 dec._prefill(rec, prompt, None, dev)

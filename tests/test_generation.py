@@ -224,6 +224,48 @@ def test_step_has_no_host_synchronisation_or_data_dependent_shape(padded: bool) 
     assert int(rec.pos) == 5
 
 
+def test_static_dispatch_reads_the_cached_unit_major_down_only_when_asked() -> None:
+    """Inside ``static_dispatch(unit_major_down=True)`` a decode call reads the layer's cached Wd^T copy
+    (here replaced by zeros, so the FFN's output is zero); otherwise the weight itself."""
+    model = _model("llama", torch.float64)
+    tm.set_dispatch_policy(model, DispatchPolicy(decode_max_tokens=1, force=True))
+    mlp = model.model.layers[0].mlp
+    x = torch.randn(1, 1, ARCH["hidden_size"], dtype=torch.float64)
+    with torch.no_grad():
+        want = mlp(x)
+        mlp.w_down_unit_major()
+        mlp._wd_unit_major = torch.zeros_like(mlp._wd_unit_major)
+        with static_dispatch():
+            view = mlp(x)
+        torch.testing.assert_close(view, want, rtol=1e-12, atol=0.0)  # float64: summation order only
+        with static_dispatch(unit_major_down=True):
+            assert torch.count_nonzero(mlp(x)) == 0
+        mlp._wd_unit_major = None  # none cached: the weight's view
+        with static_dispatch(unit_major_down=True):
+            assert torch.equal(mlp(x), view)
+    assert bool((want != 0).any())
+
+
+def test_compiled_decoder_sees_an_in_place_weight_update() -> None:
+    """The compiled step reads each sparse layer's unit-major Wd^T unchecked; the decoder refreshes those
+    copies before every call, so an in-place update of the weights changes its tokens as it changes
+    ``generate``'s."""
+    model = _model("llama", torch.float64)
+    tm.set_dispatch_policy(model, DispatchPolicy(decode_max_tokens=1, force=True))
+    dec = GreedyDecoder(model, compile="eager")
+    ids = _ids(1, 5, seed=4)
+    # generate's one-token eager calls build the copies (the prompt's 5 tokens take the dense path)
+    before = dec(ids, 6)
+    assert torch.equal(_generate(model, ids, 6, min_new_tokens=6, pad_token_id=0), before)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.down_proj.weight.mul_(-3.0)
+    got = dec(ids, 6)  # before generate's eager calls would rebuild the copies themselves
+    want = _generate(model, ids, 6, min_new_tokens=6, pad_token_id=0)
+    assert not torch.equal(want, before)  # the update changes the tokens
+    assert torch.equal(got, want)
+
+
 def test_bad_inputs() -> None:
     model = _model()
     with pytest.raises(TypeError, match="int64 or int32"):

@@ -100,6 +100,19 @@ def _eos_ids(eos_token_id: int | Sequence[int] | None) -> tuple[int, ...]:
     return out
 
 
+def _unit_major_down_ptr(mlp: SparseGatedMLP, batch: int) -> int:
+    """For a sparse layer whose ``batch``-token calls take the small-batch kernels: its unit-major Wd^T
+    copy, refreshed now (a decode step reads it unchecked, ``static_dispatch(unit_major_down=True)``), and
+    that copy's storage address (rebuilt at a new address after a weight change: a new recording); 0 for
+    the other layers and where nothing is cached (inference-tensor weights: the step reads the view)."""
+    weight = mlp._weights()[0]
+    if not mlp.policy.use_decode(batch, device_type=weight.device.type, shape=(mlp.hidden_size, mlp.intermediate_size)):
+        return 0
+    mlp.w_down_unit_major()
+    cached = mlp._buffers["_wd_unit_major"]
+    return 0 if cached is None else cached.data_ptr()
+
+
 def _static_cache(model: nn.Module, max_len: int, batch: int) -> Any:
     from transformers import StaticCache
 
@@ -297,10 +310,11 @@ class GreedyDecoder:
         return [m for m in self.model.modules() if isinstance(m, SparseGatedMLP)]
 
     def _key(self, batch: int, length: int, padded: bool, layers: list[SparseGatedMLP] | None = None) -> tuple:
-        # What a recorded graph bakes in besides the kernel choices: parameter storage and module identity.
+        # What a recorded graph bakes in besides the kernel choices: parameter storage, module identity and
+        # the sparse layers' unit-major Wd^T copies (rebuilt, at a new address, after a weight change).
         layers = self._sparse_layers() if layers is None else layers
         return (batch, length, padded, tuple(q.data_ptr() for q in self.model.parameters()),
-                tuple(id(m) for m in layers))
+                tuple(id(m) for m in layers), tuple(_unit_major_down_ptr(m, batch) for m in layers))
 
     def _decisions(self, batch: int, device: torch.device, layers: list[SparseGatedMLP] | None = None
                    ) -> tuple[str, ...]:
@@ -340,12 +354,12 @@ class GreedyDecoder:
         self.model(input_ids=tok, cache_position=pos, use_cache=True, **{self._cache_arg: cache}, **self._logits_kw)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side), static_dispatch():
+        with torch.cuda.stream(side), static_dispatch(unit_major_down=True):
             for _ in range(_WARMUP_STEPS):
                 step()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with static_dispatch(), torch.cuda.graph(graph):
+        with static_dispatch(unit_major_down=True), torch.cuda.graph(graph):
             step()
         return _Recorded(cache, tok, pos, done, graph.replay, self._decisions(batch, device), mask, posid)
 
@@ -375,7 +389,8 @@ class GreedyDecoder:
         compiled = torch.compile(step, backend=self.compile_backend, dynamic=False)
 
         def compiled_step() -> None:
-            with static_dispatch():  # the path the sparse layers trace (what any later trace sees too)
+            # the path the sparse layers trace (what any later trace sees too)
+            with static_dispatch(unit_major_down=True):
                 compiled()
 
         return compiled_step

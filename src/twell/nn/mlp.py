@@ -88,28 +88,41 @@ _PREP_GENERATIONS = itertools.count()
 
 
 class _StaticDispatchDepth:
-    """How many :func:`static_dispatch` contexts are open (a class attribute: one read per call)."""
+    """How many :func:`static_dispatch` contexts are open, and how many of them read the layers' cached
+    unit-major Wd^T (class attributes: one read per call)."""
 
     depth = 0
+    unit_major_down = 0
 
 
 _STATIC_DISPATCH = _StaticDispatchDepth
 
 
 @contextlib.contextmanager
-def static_dispatch() -> Iterator[None]:
+def static_dispatch(*, unit_major_down: bool = False) -> Iterator[None]:
     """Inside this context every :class:`SparseGatedMLP` inference call takes the path that
     torch.compile traces: the kernels chosen from the layer's current l0 estimate, with no call
     counting, no l0 refresh and no host synchronisation, so the same kernels run on every call.  That
     is what recording a CUDA graph needs (a refresh call's device-to-host read is illegal during
     capture, and a replay repeats the recorded kernels whatever the Python would decide);
     :func:`twell.generation.greedy_decode` records its decode step inside it.  Run ordinary (eager)
-    calls first, e.g. the prompt's forward, so that the estimates exist.  Training calls are unaffected."""
+    calls first, e.g. the prompt's forward, so that the estimates exist.  Training calls are unaffected.
+
+    ``unit_major_down``: small-batch (decode) calls read the layer's cached unit-major Wd^T
+    (:meth:`SparseGatedMLP.w_down_unit_major`) instead of the ``.t()`` view of the weight, so that the
+    one-token kernel loads a firing unit's down row whole (bench_results/h200/
+    decode_probe_fire_units_session7.log: 14.9 against 17.8 us at d=2048, F=5632, 0.5 %).  Nothing checks
+    that copy inside the context (a traced or recorded call cannot): the caller calls
+    ``w_down_unit_major()`` on every layer after the last weight change and before entering, and keys
+    anything it records on those copies' storage, as :class:`twell.generation.GreedyDecoder` does.  A
+    layer without a cached copy reads the view."""
     _STATIC_DISPATCH.depth += 1
+    _STATIC_DISPATCH.unit_major_down += int(unit_major_down)
     try:
         yield
     finally:
         _STATIC_DISPATCH.depth -= 1
+        _STATIC_DISPATCH.unit_major_down -= int(unit_major_down)
 
 
 class _InferenceState:
@@ -443,7 +456,8 @@ class SparseGatedMLP(nn.Module):
         state that changes every call made the eager path recompile on every call, up to dynamo's cache
         limit, after which it ran uncompiled (tests/test_nn_compile.py now pins one graph).  ``last_l0`` is not
         updated: run eager calls to refresh the estimate.  Sparse calls go through the custom ops
-        (captured whole): the small-batch kernels with Wd read in place; the hot/cold split when an eager
+        (captured whole): the small-batch kernels with Wd read in place (the cached unit-major Wd^T
+        inside ``static_dispatch(unit_major_down=True)``); the hot/cold split when an eager
         call has chosen the hot units (the unit ids are read from the cache, a graph constant; the weight
         copies the split needs are built in the graph from the current weights every call, ~26 MB at
         d=2048, F=5632 against the ~9 ms FFN at 131,072 tokens, so they can never be stale the way a
@@ -459,7 +473,10 @@ class SparseGatedMLP(nn.Module):
             return _dense_ffn(x, *weights)[0]
         x2 = x.reshape(m, self.hidden_size)
         if policy.use_decode(m, device_type=device_type, shape=shape):
-            out, _ = torch.ops.twell.decode_gated_ffn_unchecked(x2, w_gate, w_up, w_down.t(), self.precision,
+            w_down_t = w_down.t()
+            if _STATIC_DISPATCH.unit_major_down and self._buffers["_wd_unit_major"] is not None:
+                w_down_t = self._buffers["_wd_unit_major"]  # refreshed by the caller (see static_dispatch)
+            out, _ = torch.ops.twell.decode_gated_ffn_unchecked(x2, w_gate, w_up, w_down_t, self.precision,
                                                                 backend)
             return out.view(x.shape)
         if policy.use_sparse(m, density_of(estimate, self.intermediate_size), device_type=device_type, shape=shape):
