@@ -1,16 +1,15 @@
 """GPU time of the two kernels of the hot/cold split's cold path, per variant, on the synthetic problems
-of ``twell bench ffn``: the TwELL pack with and without its fast path for sparse row-tiles
-(``twell.ops.gate_kernel.PACK_FEW``) and with unit ids (``twell.ops.hot_cold.COLD_UNIT_IDS``), and the
-row-gather FFN kernel per (SB, warps), over column indices + the unit map and over unit ids.
+of ``twell bench ffn``: the TwELL pack storing each pair's column inside its tile or its weight-row id
+(``unit_map``, ``twell.ops.hot_cold.COLD_UNIT_IDS``), and the row-gather FFN kernel per (SB, warps), over
+column indices + the unit map and over unit ids.
 
-Per (M, l0): the whole gate pre-activation g [M, F] (the "gemm+pack" gate) and the cold columns (g
-with its units ordered by frequency on a 4096-token sample, the H most frequent dropped: a strided
-column slice, as ``hot_cold_gated_ffn`` packs it); for each, the share of programs (16 rows x 128
-columns) whose rows all hold <= 2 non-zeros (those take the fast path), the pack time with the general
-epilogue and with the fast path (medians of ``twell.bench.timing.time_ms``), and whether both wrote the
-same container.  Then the gather over the cold container (unit map and an fp32 init row, as the split
-runs it) per (SB units per step, warps): the row-gather kernel is latency-bound, and ptxas puts SB 4 on
-4 warps (shipped) at 227 registers = 2 tokens per SM, SB 1 on 4 warps at 107 = 4 (docs/performance.md).
+Per (M, l0): the cold columns (g with its units ordered by frequency on a 4096-token sample, the H most
+frequent dropped: a strided column slice, as ``hot_cold_gated_ffn`` packs it); the pack time with
+column indices and with unit ids (medians of ``twell.bench.timing.time_ms``), and whether both list the
+same pairs (same counts and values, each id the map's entry for its column).  Then the gather over each
+cold container (unit map and an fp32 init row, as the split runs it) per (SB units per step, warps): the
+row-gather kernel is latency-bound, and ptxas puts SB 4 on 4 warps (shipped) at 227 registers = 2 tokens
+per SM, SB 1 on 4 warps at 107 = 4 (docs/performance.md).
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/cold_pack_gather_probe.py``; ``--device cpu --tiny``
 under TRITON_INTERPRET=1 is the smoke test.
 """
@@ -27,25 +26,19 @@ from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
-TILE, CAP, BLOCK_M = 128, 16, 16
+TILE, CAP = 128, 16
 #: (SB, warps) of the row-gather kernel: the shipped (4, 4) first.
 GATHER_VARIANTS = ((4, 4), (2, 4), (1, 4), (2, 8), (1, 2))
 
 
-def fast_share(g: torch.Tensor) -> float:
-    """Share of the pack's programs whose row-tiles all hold at most two non-zeros."""
-    m, f = g.shape
-    pad_m, pad_f = -m % BLOCK_M, -f % TILE
-    nz = F.pad((torch.relu(g.float()) != 0).float(), (0, pad_f, 0, pad_m))
-    per_row_tile = nz.reshape(nz.shape[0], -1, TILE).sum(-1)
-    per_program = per_row_tile.reshape(-1, BLOCK_M, per_row_tile.shape[1]).amax(1)
-    return float((per_program <= 2).float().mean())
-
-
-def same(a: tuple, b: tuple) -> bool:
-    (va, ia, ca), (vb, ib, cb) = a, b
-    used = torch.arange(CAP, device=ca.device)[None, None, :] < cb.clamp(max=CAP)[:, :, None]
-    return bool(torch.equal(ca, cb) and torch.equal(ia[used], ib[used]) and torch.equal(va[used], vb[used]))
+def same_pairs(columns: tuple, ids: tuple, unit_map: torch.Tensor) -> bool:
+    """Whether the container with unit ids lists the pairs of the one with column indices: same counts, same
+    values in the used slots, and each id ``unit_map`` of its column."""
+    (vc, ic, cc), (vi, ii, ci) = columns, ids
+    used = torch.arange(CAP, device=cc.device)[None, None, :] < cc.clamp(max=CAP)[:, :, None]
+    tiles = torch.arange(cc.shape[1], device=cc.device)[None, :, None].expand_as(ic)
+    want_ids = unit_map.long()[(tiles * TILE + ic.long())[used]]
+    return bool(torch.equal(cc, ci) and torch.equal(vc[used], vi[used]) and torch.equal(ii[used].long(), want_ids))
 
 
 def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: torch.Tensor, dev: torch.device,
@@ -95,23 +88,18 @@ def main() -> None:
         order = torch.argsort((g[:4096] > 0).float().mean(0), descending=True)
         cold = g[:, order].contiguous()[:, hot[l0]:]  # the cold columns of a hot-first gate output
         unit_map = order[hot[l0]:].to(torch.int32).contiguous()
-        for name, mat in (("whole gate", g), (f"cold (H={hot[l0]})", cold)):
-            times = {few: time_ms(lambda few=few: launch_pack_twell(mat, TILE, CAP, few=few), device=dev,
-                                  rep_ms=rep_ms) for few in (False, True)}
-            ok = same(launch_pack_twell(mat, TILE, CAP, few=True), launch_pack_twell(mat, TILE, CAP, few=False))
-            print(f"M={m:6d} l0={l0:5.1f} {name:14s} [{mat.shape[0]} x {mat.shape[1]}] fast-path programs "
-                  f"{fast_share(mat):6.1%} | pack general {times[False]:.3f} ms, with fast path {times[True]:.3f} ms "
-                  f"({times[False] / times[True]:.2f}x) | same container {ok}", flush=True)
-        t_ids = time_ms(lambda cold=cold: launch_pack_twell(cold, TILE, CAP, few=True, unit_map=unit_map), device=dev,
-                        rep_ms=rep_ms)
-        print(f"M={m:6d} l0={l0:5.1f} cold pack with the fast path and unit ids (COLD_UNIT_IDS): {t_ids:.3f} ms",
-              flush=True)
-        line, want = time_gathers(x, launch_pack_twell(cold, TILE, CAP), (wg, wu, wdt), unit_map, dev, rep_ms)
+        t_cols, t_ids = (time_ms(lambda cold=cold, ids=ids: launch_pack_twell(cold, TILE, CAP, unit_map=ids),
+                                 device=dev, rep_ms=rep_ms) for ids in (None, unit_map))
+        columns = launch_pack_twell(cold, TILE, CAP)
+        with_ids = launch_pack_twell(cold, TILE, CAP, unit_map=unit_map)
+        print(f"M={m:6d} l0={l0:5.1f} cold (H={hot[l0]}) [{cold.shape[0]} x {cold.shape[1]}] pack: column indices "
+              f"{t_cols:.3f} ms, unit ids {t_ids:.3f} ms ({t_ids - t_cols:+.3f} ms) "
+              f"| same pairs {same_pairs(columns, with_ids, unit_map)}", flush=True)
+        line, want = time_gathers(x, columns, (wg, wu, wdt), unit_map, dev, rep_ms)
         print(f"M={m:6d} l0={l0:5.1f} cold gather, column indices + map: " + line, flush=True)
-        ids = launch_pack_twell(cold, TILE, CAP, unit_map=unit_map)
-        line, _ = time_gathers(x, ids, (wg, wu, wdt), unit_map, dev, rep_ms, idx_is_unit=True, want=want)
+        line, _ = time_gathers(x, with_ids, (wg, wu, wdt), unit_map, dev, rep_ms, idx_is_unit=True, want=want)
         print(f"M={m:6d} l0={l0:5.1f} cold gather, unit ids: " + line, flush=True)
-        del g, cold, x, wg, wu, wdt
+        del g, cold, columns, with_ids, x, wg, wu, wdt
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 

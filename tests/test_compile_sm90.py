@@ -52,7 +52,7 @@ def test_register_spills_within_budget(compiled):
 
 def test_no_kernel_uses_local_memory(compiled):
     assert set(compiled) == {
-        "gate_epilogue0", "gate_epilogue2", "pack", "pack_few", "pack_few_ids", "ffn_gated1_spill0_split0",
+        "gate_epilogue0", "gate_epilogue2", "pack", "pack_ids", "ffn_gated1_spill0_split0",
         "ffn_gated0_spill1_split0", "ffn_gated1_spill0_split1", "ffn_gated1_spill0_split1_ids", "hot_hidden",
         "pack_bitmap", "bitmap_ffn", "block_union", "union_up", "union_down", "train_pack_rows",
         "train_forward_rows", "train_backward_rows", "train_unit_grads", "decode_hidden_bm16",

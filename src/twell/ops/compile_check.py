@@ -114,10 +114,10 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         results[f"gate_epilogue{epilogue}"] = _stats(ptx, arch, wgmma=True)
     pack_sig = {"g_ptr": "*bf16", "val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32", "map_ptr": "*i32",
                 "M": "i32", "F": "i32", "stride_gm": "i32", "n_tiles": "i32"}
-    # the general epilogue; with the fast path for <= 2 non-zeros per row-tile; that and unit ids (hot/cold)
-    for name, few, map_ids in (("pack", False, False), ("pack_few", True, False), ("pack_few_ids", True, True)):
+    # the column inside the tile as each index, and the unit ids that the hot/cold split's cold pack stores
+    for name, map_ids in (("pack", False), ("pack_ids", True)):
         ptx = _compile(_pack_twell_kernel, pack_sig, {"TILE": 128, "CAP": 16, "BLOCK_M": 16, "PREFIX_DOT": False,
-                                                      "FEW": few, "MAP_IDS": map_ids}, target, num_warps=2)
+                                                      "MAP_IDS": map_ids}, target, num_warps=2)
         results[name] = _stats(ptx, arch)
     ffn_sig = {n: "*bf16" for n in ("x_ptr", "wg_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr", "spill_ptr")}
     ffn_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "spill_slot_ptr": "*i32", "unit_map_ptr": "*i32",

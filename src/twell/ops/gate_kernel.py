@@ -200,14 +200,12 @@ def _pack_twell_kernel(
     CAP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     PREFIX_DOT: tl.constexpr,
-    FEW: tl.constexpr = False,
     MAP_IDS: tl.constexpr = False,
 ):
     """Pack a dense pre-activation g [M, F] (from a cuBLAS GEMM) into TwELL, with the same epilogue.
 
-    ``FEW``: when no row of the program's tile has more than two non-zeros, write them without the
-    per-element prefix sum and pointers (see :func:`_twell_store_few`).  ``MAP_IDS``: store
-    ``map[column]`` (a unit id, int32 map) as each non-zero's index instead of its column in the tile."""
+    ``MAP_IDS``: store ``map[column]`` (a unit id, int32 map) as each non-zero's index instead of its
+    column in the tile."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -221,43 +219,12 @@ def _pack_twell_kernel(
     g = tl.load(g_ptr + offs_m.to(tl.int64)[:, None] * stride_gm + offs_n[None, :],
                 mask=m_ok[:, None] & n_ok[None, :], other=0.0)
     act = relu_keep_nan(g).to(val_ptr.dtype.element_ty)
-    if FEW and CAP >= 2:
-        nz = (act != 0) & m_ok[:, None] & n_ok[None, :]
-        count = tl.sum(nz.to(tl.int32), axis=1)
-        if tl.max(count, axis=0) <= 2:
-            tl.store(cnt_ptr + offs_m.to(tl.int64) * n_tiles + pid_n, count, mask=m_ok)
-            _twell_store_few(act, nz, count, offs_m, pid_n, m_ok, val_ptr, idx_ptr, n_tiles, ids, TILE, CAP)
-        else:
-            _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, ids, BLOCK_M, TILE,
-                            CAP, False, PREFIX_DOT)
-    else:
-        _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, ids, BLOCK_M, TILE, CAP,
-                        False, PREFIX_DOT)
-
-
-@triton.jit
-def _twell_store_few(act, nz, count, offs_m, pid_n, m_ok, val_ptr, idx_ptr, n_tiles, ids, TILE: tl.constexpr,
-                     CAP: tl.constexpr):
-    """TwELL slots 0 and 1 of row-tiles with at most two non-zeros each: slot 0 holds the leftmost
-    non-zero (a min over the columns), slot 1 the rightmost when there are two (a max); each value is
-    the sum over the row of act where the column matches, exact since every other term is 0 (NaN and
-    inf pass through).  Per row two stores of one element instead of per element a prefix sum, two
-    64-bit addresses and two predicated stores: the general epilogue spends those on every element
-    of the tile, of which ~99.5 % are zero at the densities of interest."""
-    cols = tl.arange(0, TILE)[None, :]
-    first = tl.min(tl.where(nz, cols, TILE), axis=1)
-    last = tl.max(tl.where(nz, cols, -1), axis=1)
-    a = act.to(tl.float32)
-    v_first = tl.sum(tl.where(nz & (cols == first[:, None]), a, 0.0), axis=1)
-    v_last = tl.sum(tl.where(nz & (cols == last[:, None]), a, 0.0), axis=1)
-    base = (offs_m.to(tl.int64) * n_tiles + pid_n) * CAP
-    one = m_ok & (count >= 1)
-    two = m_ok & (count == 2)
-    tl.store(val_ptr + base, v_first.to(val_ptr.dtype.element_ty), mask=one)
-    tl.store(idx_ptr + base, tl.sum(tl.where(cols == first[:, None], ids[None, :], 0), axis=1).to(tl.int16), mask=one)
-    tl.store(val_ptr + base + 1, v_last.to(val_ptr.dtype.element_ty), mask=two)
-    tl.store(idx_ptr + base + 1, tl.sum(tl.where(cols == last[:, None], ids[None, :], 0), axis=1).to(tl.int16),
-             mask=two)
+    # The general epilogue for every tile: a fast path for tiles whose rows all hold <= 2 non-zeros (slots
+    # by a min and a max over the columns, taken by 88 % of the cold pack's programs at l0=28) ran at
+    # 0.76-0.89x of it on the H200, e.g. the cold pack at M=131072, l0=28 in 1.876 vs 1.627 ms
+    # (bench_results/h200/cold_pack_gather_probe_session7.log), and was removed.
+    _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, ids, BLOCK_M, TILE, CAP,
+                    False, PREFIX_DOT)
 
 
 def launch_gate_twell(
@@ -305,17 +272,6 @@ def launch_gate_twell(
     return values, indices, counts
 
 
-#: The pack kernel's fast path for program tiles whose rows hold at most two non-zeros each (slots by a
-#: min and a max over the columns, one store per slot per row).  How often it applies: with a Poisson
-#: count of mean l0 * 128 / F per 128-column row-tile, all 16 rows of a tile have <= 2 with probability
-#: 0.64 at l0 = 28 over F = 5632 (the whole gate) and 0.98 for the hot/cold split's cold columns (~7.5
-#: per token over ~5100 columns).  Prediction (not measured yet): the cold pack at M=131072 from 2.16 ms
-#: (bench_results/h200/hot_cold_probe.log, H=512) to ~1 ms, the per-element work going from a prefix
-#: sum, two 64-bit addresses and two predicated stores to a compare, four selects and four row
-#: reductions.  Off until measured (scripts/hot_cold_probe.py times both).
-PACK_FEW = False
-
-
 def launch_pack_twell(
     g: torch.Tensor,
     tile: int,
@@ -324,11 +280,9 @@ def launch_pack_twell(
     prefix_dot: bool | None = None,
     block_m: int | None = None,
     num_warps: int = 2,
-    few: bool | None = None,
     unit_map: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pack a dense gate pre-activation g [M, F] (row-major) into TwELL; same outputs as the gate kernel.
-    ``few``: the fast path for tiles whose rows hold at most two non-zeros (default :data:`PACK_FEW`).
     ``unit_map`` (int32 [F], values < 2**15): the indices are ``unit_map[column]`` instead of the
     column inside its tile (the row-gather kernel then reads weight rows without a map lookup)."""
     m, f = g.shape
@@ -352,7 +306,6 @@ def launch_pack_twell(
         # tl.cumsum on the blocked layout of a plain load beat the tensor-core prefix here: 2.13 vs 2.75 ms
         # at M=131072, F=5632 (H200, bench_results/h200/block_union_variants.log).
         PREFIX_DOT=False if prefix_dot is None else prefix_dot,
-        FEW=PACK_FEW if few is None else few,
         MAP_IDS=unit_map is not None,
         num_warps=num_warps,
     )

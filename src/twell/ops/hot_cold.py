@@ -62,11 +62,14 @@ def _hot_hidden_kernel(
 
 #: The cold pack stores each pair's weight-row id (``plan.cold[column]``, int16: F < 2**15) instead of its
 #: column, so the row-gather kernel's steps go index -> weight rows without the map lookup between them
-#: (one dependent load fewer per step of a latency-bound loop: ~7.5 cold pairs per token at l0 = 28 are
-#: two steps of SB = 4, each index -> map -> rows).  Prediction (not measured yet): the cold gather at
-#: M=131072 from 2.08 ms (bench_results/h200/hot_cold_probe.log, H=512) to ~1.6-1.8 ms.  Off until
-#: measured (scripts/cold_pack_gather_probe.py times both).
-COLD_UNIT_IDS = False
+#: (one dependent load fewer per step of a latency-bound loop: 7.09 cold pairs per token at l0=28 are two
+#: steps of SB = 4, each index -> map -> rows).  Measured on the H200 with SB 4 on 4 warps as shipped
+#: (bench_results/h200/cold_pack_gather_probe_session7.log): the cold gather 2.575 -> 2.147 ms at
+#: M=131072, l0=28; 2.892 -> 2.420 ms at M=131072, l0=56; 0.388 -> 0.323 ms at M=16384, l0=28.  The pack
+#: with ids cost 0.116 and 0.161 ms more at M=131072 (1.876 -> 1.992 and 1.661 -> 1.822 ms, both timed
+#: with the since removed two-non-zero fast path), 0.015 ms at M=16384: a net gain of ~0.3 ms at M=131072.
+#: A wider F (ids beyond int16) keeps the column indices and the map lookup.
+COLD_UNIT_IDS = True
 
 
 def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
