@@ -35,6 +35,10 @@ for the FFN at one token against 23.4 us for the hidden + down kernels and 31 us
 (dense 31.2, the two kernels 23.3 and 30.1); 10.9 us when nothing fires.  Part of the miss: ptxas gives
 the shipped configuration 153 registers a thread on 8 warps, so an SM holds one program and the 352
 programs run in 2.7 waves (``scripts/decode_probe.py --registers``: BK 512 needs 79, three per SM).
+That was not it: every configuration with more programs per SM was slower (BK 512 on 8 warps 23.3
+against 20.0 us, decode_probe_onepass_variants_session7.log).  At one token with a unit-major Wd^T the
+firing units now go row by row (:func:`_fire_units`): 14.9 us at 0.5 %, 16.9 us at 2 %
+(decode_probe_fire_units_session7.log).
 
 Rounding as the dense bf16 FFN (``match``): g, u and h rounded to the input dtype, fp32 accumulation;
 ``match=False`` keeps u and h in fp32.  A NaN gate counts as firing and reaches the output, as in the
@@ -193,8 +197,11 @@ def _fire_units(a_row, unit_act, x_ptr, wu_ptr, wdt_ptr, part_ptr, pid, D, strid
     A firing unit's Wu and Wd^T rows are two contiguous d-element loads issued together (one round trip,
     8 bf16 a thread at d=2048 on 8 warps); the [BU, BK] tiles of the block path take four dependent round
     trips at d=2048 (Wu in two chunks, then Wd^T in two), and at 0.5 % density a firing block holds one
-    firing unit of 16.  Prediction (before measuring): the one-pass kernel at one token 15.1 -> ~10.5 us
-    (its gate pass alone 8.3), the 1.5B decode step ~0.13 ms shorter.
+    firing unit of 16.  Predicted: the one-pass kernel at one token 15.1 -> ~10.5 us (its gate pass
+    alone 8.3).  Measured (H200, bench_results/h200/decode_probe_fire_units_session7.log): 12.3 us, the
+    op with its column sum 14.9 against 17.8 us on the tile path (2 %: 16.9 against 21.7); the compiled,
+    graphed 1.5B decode step 1.742 -> 1.633 ms once it passed the unit-major copy
+    (model/decode_step_session7_1b41db0.log).
     """
     cols = tl.arange(0, DP)
     c_ok = cols < D
