@@ -1,0 +1,126 @@
+"""GPU time of Triton GEMMs built on Hopper's TMA (tensor descriptors, optionally persistent and
+warp-specialised) against cuBLAS, at the hot/cold split's gate GEMM shape.
+
+Why: the split's pack of the cold gate columns (1.6 ms at M=131072, 0.5 %; bench_results/h200/
+cold_pack_gather_probe_session7.log) exists because the gate GEMM runs in cuBLAS, which cannot write
+TwELL.  Our pointer-based Triton GEMM with a dense-store epilogue ran at 62 % of cuBLAS (6.83 vs 4.27
+ms, bench_results/h200/kernel_variants_v1.log), too slow to carry the pack in its epilogue.  Whether a
+TMA mainloop closes that gap decides if fusing the pack into the GEMM can pay: the fused kernel saves
+the pack and the dense gate's round trip through memory (~1.3 GB written and read at M=131072) only if
+its mainloop costs at most ~1.5 ms more than cuBLAS's.
+
+Per configuration ``(BM, BN, BK, stages, warps, persistent, warp-specialised)``: the median time
+(``twell.bench.timing.time_ms``) and the ratio to cuBLAS (``F.linear``), and whether the result equals
+cuBLAS's within bf16 rounding; a configuration that does not build is reported and the sweep goes on.
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/triton_gemm_probe.py``; ``--device cpu --tiny``
+under TRITON_INTERPRET=1 is the smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from twell.bench.timing import time_ms
+from twell.ops._runtime import interpreting
+from twell.ops.gate_kernel import dot_acc, round_to
+from twell.tolerances import REL_TOL, rel_error
+
+#: (BM, BN, BK, stages, warps, persistent, warp-specialised); Hopper's usual bf16 tiles first.
+CONFIGS = [
+    (128, 128, 64, 4, 8, True, False),
+    (128, 256, 64, 3, 8, True, False),
+    (128, 256, 64, 3, 8, True, True),
+    (128, 128, 64, 4, 8, True, True),
+    (128, 256, 64, 3, 8, False, False),
+    (128, 128, 64, 4, 8, False, False),
+]
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M row blocks sweep the column blocks together (their operands stay in L2)."""
+    in_group = GROUP_M * num_pid_n
+    first_m = (tile_id // in_group) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (tile_id % in_group) % group_m, (tile_id % in_group) // group_m
+
+
+@triton.jit
+def _tma_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     GROUP_M: tl.constexpr, N_PROGRAMS: tl.constexpr, WS: tl.constexpr, DOT_FP32: tl.constexpr):
+    """c = a @ b^T, a [M, K], b [N, K], c [M, N] (fp32 accumulation, rounded to c's dtype); N_PROGRAMS
+    programs loop over the output tiles (a persistent grid when it is the SM count, one tile each when it
+    is the tile count)."""
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, N_PROGRAMS, warp_specialize=WS):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([off_m, ki * BK])
+            b = b_desc.load([off_n, ki * BK])
+            acc = dot_acc(a, b.T, acc, DOT_FP32)
+        c_desc.store([off_m, off_n], round_to(acc, c_desc.dtype))
+
+
+def tma_gemm(x: torch.Tensor, w: torch.Tensor, cfg: tuple, out: torch.Tensor) -> torch.Tensor:
+    """``x @ w^T`` into ``out`` through :func:`_tma_gemm_kernel` with configuration ``cfg``."""
+    bm, bn, bk, stages, warps, persistent, ws = cfg
+    m, k = x.shape
+    n = w.shape[0]
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    programs = min(tiles, torch.cuda.get_device_properties(x.device).multi_processor_count) if (
+        persistent and x.is_cuda) else tiles
+    a_desc = TensorDescriptor.from_tensor(x, [bm, bk])
+    b_desc = TensorDescriptor.from_tensor(w, [bn, bk])
+    c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
+    _tma_gemm_kernel[(programs,)](a_desc, b_desc, c_desc, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8,
+                                  N_PROGRAMS=programs, WS=ws, DOT_FP32=interpreting(), num_stages=stages,
+                                  num_warps=warps)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    # the split's GEMM at l0 = 28: [Wg (5632 rows, hot first); Wu[hot] (576)]
+    k, n, ms, configs, rep_ms = 2048, 5632 + 576, (16384, 131072), CONFIGS, 100.0
+    if a.tiny:
+        configs = [(32, 32, 16, 1, 4, True, False), (32, 64, 16, 1, 4, False, False)]
+        k, n, ms, rep_ms = 64, 200, (96,), 1.0
+    if dev.type == "cuda":
+        print(torch.cuda.get_device_name(dev), "torch", torch.__version__, "triton", triton.__version__, flush=True)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for m in ms:
+        x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)
+        w = (torch.randn((n, k), generator=gen, device=dev) / k**0.5).to(torch.bfloat16)
+        want = F.linear(x, w)
+        t_cublas = time_ms(lambda x=x, w=w: F.linear(x, w), device=dev, rep_ms=rep_ms)
+        tflops = 2 * m * n * k / (t_cublas * 1e-3) / 1e12
+        parts = [f"cuBLAS {t_cublas:.3f} ms ({tflops:.0f} TFLOP/s)"]
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=dev)
+        for cfg in configs:
+            try:
+                got = tma_gemm(x, w, cfg, out).clone()
+                t = time_ms(lambda cfg=cfg, x=x, w=w: tma_gemm(x, w, cfg, out), device=dev, rep_ms=rep_ms)
+                ok = rel_error(got, want) <= REL_TOL[torch.bfloat16]
+                parts.append(f"{cfg}: {t:.3f} ms ({t_cublas / t:.2f}x of cuBLAS, ok {ok})")
+            except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
+                parts.append(f"{cfg}: FAILED {type(exc).__name__}: {str(exc)[:100]}")
+        print(f"M={m} N={n} K={k} | " + " | ".join(parts), flush=True)
+
+
+if __name__ == "__main__":
+    main()
