@@ -16,11 +16,10 @@ under TRITON_INTERPRET=1 is the smoke test.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.nn.functional as F
 
+from twell.bench.probe import probe_args
 from twell.bench.timing import time_ms
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
@@ -68,17 +67,11 @@ def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: to
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--tiny", action="store_true")
-    a = ap.parse_args()
-    dev = torch.device(a.device)
+    dev, tiny = probe_args(__doc__)
     d, f, points, hot = 2048, 5632, ((16384, 28.0), (131072, 28.0), (131072, 56.0)), {28.0: 576, 56.0: 1344}
     rep_ms = 100.0
-    if a.tiny:
+    if tiny:
         d, f, points, hot, rep_ms = 64, 700, ((64, 4.0),), {4.0: 64}, 1.0
-    if dev.type == "cuda":
-        print(torch.cuda.get_device_name(dev), "torch", torch.__version__, flush=True)
     for m, l0 in points:
         gen = torch.Generator(device=dev).manual_seed(0)
         p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)

@@ -18,17 +18,17 @@ under TRITON_INTERPRET=1 is the smoke test.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from twell.bench.probe import probe_args
 from twell.bench.timing import time_ms
 from twell.ops._runtime import interpreting
 from twell.ops.gate_kernel import dot_acc, round_to
+from twell.ops.hot_cold_gate_kernel import _tile_coords
 from twell.tolerances import REL_TOL, rel_error
 
 #: (BM, BN, BK, stages, warps, persistent, warp-specialised); Hopper's usual bf16 tiles first.
@@ -40,15 +40,6 @@ CONFIGS = [
     (128, 256, 64, 3, 8, False, False),
     (128, 128, 64, 4, 8, False, False),
 ]
-
-
-@triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Grouped order: GROUP_M row blocks sweep the column blocks together (their operands stay in L2)."""
-    in_group = GROUP_M * num_pid_n
-    first_m = (tile_id // in_group) * GROUP_M
-    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    return first_m + (tile_id % in_group) % group_m, (tile_id % in_group) // group_m
 
 
 @triton.jit
@@ -90,18 +81,12 @@ def tma_gemm(x: torch.Tensor, w: torch.Tensor, cfg: tuple, out: torch.Tensor) ->
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--tiny", action="store_true")
-    a = ap.parse_args()
-    dev = torch.device(a.device)
+    dev, tiny = probe_args(__doc__)
     # the split's GEMM at l0 = 28: [Wg (5632 rows, hot first); Wu[hot] (576)]
     k, n, ms, configs, rep_ms = 2048, 5632 + 576, (16384, 131072), CONFIGS, 100.0
-    if a.tiny:
+    if tiny:
         configs = [(32, 32, 16, 1, 4, True, False), (32, 64, 16, 1, 4, False, False)]
         k, n, ms, rep_ms = 64, 200, (96,), 1.0
-    if dev.type == "cuda":
-        print(torch.cuda.get_device_name(dev), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     gen = torch.Generator(device=dev).manual_seed(0)
     for m in ms:
         x = torch.randn((m, k), generator=gen, device=dev).to(torch.bfloat16)

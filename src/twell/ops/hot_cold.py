@@ -30,6 +30,7 @@ import triton.language as tl
 
 from .bitmap_kernels import launch_bitmap_ffn, launch_pack_bitmap
 from .gate_kernel import launch_pack_twell, relu_keep_nan, round_to
+from .hot_cold_gate_kernel import launch_hot_cold_gate
 from .hot_cold_plan import HotColdPlan
 from .twell_ffn_kernel import launch_twell_ffn
 
@@ -89,8 +90,14 @@ def launch_hot_cold_ffn(
     tile: int,
     capacity: int,
     cold_format: str = "auto",
+    w_fused: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [M, d], counts [M, n_cold_tiles + n_hot_tiles]) for validated, contiguous inputs.
+
+    ``w_fused`` (``hot_cold_plan.fused_gate_weight`` of the plan's units at ``tile``): the GEMM, the hot
+    hidden state and the cold TwELL pack in one kernel (``hot_cold_gate_kernel``; TwELL cold format,
+    tiles in its FUSED_TILES, d * itemsize a multiple of 16 bytes).  Not measured yet: nothing passes it
+    by default.
 
     ``cold_format``: how the cold pairs are listed (``COLD_FORMATS``): "twell" (TwELL slots of
     ``capacity``; "auto" picks it) or "bitmap" (``ops.bitmap_kernels``, tiles that are multiples of 32).
@@ -102,6 +109,9 @@ def launch_hot_cold_ffn(
     f, n_hot = plan.n_units, plan.n_hot
     n_cold = f - n_hot
     n_hot_tiles = triton.cdiv(n_hot, tile)
+    if w_fused is not None:
+        return _hot_cold_ffn_fused_gate(x, plan, w_gate, w_up, w_down_t, w_fused, tile=tile, capacity=capacity,
+                                        cold_format=cold_format)
     gu = torch.nn.functional.linear(x, plan.w_gemm)
     h_hot = torch.empty((m, n_hot), dtype=x.dtype, device=x.device)
     hot_counts = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=x.device)
@@ -138,4 +148,33 @@ def launch_hot_cold_ffn(
             out.copy_(init)
         else:
             out.zero_()
+    return out, torch.cat([counts, hot_counts], 1)
+
+
+def _hot_cold_ffn_fused_gate(
+    x: torch.Tensor, plan: HotColdPlan, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor,
+    w_fused: torch.Tensor, *, tile: int, capacity: int, cold_format: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`launch_hot_cold_ffn` with the GEMM, hot hidden state and cold pack in one kernel."""
+    if cold_format not in ("auto", "twell"):
+        raise ValueError(f"the fused hot/cold gate writes TwELL; cold_format must be 'auto' or 'twell', got "
+                         f"{cold_format!r}")
+    if (x.shape[1] * x.element_size()) % 16:
+        raise ValueError(f"the fused hot/cold gate reads rows through TMA: d * itemsize must be a multiple of 16 "
+                         f"bytes, got d={x.shape[1]} in {x.dtype}")
+    m, d = x.shape
+    f, n_hot = plan.n_units, plan.n_hot
+    n_cold = f - n_hot
+    unit_ids = COLD_UNIT_IDS and f < 2**15  # unit ids stored as int16
+    h_hot, hot_counts, values, indices, counts = launch_hot_cold_gate(
+        x, w_fused, n_hot, n_cold, plan.cold, tile=tile, capacity=capacity, unit_ids=unit_ids)
+    init = _hot_partial(h_hot, plan.w_down_hot_t) if n_hot and m else None
+    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    if n_cold:
+        launch_twell_ffn(x, values, indices, counts, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile,
+                         round_hidden=True, out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids)
+    elif init is not None:  # every unit hot: the output is the hot partial sum alone
+        out.copy_(init)
+    else:
+        out.zero_()
     return out, torch.cat([counts, hot_counts], 1)

@@ -112,3 +112,18 @@ def plan_weight_copies(
     Also what ``SparseGatedMLP``'s compiled path builds in its graph from the current weights."""
     w_gemm = torch.cat([w_gate.index_select(0, hot), w_gate.index_select(0, cold), w_up.index_select(0, hot)], 0)
     return w_gemm, w_down.index_select(1, hot).t().contiguous()
+
+
+def fused_gate_weight(
+    w_gate: torch.Tensor, w_up: torch.Tensor, hot: torch.Tensor, cold: torch.Tensor, tile: int
+) -> torch.Tensor:
+    """The weight of the fused hot/cold gate kernel (``twell.ops.hot_cold_gate_kernel``),
+    [2 * tile * ceil(H / tile) + (F - H), d]: per tile of ``tile`` hot units their Wg and Wu rows
+    interleaved (unit j's gate row at 2j, its up row at 2j + 1), zero rows padding the last hot tile,
+    then ``Wg[cold]``.  ``hot`` / ``cold`` as in :class:`HotColdPlan`."""
+    n_hot, d = hot.numel(), w_gate.shape[1]
+    padded = -(-n_hot // tile) * tile
+    pairs = torch.zeros((padded, 2, d), dtype=w_gate.dtype, device=w_gate.device)
+    pairs[:n_hot, 0] = w_gate.index_select(0, hot)
+    pairs[:n_hot, 1] = w_up.index_select(0, hot)
+    return torch.cat([pairs.reshape(2 * padded, d), w_gate.index_select(0, cold)], 0)

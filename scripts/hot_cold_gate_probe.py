@@ -1,0 +1,108 @@
+"""GPU time of the fused hot/cold gate kernel (GEMM + hot hidden state + cold TwELL pack in one Triton
+kernel, ``twell.ops.hot_cold_gate_kernel``) against the three kernels it replaces (cuBLAS GEMM, hot
+hidden kernel, cold pack), and of the hot/cold op with and without it, next to the dense FFN.
+
+Per (M, l0) on the synthetic problems of ``twell bench ffn`` (d=2048, F=5632; hot units = the H most
+frequent on a 4096-token sample): the three kernels' time, the fused kernel's per configuration
+(``_GPU_CONFIG`` = BM, BK, stages, warps) and cold-slot prefix (``FUSED_PREFIX_DOT``: tensor-core
+product or scan), whether its counts equal the three kernels' (they may differ where a gate value sits
+within rounding of 0: the GEMMs sum in different orders), then the whole op both ways with its error
+against the unfused op.  Medians of ``twell.bench.timing.time_ms``.
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/hot_cold_gate_probe.py``; ``--device cpu --tiny``
+under TRITON_INTERPRET=1 is the smoke test.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from twell.bench.probe import probe_args
+from twell.bench.timing import time_ms
+from twell.ops import hot_cold, hot_cold_gate_kernel
+from twell.ops.gate_kernel import launch_pack_twell
+from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
+from twell.ops.hot_cold_plan import build_hot_cold_plan, fused_gate_weight, unit_frequency
+from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+from twell.tolerances import rel_error
+
+TILE, CAP = 128, 16
+#: (BM, BK, stages, warps) of the fused kernel, the shipped one first.
+CONFIGS = [(128, 64, 3, 8), (128, 64, 4, 8), (64, 64, 4, 4)]
+
+
+def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, cap: int, configs: list,
+                dev: torch.device, rep_ms: float) -> None:
+    """Print the kernel and op lines of one (M, l0) point."""
+    unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15
+    gen = torch.Generator(device=dev).manual_seed(0)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    wdt = wd.t().contiguous()
+    hot = torch.argsort(unit_frequency(x, wg), descending=True)[:n_hot_units]
+    plan = build_hot_cold_plan(wg, wu, wd, hot)
+    n_hot, n_cold = plan.n_hot, f - plan.n_hot
+    w_fused = fused_gate_weight(wg, wu, plan.hot, plan.cold, tile)
+    n_hot_tiles = -(-n_hot // tile)
+
+    def three() -> tuple:
+        gu = F.linear(x, plan.w_gemm)
+        h = torch.empty((m, n_hot), dtype=x.dtype, device=dev)
+        hc = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=dev)
+        hot_cold._hot_hidden_kernel[(-(-m // 32), n_hot_tiles)](gu, h, hc, m, n_hot, f, gu.stride(0), n_hot_tiles,
+                                                                BLOCK_M=32, TILE=tile, num_warps=4)
+        return h, hc, *launch_pack_twell(gu[:, n_hot:f], tile, cap, unit_map=plan.cold if unit_ids else None)
+
+    def fused() -> tuple:
+        return launch_hot_cold_gate(x, w_fused, n_hot, n_cold, plan.cold, tile=tile, capacity=cap,
+                                    unit_ids=unit_ids)
+
+    want = three()
+    parts = [f"three kernels {time_ms(three, device=dev, rep_ms=rep_ms):.3f} ms "
+             f"(GEMM alone {time_ms(lambda: F.linear(x, plan.w_gemm), device=dev, rep_ms=rep_ms):.3f})"]
+    default = (hot_cold_gate_kernel._GPU_CONFIG, hot_cold_gate_kernel.FUSED_PREFIX_DOT)
+    try:
+        for cfg in configs:
+            for prefix_dot in (False, True):
+                hot_cold_gate_kernel._GPU_CONFIG, hot_cold_gate_kernel.FUSED_PREFIX_DOT = cfg, prefix_dot
+                try:
+                    got = fused()
+                    same = sum(int(torch.equal(got[i], want[i])) for i in (1, 4))
+                    t = time_ms(fused, device=dev, rep_ms=rep_ms)
+                    parts.append(f"fused {cfg} {'dot' if prefix_dot else 'scan'} {t:.3f} ms "
+                                 f"(counts equal {same}/2, h rel {rel_error(got[0], want[0]):.1e})")
+                except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
+                    parts.append(f"fused {cfg} {prefix_dot}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
+    finally:
+        hot_cold_gate_kernel._GPU_CONFIG, hot_cold_gate_kernel.FUSED_PREFIX_DOT = default
+    print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | " + " | ".join(parts), flush=True)
+    args = (x, plan, wg, wu, wdt)
+    unfused_out = hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap)[0]
+    fused_out = hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap, w_fused=w_fused)[0]
+    t_dense = time_ms(lambda: F.linear(torch.relu(F.linear(x, wg)) * F.linear(x, wu), wd), device=dev,
+                      rep_ms=rep_ms)
+    t_unfused = time_ms(lambda: hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap), device=dev,
+                        rep_ms=rep_ms)
+    t_fused = time_ms(lambda: hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap, w_fused=w_fused),
+                      device=dev, rep_ms=rep_ms)
+    print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | op: dense {t_dense:.3f} ms, hot/cold {t_unfused:.3f} "
+          f"({t_dense / t_unfused:.2f}x), with the fused gate {t_fused:.3f} ({t_dense / t_fused:.2f}x); fused vs "
+          f"unfused rel {rel_error(fused_out, unfused_out):.1e}", flush=True)
+
+
+def main() -> None:
+    dev, tiny = probe_args(__doc__)
+    d, f, points, hot_n, configs, rep_ms = 2048, 5632, ((16384, 28.0), (131072, 28.0), (131072, 56.0)), \
+        {28.0: 576, 56.0: 1344}, CONFIGS, 100.0
+    tile, cap = TILE, CAP
+    if tiny:
+        d, f, points, hot_n, configs, rep_ms = 64, 700, ((40, 6.0),), {6.0: 64}, [(16, 16, 1, 4)], 1.0
+        tile, cap = 32, 4
+    for m, l0 in points:
+        probe_point(m, l0, d, f, hot_n[l0], tile, cap, configs, dev, rep_ms)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""The hot/cold split's gate GEMM in one Triton kernel whose epilogue writes the hot units' hidden
+state and the cold units' TwELL container: the dense [M, F + H] gate + hot-up output never reaches
+memory.
+
+Why: the split (``twell.ops.hot_cold``) runs its GEMM in cuBLAS, then a kernel for the hot hidden
+state and a pack of the cold columns, which reads the dense output back: at M=131072, l0=28 on an H200
+the GEMM takes 4.85 ms, the cold pack 1.63 ms (bench_results/h200/cold_pack_gather_probe_session7.log)
+and the [M, 6208] bf16 output is 1.6 GB written and read.  A persistent Triton GEMM on TMA loads
+(128 x 256 x 64 tiles, 3 stages, 8 warps) ran at 0.98x of cuBLAS on that shape (4.975 vs 4.851 ms,
+bench_results/h200/triton_gemm_probe_session7.log), where our pointer-based one ran at 0.62x, so the
+pack can move into the epilogue.  Prediction (not measured yet): GEMM + hot hidden + cold pack from
+~6.9 ms to ~5.5-6 ms at M=131072, 0.5 % (the epilogue's prefix product and scattered stores ~0.5-1 ms
+over the mainloop), the op 9.5 -> ~8.3 ms.  Off by default (``hot_cold.FUSED_GATE``) until measured;
+``scripts/hot_cold_gate_probe.py`` times it against the three kernels it replaces.
+
+Layout (``hot_cold_plan.fused_gate_weight``): the weight holds, per TwELL tile of ``TILE`` hot units,
+their Wg and Wu rows interleaved (unit j's gate row, then its up row), zero rows padding the last hot
+tile, then the cold units' Wg rows.  An output tile is ``BN = 2 * TILE`` columns wide, so a hot output
+tile holds the gate and up pre-activations of TILE whole units, adjacent column pairs (which the
+accumulator layout keeps in one thread: the split into g and u moves no data), and a cold output tile
+holds two TwELL tiles of the cold container.
+
+Results are those of the three kernels it replaces on the same GEMM values (g and u rounded to the
+input dtype as a dense linear rounds them, h = round(relu(g) u), NaN gates firing; the cold container
+exactly what ``gate_kernel.launch_pack_twell`` writes, weight-row ids with ``unit_ids``); only the
+GEMM's summation order differs from cuBLAS's.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ._runtime import interpreting
+from .gate_kernel import _twell_epilogue, dot_acc, relu_keep_nan, round_to
+
+#: ``(BM, BK, stages, warps)`` on the GPU: the best TMA configuration of the probe at M=131072
+#: (128 x 256 x 64 on 3 stages and 8 warps; BN is 2 * TILE = 256 at the default tile).  The interpreter
+#: runs small tiles.
+_GPU_CONFIG = (128, 64, 3, 8)
+_INTERPRET_CONFIG = (16, 16, 1, 4)
+#: The cold epilogue's slot positions by a tensor-core product (True) or ``tl.cumsum`` (False; see
+#: ``gate_kernel._twell_epilogue``).  Unmeasured; ptxas (sm_90a, tile 128: BN = 256, 8 warps) spills 1308
+#: bytes with the product against 324 with the scan, the [BM, 256] fp32 accumulator alone holding 128
+#: registers a thread, so the scan until the probe (scripts/hot_cold_gate_probe.py) times both.
+FUSED_PREFIX_DOT = False
+#: The TwELL tiles the fused kernel takes: BN = 2 * TILE columns per output tile, at most 256.
+FUSED_TILES = (16, 32, 64, 128)
+
+
+@triton.jit
+def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M row blocks sweep the column blocks together (their operands stay in L2)."""
+    in_group = GROUP_M * num_pid_n
+    first_m = (tile_id // in_group) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (tile_id % in_group) % group_m, (tile_id % in_group) // group_m
+
+
+@triton.jit
+def _hot_epilogue(acc, pid_m, hot_tile, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype: tl.constexpr,
+                  BM: tl.constexpr, TILE: tl.constexpr):
+    """h = round(relu(g) u) for the TILE hot units of ``hot_tile`` and their per-row non-zero count."""
+    g, u = tl.split(tl.reshape(acc, (BM, TILE, 2)))
+    g = round_to(g, dtype).to(tl.float32)
+    u = round_to(u, dtype).to(tl.float32)
+    act = relu_keep_nan(g)
+    rows = pid_m * BM + tl.arange(0, BM)
+    units = hot_tile * TILE + tl.arange(0, TILE)
+    m_ok = rows < M
+    ok = m_ok[:, None] & (units < H)[None, :]
+    tl.store(h_ptr + rows.to(tl.int64)[:, None] * H + units[None, :], round_to(act * u, dtype), mask=ok)
+    nz = ((act != 0) & ok).to(tl.int32)
+    tl.store(hcnt_ptr + rows.to(tl.int64) * n_hot_tiles + hot_tile, tl.sum(nz, axis=1), mask=m_ok)
+
+
+@triton.jit
+def _cold_epilogue(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
+                   BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr,
+                   PREFIX_DOT: tl.constexpr):
+    """One [BM, TILE] TwELL tile of the cold container (skipped past the last tile)."""
+    if twell_tile < n_cold_tiles:
+        cols = twell_tile * TILE + tl.arange(0, TILE)
+        n_ok = cols < N_COLD
+        if MAP_IDS:
+            ids = tl.load(map_ptr + cols, mask=n_ok, other=0)
+        else:
+            ids = tl.arange(0, TILE)
+        m_ok = pid_m * BM + tl.arange(0, BM) < M
+        _twell_epilogue(act, pid_m, twell_tile, m_ok, n_ok, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles, ids, BM, TILE,
+                        CAP, False, PREFIX_DOT)
+
+
+@triton.jit
+def _hot_cold_gate_kernel(
+    x_desc, w_desc, h_ptr, hcnt_ptr, val_ptr, idx_ptr, ccnt_ptr, map_ptr, M, H, N_COLD, K, n_hot_tiles,
+    n_cold_tiles, n_out_tiles, n_programs,
+    BM: tl.constexpr, BK: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, GROUP_M: tl.constexpr,
+    MAP_IDS: tl.constexpr, PREFIX_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
+    ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each)."""
+    BN: tl.constexpr = 2 * TILE
+    dtype: tl.constexpr = val_ptr.dtype.element_ty
+    num_pid_m = tl.cdiv(M, BM)
+    for tile_id in tl.range(tl.program_id(0), num_pid_m * n_out_tiles, n_programs):
+        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, n_out_tiles, GROUP_M)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            a = x_desc.load([pid_m * BM, k0])
+            b = w_desc.load([pid_n * BN, k0])
+            acc = dot_acc(a, b.T, acc, DOT_FP32)
+        if pid_n < n_hot_tiles:
+            _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE)
+        else:
+            act = relu_keep_nan(round_to(acc, dtype)).to(dtype)
+            # the two TwELL tiles of this output tile: columns [0, TILE) and [TILE, 2 TILE)
+            left, right = tl.split(tl.permute(tl.reshape(act, (BM, 2, TILE)), (0, 2, 1)))
+            first = 2 * (pid_n - n_hot_tiles)
+            _cold_epilogue(left, pid_m, first, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles, BM,
+                           TILE, CAP, MAP_IDS, PREFIX_DOT)
+            _cold_epilogue(right, pid_m, first + 1, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
+                           BM, TILE, CAP, MAP_IDS, PREFIX_DOT)
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def launch_hot_cold_gate(
+    x: torch.Tensor,
+    w_fused: torch.Tensor,
+    n_hot: int,
+    n_cold: int,
+    cold_map: torch.Tensor,
+    *,
+    tile: int,
+    capacity: int,
+    unit_ids: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(h_hot [M, H], hot_counts [M, cdiv(H, tile)], values, indices, cold_counts)`` of the hot/cold
+    split for validated inputs: x [M, d] contiguous, ``w_fused`` from ``hot_cold_plan.fused_gate_weight``
+    (same dtype and device, d * itemsize a multiple of 16 bytes: TMA rows), ``cold_map`` int32 [n_cold]
+    (the cold columns' weight rows; stored as the TwELL indices with ``unit_ids``, else the column inside
+    its tile), ``tile`` in FUSED_TILES.  The cold container is [M, cdiv(n_cold, tile), capacity]."""
+    if tile not in FUSED_TILES:
+        raise ValueError(f"the fused hot/cold gate takes tiles {FUSED_TILES}, got {tile}")
+    m, d = x.shape
+    n_hot_tiles = triton.cdiv(n_hot, tile)
+    n_cold_tiles = triton.cdiv(n_cold, tile)
+    if w_fused.shape != (2 * tile * n_hot_tiles + n_cold, d):
+        raise ValueError(f"w_fused has shape {tuple(w_fused.shape)}; for {n_hot} hot and {n_cold} cold units at tile "
+                         f"{tile} it needs ({2 * tile * n_hot_tiles + n_cold}, {d})")
+    dev = x.device
+    h_hot = torch.empty((m, n_hot), dtype=x.dtype, device=dev)
+    hot_counts = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=dev)
+    values = torch.empty((m, n_cold_tiles, capacity), dtype=x.dtype, device=dev)
+    indices = torch.empty((m, n_cold_tiles, capacity), dtype=torch.int16, device=dev)
+    cold_counts = torch.empty((m, n_cold_tiles), dtype=torch.int32, device=dev)
+    n_out_tiles = n_hot_tiles + triton.cdiv(n_cold_tiles, 2)
+    if m == 0 or n_out_tiles == 0:
+        return h_hot, hot_counts, values, indices, cold_counts
+    bm, bk, stages, warps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
+    tiles = triton.cdiv(m, bm) * n_out_tiles
+    programs = min(tiles, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())) \
+        if dev.type == "cuda" else tiles
+    x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
+    w_desc = TensorDescriptor.from_tensor(w_fused, [2 * tile, bk])
+    _hot_cold_gate_kernel[(programs,)](
+        x_desc, w_desc, h_hot, hot_counts, values, indices, cold_counts, cold_map, m, n_hot, n_cold, d, n_hot_tiles,
+        n_cold_tiles, n_out_tiles, programs,
+        BM=bm, BK=bk, TILE=tile, CAP=capacity, GROUP_M=8, MAP_IDS=unit_ids,
+        # the interpreter's dot needs fp32 operands, so its prefix is the scan
+        PREFIX_DOT=FUSED_PREFIX_DOT and not interpreting() and x.dtype != torch.float32,
+        DOT_FP32=interpreting() or x.dtype == torch.float32, num_stages=stages, num_warps=warps,
+    )
+    return h_hot, hot_counts, values, indices, cold_counts

@@ -1,0 +1,127 @@
+"""The fused hot/cold gate kernel (GEMM + hot hidden state + cold TwELL pack, twell.ops.hot_cold_gate_kernel)
+against the three kernels it replaces, and the hot/cold op through it against the reference.
+
+Triton under TRITON_INTERPRET=1 on the CPU (CI), natively on the GPU; inputs from
+test_ops_kernels.make_problem (exact-grid values: every GEMM value is exact in any summation order, so
+the fused kernel's outputs must equal the three kernels' bit for bit).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from test_ops_cold_unit_ids import used_slots
+from test_ops_hot_cold import _plan, _run
+from test_ops_kernels import make_problem
+
+from twell.ops import hot_cold
+from twell.ops.gate_kernel import launch_pack_twell
+from twell.ops.hot_cold_gate_kernel import FUSED_TILES, launch_hot_cold_gate
+from twell.ops.hot_cold_plan import fused_gate_weight
+from twell.tolerances import REL_TOL, rel_error
+
+CASES = [
+    # m, d, f, tile, capacity, frac_pos, n_hot
+    (9, 32, 128, 32, 4, 0.08, 16),  # half a hot tile (zero-padded rows), two cold TwELL tiles: one output tile
+    (21, 48, 200, 32, 4, 0.10, 40),  # M over two row blocks, 5 cold TwELL tiles: the last output tile half used
+    (6, 32, 96, 16, 2, 0.40, 32),  # cold row-tiles over capacity: first CAP slots and the true count
+    (4, 16, 64, 16, 4, 0.20, 0),  # no hot unit: cold tiles only
+    (3, 16, 64, 16, 4, 0.20, 64),  # every unit hot: no cold column
+    (17, 64, 300, 64, 8, 0.05, 64),  # tile 64: BN = 128
+]
+IDS = [f"m{c[0]}-d{c[1]}-f{c[2]}-t{c[3]}-h{c[6]}" for c in CASES]
+
+
+def _three_kernels(x, plan, tile, cap, unit_ids):
+    """The unfused path's intermediates: cuBLAS-style GEMM, hot hidden kernel, cold pack."""
+    m, f, n_hot = x.shape[0], plan.n_units, plan.n_hot
+    gu = torch.nn.functional.linear(x, plan.w_gemm)
+    n_hot_tiles = -(-n_hot // tile)
+    h_hot = torch.empty((m, n_hot), dtype=x.dtype, device=x.device)
+    hot_counts = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=x.device)
+    if n_hot:
+        hot_cold._hot_hidden_kernel[(-(-m // 32), n_hot_tiles)](gu, h_hot, hot_counts, m, n_hot, f, gu.stride(0),
+                                                                n_hot_tiles, BLOCK_M=32, TILE=tile, num_warps=4)
+    cold = launch_pack_twell(gu[:, n_hot:f], tile, cap, unit_map=plan.cold if unit_ids else None)
+    return h_hot, hot_counts, cold
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("unit_ids", [False, True], ids=["columns", "unit-ids"])
+def test_equals_the_three_kernels_it_replaces(case, dtype, unit_ids, device):
+    m, d, f, tile, cap, frac, n_hot = case
+    p = make_problem(m, d, f, frac_pos=frac, seed=31 + n_hot, dtype=dtype, device=device)
+    plan = _plan(p, n_hot)
+    w_fused = fused_gate_weight(p["w_gate"], p["w_up"], plan.hot, plan.cold, tile)
+    h_hot, hot_counts, *cold = launch_hot_cold_gate(p["x"], w_fused, n_hot, f - n_hot, plan.cold, tile=tile,
+                                                    capacity=cap, unit_ids=unit_ids)
+    want_h, want_counts, want_cold = _three_kernels(p["x"], plan, tile, cap, unit_ids)
+    assert torch.equal(h_hot, want_h) and torch.equal(hot_counts, want_counts)
+    assert torch.equal(cold[2], want_cold[2])  # per-row counts of every cold row-tile, overflow included
+    used = used_slots(want_cold, cap)
+    assert torch.equal(cold[0][used], want_cold[0][used]) and torch.equal(cold[1][used], want_cold[1][used])
+    g = p["x"].float() @ p["w_gate"].float().T  # every firing unit counted once, hot or cold
+    assert torch.equal((cold[2].sum(1) + hot_counts.sum(1)).cpu(), (g > 0).sum(1).to(torch.int32).cpu())
+
+
+def test_nan_gate_fires_in_the_hot_and_the_cold_part(device):
+    m, d, f, tile, cap, n_hot = 5, 32, 128, 32, 4, 32
+    p = make_problem(m, d, f, frac_pos=0.05, seed=3, dtype=torch.float32, device=device)
+    plan = _plan(p, n_hot)
+    p["x"][2, 7] = float("nan")  # row 2: every gate NaN, so every unit fires
+    w_fused = fused_gate_weight(p["w_gate"], p["w_up"], plan.hot, plan.cold, tile)
+    h_hot, hot_counts, values, indices, counts = launch_hot_cold_gate(p["x"], w_fused, n_hot, f - n_hot, plan.cold,
+                                                                      tile=tile, capacity=cap, unit_ids=True)
+    assert bool(torch.isnan(h_hot[2]).all()) and not bool(torch.isnan(h_hot[[0, 1, 3, 4]]).any())
+    assert hot_counts[2].tolist() == [tile] and counts[2].tolist() == [tile] * counts.shape[1]
+    assert bool(torch.isnan(values[2]).all())  # every slot of row 2 holds a NaN gate
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_hot_cold_op_through_the_fused_gate_matches_the_reference(case, dtype, device):
+    m, d, f, tile, cap, frac, n_hot = case
+    p = make_problem(m, d, f, frac_pos=frac, seed=41 + n_hot, dtype=dtype, device=device)
+    plan = _plan(p, n_hot)
+    w_fused = fused_gate_weight(p["w_gate"], p["w_up"], plan.hot, plan.cold, tile)
+    args = (p["x"], plan, p["w_gate"], p["w_up"], p["w_down"].t().contiguous())
+    out, counts = hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap, w_fused=w_fused)
+    unfused, unfused_counts = hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap)
+    ref_out, ref_counts = _run(p, plan, "torch", tile=tile, capacity=cap)
+    assert torch.equal(counts.cpu(), ref_counts.cpu()) and torch.equal(counts, unfused_counts)
+    assert torch.equal(out, unfused)  # the same intermediates, the same gather
+    assert rel_error(out, ref_out) <= REL_TOL[dtype]
+
+
+def test_fused_weight_layout():
+    w_gate = torch.arange(6 * 2, dtype=torch.float32).reshape(6, 2)
+    w_up = -w_gate
+    hot, cold = torch.tensor([1, 4]), torch.tensor([0, 2, 3, 5], dtype=torch.int32)
+    w = fused_gate_weight(w_gate, w_up, hot, cold, tile=4)
+    assert w.shape == (2 * 4 + 4, 2)
+    assert torch.equal(w[0], w_gate[1]) and torch.equal(w[1], w_up[1])
+    assert torch.equal(w[2], w_gate[4]) and torch.equal(w[3], w_up[4])
+    assert torch.count_nonzero(w[4:8]) == 0  # the last hot tile's padding
+    assert torch.equal(w[8:], w_gate[cold.long()])
+
+
+def test_bad_inputs(device):
+    p = make_problem(4, 32, 64, frac_pos=0.1, seed=1, dtype=torch.bfloat16, device=device)
+    plan = _plan(p, 16)
+    w_fused = fused_gate_weight(p["w_gate"], p["w_up"], plan.hot, plan.cold, 32)
+    with pytest.raises(ValueError, match=re.escape(f"takes tiles {FUSED_TILES}, got 256")):
+        launch_hot_cold_gate(p["x"], w_fused, 16, 48, plan.cold, tile=256, capacity=4, unit_ids=False)
+    with pytest.raises(ValueError, match=r"w_fused has shape \(112, 32\); .* needs \(80, 32\)"):
+        launch_hot_cold_gate(p["x"], w_fused, 16, 48, plan.cold, tile=16, capacity=4, unit_ids=False)
+    args = (p["x"], plan, p["w_gate"], p["w_up"], p["w_down"].t().contiguous())
+    with pytest.raises(ValueError, match="cold_format must be 'auto' or 'twell'"):
+        hot_cold.launch_hot_cold_ffn(*args, tile=32, capacity=4, cold_format="bitmap", w_fused=w_fused)
+    odd = make_problem(4, 36, 64, frac_pos=0.1, seed=1, dtype=torch.bfloat16, device=device)  # 72-byte rows
+    odd_plan = _plan(odd, 16)
+    odd_w = fused_gate_weight(odd["w_gate"], odd["w_up"], odd_plan.hot, odd_plan.cold, 32)
+    with pytest.raises(ValueError, match="multiple of 16 bytes, got d=36"):
+        hot_cold.launch_hot_cold_ffn(odd["x"], odd_plan, odd["w_gate"], odd["w_up"], odd["w_down"].t().contiguous(),
+                                     tile=32, capacity=4, w_fused=odd_w)
