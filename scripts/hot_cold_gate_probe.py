@@ -22,7 +22,7 @@ from twell.bench.timing import time_ms
 from twell.ops import hot_cold, hot_cold_gate_kernel
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
-from twell.ops.hot_cold_plan import build_hot_cold_plan, fused_gate_weight, unit_frequency
+from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import rel_error
 
@@ -42,7 +42,7 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     hot = torch.argsort(unit_frequency(x, wg), descending=True)[:n_hot_units]
     plan = build_hot_cold_plan(wg, wu, wd, hot)
     n_hot, n_cold = plan.n_hot, f - plan.n_hot
-    w_fused = fused_gate_weight(wg, wu, plan.hot, plan.cold, tile)
+    fused_plan = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
     n_hot_tiles = -(-n_hot // tile)
 
     def three() -> tuple:
@@ -54,7 +54,7 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
         return h, hc, *launch_pack_twell(gu[:, n_hot:f], tile, cap, unit_map=plan.cold if unit_ids else None)
 
     def fused() -> tuple:
-        return launch_hot_cold_gate(x, w_fused, n_hot, n_cold, plan.cold, tile=tile, capacity=cap,
+        return launch_hot_cold_gate(x, fused_plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile, capacity=cap,
                                     unit_ids=unit_ids)
 
     want = three()
@@ -76,14 +76,14 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     finally:
         hot_cold_gate_kernel._GPU_CONFIG, hot_cold_gate_kernel.FUSED_PREFIX_DOT = default
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | " + " | ".join(parts), flush=True)
-    args = (x, plan, wg, wu, wdt)
-    unfused_out = hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap)[0]
-    fused_out = hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap, w_fused=w_fused)[0]
+    weights = (wg, wu, wdt)
+    unfused_out = hot_cold.launch_hot_cold_ffn(x, plan, *weights, tile=tile, capacity=cap)[0]
+    fused_out = hot_cold.launch_hot_cold_ffn(x, fused_plan, *weights, tile=tile, capacity=cap)[0]
     t_dense = time_ms(lambda: F.linear(torch.relu(F.linear(x, wg)) * F.linear(x, wu), wd), device=dev,
                       rep_ms=rep_ms)
-    t_unfused = time_ms(lambda: hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap), device=dev,
-                        rep_ms=rep_ms)
-    t_fused = time_ms(lambda: hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap, w_fused=w_fused),
+    t_unfused = time_ms(lambda: hot_cold.launch_hot_cold_ffn(x, plan, *weights, tile=tile, capacity=cap),
+                        device=dev, rep_ms=rep_ms)
+    t_fused = time_ms(lambda: hot_cold.launch_hot_cold_ffn(x, fused_plan, *weights, tile=tile, capacity=cap),
                       device=dev, rep_ms=rep_ms)
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | op: dense {t_dense:.3f} ms, hot/cold {t_unfused:.3f} "
           f"({t_dense / t_unfused:.2f}x), with the fused gate {t_fused:.3f} ({t_dense / t_fused:.2f}x); fused vs "

@@ -109,3 +109,30 @@ def test_hot_cold_training_rechooses_the_hot_set_when_the_token_count_moves():
     assert chosen[1] is chosen[0]  # 16 = 2 x 8: inside the band
     assert chosen[2] is not chosen[1]  # 40 > 2 x 8
     assert chosen[3] is chosen[2] and chosen[4] is not chosen[3]  # 24 inside [20, 80]; 12 < 40 / 2
+
+
+def test_fused_gate_switch_gives_the_same_output_eager_and_compiled(monkeypatch):
+    """With ``hot_cold_plan.FUSED_GATE`` on, a bf16 layer's plan holds the fused kernel's weight layout and
+    the op runs the fused gate kernel (eager: the cached plan; compiled: the layout built in the graph);
+    on exact inputs the output equals the unfused path's."""
+    from twell.ops import hot_cold, hot_cold_plan
+
+    calls = []
+    original = hot_cold.launch_hot_cold_gate
+    monkeypatch.setattr(hot_cold, "launch_hot_cold_gate", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
+    layer = _layer(l0_refresh_every=1000).to(torch.bfloat16)
+    x = _x(40, seed=3).to(torch.bfloat16)
+    with torch.no_grad():
+        want = layer(x)  # chooses the hot units (refresh call), unfused plan
+        assert calls == []
+        monkeypatch.setattr(hot_cold_plan, "FUSED_GATE", True)
+        got = layer(x)
+        assert len(calls) == 1
+        plan = layer._hot_cold.plan(layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight,
+                                    fused_tile=layer.tile)
+        assert plan.fused_tile == layer.tile
+        assert plan.w_gemm.shape[0] == 2 * layer.tile * -(-plan.n_hot // layer.tile) + 256 - plan.n_hot
+        compiled = torch.compile(layer, backend="aot_eager")
+        traced = compiled(x)
+    assert len(calls) >= 2  # the compiled call ran the fused kernel too
+    assert torch.equal(got, want) and torch.equal(traced, want)

@@ -16,10 +16,10 @@ from test_ops_cold_unit_ids import used_slots
 from test_ops_hot_cold import _plan, _run
 from test_ops_kernels import make_problem
 
-from twell.ops import hot_cold
+from twell.ops import hot_cold, hot_cold_plan
 from twell.ops.gate_kernel import launch_pack_twell
-from twell.ops.hot_cold_gate_kernel import FUSED_TILES, launch_hot_cold_gate
-from twell.ops.hot_cold_plan import fused_gate_weight
+from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
+from twell.ops.hot_cold_plan import FUSED_TILES, build_hot_cold_plan, fused_gate_weight
 from twell.tolerances import REL_TOL, rel_error
 
 CASES = [
@@ -32,6 +32,11 @@ CASES = [
     (17, 64, 300, 64, 8, 0.05, 64),  # tile 64: BN = 128
 ]
 IDS = [f"m{c[0]}-d{c[1]}-f{c[2]}-t{c[3]}-h{c[6]}" for c in CASES]
+
+
+def _fused(p, plan, tile):
+    """The same hot units' plan with the gate weight in the fused kernel's layout."""
+    return build_hot_cold_plan(p["w_gate"], p["w_up"], p["w_down"], plan.hot, fused_tile=tile)
 
 
 def _three_kernels(x, plan, tile, cap, unit_ids):
@@ -55,8 +60,9 @@ def test_equals_the_three_kernels_it_replaces(case, dtype, unit_ids, device):
     m, d, f, tile, cap, frac, n_hot = case
     p = make_problem(m, d, f, frac_pos=frac, seed=31 + n_hot, dtype=dtype, device=device)
     plan = _plan(p, n_hot)
-    w_fused = fused_gate_weight(p["w_gate"], p["w_up"], plan.hot, plan.cold, tile)
-    h_hot, hot_counts, *cold = launch_hot_cold_gate(p["x"], w_fused, n_hot, f - n_hot, plan.cold, tile=tile,
+    fused = _fused(p, plan, tile)
+    assert torch.equal(fused.w_gemm, fused_gate_weight(p["w_gate"], p["w_up"], plan.hot, plan.cold, tile))
+    h_hot, hot_counts, *cold = launch_hot_cold_gate(p["x"], fused.w_gemm, n_hot, f - n_hot, plan.cold, tile=tile,
                                                     capacity=cap, unit_ids=unit_ids)
     want_h, want_counts, want_cold = _three_kernels(p["x"], plan, tile, cap, unit_ids)
     assert torch.equal(h_hot, want_h) and torch.equal(hot_counts, want_counts)
@@ -72,9 +78,9 @@ def test_nan_gate_fires_in_the_hot_and_the_cold_part(device):
     p = make_problem(m, d, f, frac_pos=0.05, seed=3, dtype=torch.float32, device=device)
     plan = _plan(p, n_hot)
     p["x"][2, 7] = float("nan")  # row 2: every gate NaN, so every unit fires
-    w_fused = fused_gate_weight(p["w_gate"], p["w_up"], plan.hot, plan.cold, tile)
-    h_hot, hot_counts, values, indices, counts = launch_hot_cold_gate(p["x"], w_fused, n_hot, f - n_hot, plan.cold,
-                                                                      tile=tile, capacity=cap, unit_ids=True)
+    h_hot, hot_counts, values, indices, counts = launch_hot_cold_gate(p["x"], _fused(p, plan, tile).w_gemm, n_hot,
+                                                                      f - n_hot, plan.cold, tile=tile, capacity=cap,
+                                                                      unit_ids=True)
     assert bool(torch.isnan(h_hot[2]).all()) and not bool(torch.isnan(h_hot[[0, 1, 3, 4]]).any())
     assert hot_counts[2].tolist() == [tile] and counts[2].tolist() == [tile] * counts.shape[1]
     assert bool(torch.isnan(values[2]).all())  # every slot of row 2 holds a NaN gate
@@ -86,10 +92,9 @@ def test_hot_cold_op_through_the_fused_gate_matches_the_reference(case, dtype, d
     m, d, f, tile, cap, frac, n_hot = case
     p = make_problem(m, d, f, frac_pos=frac, seed=41 + n_hot, dtype=dtype, device=device)
     plan = _plan(p, n_hot)
-    w_fused = fused_gate_weight(p["w_gate"], p["w_up"], plan.hot, plan.cold, tile)
-    args = (p["x"], plan, p["w_gate"], p["w_up"], p["w_down"].t().contiguous())
-    out, counts = hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap, w_fused=w_fused)
-    unfused, unfused_counts = hot_cold.launch_hot_cold_ffn(*args, tile=tile, capacity=cap)
+    weights = (p["w_gate"], p["w_up"], p["w_down"].t().contiguous())
+    out, counts = hot_cold.launch_hot_cold_ffn(p["x"], _fused(p, plan, tile), *weights, tile=tile, capacity=cap)
+    unfused, unfused_counts = hot_cold.launch_hot_cold_ffn(p["x"], plan, *weights, tile=tile, capacity=cap)
     ref_out, ref_counts = _run(p, plan, "torch", tile=tile, capacity=cap)
     assert torch.equal(counts.cpu(), ref_counts.cpu()) and torch.equal(counts, unfused_counts)
     assert torch.equal(out, unfused)  # the same intermediates, the same gather
@@ -111,20 +116,33 @@ def test_fused_weight_layout():
 def test_bad_inputs(device):
     p = make_problem(4, 32, 64, frac_pos=0.1, seed=1, dtype=torch.bfloat16, device=device)
     plan = _plan(p, 16)
-    w_fused = fused_gate_weight(p["w_gate"], p["w_up"], plan.hot, plan.cold, 32)
+    fused = _fused(p, plan, 32)
     with pytest.raises(ValueError, match=re.escape(f"takes tiles {FUSED_TILES}, got 256")):
-        launch_hot_cold_gate(p["x"], w_fused, 16, 48, plan.cold, tile=256, capacity=4, unit_ids=False)
+        launch_hot_cold_gate(p["x"], fused.w_gemm, 16, 48, plan.cold, tile=256, capacity=4, unit_ids=False)
     with pytest.raises(ValueError, match=r"w_fused has shape \(112, 32\); .* needs \(80, 32\)"):
-        launch_hot_cold_gate(p["x"], w_fused, 16, 48, plan.cold, tile=16, capacity=4, unit_ids=False)
-    args = (p["x"], plan, p["w_gate"], p["w_up"], p["w_down"].t().contiguous())
+        launch_hot_cold_gate(p["x"], fused.w_gemm, 16, 48, plan.cold, tile=16, capacity=4, unit_ids=False)
+    with pytest.raises(ValueError, match=re.escape(f"fused_tile must be 0 or one of {FUSED_TILES}, got 256")):
+        build_hot_cold_plan(p["w_gate"], p["w_up"], p["w_down"], plan.hot, fused_tile=256)
+    weights = (p["w_gate"], p["w_up"], p["w_down"].t().contiguous())
     with pytest.raises(ValueError, match="cold_format must be 'auto' or 'twell'"):
-        hot_cold.launch_hot_cold_ffn(*args, tile=32, capacity=4, cold_format="bitmap", w_fused=w_fused)
+        hot_cold.launch_hot_cold_ffn(p["x"], fused, *weights, tile=32, capacity=4, cold_format="bitmap")
+    with pytest.raises(ValueError, match="laid out for the fused kernel at tile 32; the call asks for tile 16"):
+        hot_cold.launch_hot_cold_ffn(p["x"], fused, *weights, tile=16, capacity=4)
     odd = make_problem(4, 36, 64, frac_pos=0.1, seed=1, dtype=torch.bfloat16, device=device)  # 72-byte rows
-    odd_plan = _plan(odd, 16)
-    odd_w = fused_gate_weight(odd["w_gate"], odd["w_up"], odd_plan.hot, odd_plan.cold, 32)
+    odd_plan = _fused(odd, _plan(odd, 16), 32)
     with pytest.raises(ValueError, match="multiple of 16 bytes, got d=36"):
         hot_cold.launch_hot_cold_ffn(odd["x"], odd_plan, odd["w_gate"], odd["w_up"], odd["w_down"].t().contiguous(),
-                                     tile=32, capacity=4, w_fused=odd_w)
+                                     tile=32, capacity=4)
+
+
+def test_fused_gate_tile_follows_the_switch_and_the_layer(monkeypatch):
+    monkeypatch.setattr(hot_cold_plan, "FUSED_GATE", False)
+    assert hot_cold_plan.fused_gate_tile(128, torch.bfloat16, 2048) == 0
+    monkeypatch.setattr(hot_cold_plan, "FUSED_GATE", True)
+    assert hot_cold_plan.fused_gate_tile(128, torch.bfloat16, 2048) == 128
+    assert hot_cold_plan.fused_gate_tile(256, torch.bfloat16, 2048) == 0  # BN would be 512
+    assert hot_cold_plan.fused_gate_tile(128, torch.float32, 2048) == 0  # fp32: the cuBLAS path
+    assert hot_cold_plan.fused_gate_tile(128, torch.float16, 36) == 0  # 72-byte rows: no TMA
 
 
 @pytest.mark.gpu
@@ -135,7 +153,7 @@ def test_gpu_bf16_real_shape_with_poisoned_outputs(m):
     allocator's blocks are NaN-filled first, so an output element not written shows."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
+    from twell.ops.hot_cold_plan import unit_frequency
     from twell.reference import inference as ref
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
@@ -145,18 +163,17 @@ def test_gpu_bf16_real_shape_with_poisoned_outputs(m):
     x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
     hot = torch.argsort(unit_frequency(x, wg), descending=True)[:576]
     plan = build_hot_cold_plan(wg, wu, wd, hot)
-    w_fused = fused_gate_weight(wg, wu, plan.hot, plan.cold, tile)
+    fused = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
     poison = torch.full((m * f * 4 + 2**20,), float("nan"), device="cuda")
     del poison  # its blocks go back to the cache, NaN-filled
-    h_hot, hot_counts, *cold = launch_hot_cold_gate(x, w_fused, 576, f - 576, plan.cold, tile=tile, capacity=cap,
-                                                    unit_ids=True)
+    h_hot, hot_counts, *cold = launch_hot_cold_gate(x, fused.w_gemm, 576, f - 576, plan.cold, tile=tile,
+                                                    capacity=cap, unit_ids=True)
     want_h, want_counts, want_cold = _three_kernels(x, plan, tile, cap, True)
     assert not bool(torch.isnan(h_hot).any())
     assert rel_error(h_hot, want_h) <= REL_TOL[torch.bfloat16]
     for got_c, want_c in ((hot_counts, want_counts), (cold[2], want_cold[2])):
         assert int((got_c - want_c).abs().sum()) <= max(2, m // 1000)
-    out, _ = hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wd.t().contiguous(), tile=tile, capacity=cap,
-                                          w_fused=w_fused)
+    out, _ = hot_cold.launch_hot_cold_ffn(x, fused, wg, wu, wd.t().contiguous(), tile=tile, capacity=cap)
     want = ref.dense_gated_ffn(*(t.float() for t in (x, wg, wu, wd))).to(torch.bfloat16)
     assert not bool(torch.isnan(out).any())
     assert rel_error(out, want) <= REL_TOL[torch.bfloat16]

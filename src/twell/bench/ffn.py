@@ -22,7 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from ..format import DEFAULT_TILE
 from ..nn import DEFAULT_POLICY, DenseReluGatedMLP, DispatchPolicy, SparseGatedMLP
+from ..ops import hot_cold_plan
+from ..ops.hot_cold_plan import fused_gate_tile
 from ..reference.inference import dense_gated_ffn
 from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from ..tolerances import REL_TOL, rel_error
@@ -86,7 +89,8 @@ def run_point(
     row["dense_rel_err"] = rel_error(dense_out, ref)
     # The hot/cold split, hot units chosen from a 4096-token sample as SparseGatedMLP does.
     hot = ops.choose_hot_units(ops.unit_frequency(x, wg))
-    plan = ops.build_hot_cold_plan(wg, wu, wd, hot)
+    # the fused gate layout where hot_cold_plan.FUSED_GATE (--fused-gate) and the layer allow it
+    plan = ops.build_hot_cold_plan(wg, wu, wd, hot, fused_tile=fused_gate_tile(DEFAULT_TILE, x.dtype, x.shape[1]))
     row["n_hot"] = plan.n_hot
     row["hotcold_rel_err"] = rel_error(ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, backend=cfg.backend), ref)
     decode = 1 <= m <= ops.DECODE_MAX_TOKENS
@@ -213,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rep-ms", type=float, default=100.0)
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     p.add_argument("--stem", default="ffn")
+    p.add_argument("--fused-gate", action="store_true",
+                   help="the hot/cold split's GEMM, hot hidden state and cold pack in one kernel "
+                        "(twell.ops.hot_cold_gate_kernel; hot-cold column and dispatched module)")
     a = p.parse_args(argv)
+    hot_cold_plan.FUSED_GATE = a.fused_gate
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = tuple(tuple(int(v) for v in s.lower().split("x")) for s in a.shape)
     cfg = FfnSweep(
@@ -226,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         rep_ms=a.rep_ms,
     )
     meta = environment(device)
-    meta["sweep"] = {"ms": cfg.ms, "densities": cfg.densities, "shapes": cfg.shapes, "dtype": a.dtype}
+    meta["sweep"] = {"ms": cfg.ms, "densities": cfg.densities, "shapes": cfg.shapes, "dtype": a.dtype,
+                     "fused_gate": a.fused_gate}
     rows = run_sweep(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, a.stem))
     paths = write_results(rows, meta, a.out, a.stem)
     good = [r for r in rows if "error" not in r]

@@ -48,6 +48,7 @@ import torch
 
 from .._io import write_json_atomic
 from ..nn import FusedRMSNorm
+from ..ops import hot_cold_plan
 from .environment import environment
 from .model_decode import DecodeConfig, run_decode
 from .model_forward import ForwardConfig, run_forward
@@ -85,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto", help="sparse inference backend")
     p.add_argument("--fused-norms", action="store_true",
                    help="run the model's RMSNorms through F.rms_norm (twell.nn.fuse_rms_norms), every variant alike")
+    p.add_argument("--fused-gate", action="store_true",
+                   help="sparse layers' hot/cold split with its GEMM, hot hidden state and cold pack in one kernel "
+                        "(twell.ops.hot_cold_gate_kernel; bf16/fp16)")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("sparsity (see twell.bench.model_sparsity)")
@@ -308,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     a = parser.parse_args(argv)
     _check_args(parser, a)
+    hot_cold_plan.FUSED_GATE = a.fused_gate  # the parent and every part's child process (same argv)
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if a.child_part is not None:
         return _child_main(a, device)

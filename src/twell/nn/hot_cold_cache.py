@@ -65,22 +65,25 @@ class HotColdCache:
         return int(torch.isin(new, old).sum()) >= cls.KEEP_OVERLAP * old.numel()
 
     def plan(
-        self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, key: Any = None
+        self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, key: Any = None,
+        fused_tile: int = 0,
     ) -> HotColdPlan | None:
         """The plan for the current weights (rebuilt if they changed), or None when there is no hot unit.
 
         ``key``: a fingerprint of the three weights that the caller has already computed (anything
         that compares equal exactly while the weights are unchanged; ``SparseGatedMLP`` passes its
         own, identity included), which saves building one here per call; None: this cache's own
-        (storage pointer, version, shape, dtype, device of each weight).
+        (storage pointer, version, shape, dtype, device of each weight).  ``fused_tile``: the plan's
+        gate weight layout (see ``HotColdPlan``); a change rebuilds the plan.
         """
         if self._hot is None or self._hot.numel() == 0:
             return None
         if key is None:
             key = _weights_key(w_gate, w_up, w_down)
-        if self._plan is None or key != self._key:
+        if self._plan is None or key != self._key or self._plan.fused_tile != fused_tile:
             with torch.inference_mode(False), torch.no_grad():
-                self._plan = build_hot_cold_plan(w_gate.detach(), w_up.detach(), w_down.detach(), self._hot)
+                self._plan = build_hot_cold_plan(w_gate.detach(), w_up.detach(), w_down.detach(), self._hot,
+                                                 fused_tile=fused_tile)
             self._key = key
         return self._plan
 

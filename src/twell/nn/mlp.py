@@ -57,7 +57,7 @@ from ..format.twell import DEFAULT_TILE, MAX_TILE, default_capacity
 from ..ops._runtime import BACKENDS, resolve_backend
 from ..ops.active_count import mean_active_per_token
 from ..ops.decode import launch_decode_ffn
-from ..ops.hot_cold_plan import plan_weight_copies
+from ..ops.hot_cold_plan import fused_gate_tile, plan_weight_copies
 from ..ops.hot_cold_training import HotUnits, choose_training_hot_units, twell_gated_ffn_l1_hot_cold
 from ..ops.inference import PRECISIONS, TRITON_TILES, _check_triton_dtype
 from ..ops.training import twell_gated_ffn_l1
@@ -483,10 +483,12 @@ class SparseGatedMLP(nn.Module):
             capacity = self.capacity or default_capacity(self.tile)
             plan = self._hot_cold._plan
             if self.hot_cold and self.precision == "match" and backend == "triton" and plan is not None:
-                w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, plan.hot, plan.cold)
+                fused_tile = fused_gate_tile(self.tile, x.dtype, self.hidden_size)
+                w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, plan.hot, plan.cold,
+                                                          fused_tile=fused_tile)
                 out, _ = torch.ops.twell.hot_cold_gated_ffn_unchecked(
                     x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), plan.hot, plan.cold, w_gemm,
-                    w_down_hot_t, self.tile, capacity, backend)
+                    w_down_hot_t, self.tile, capacity, backend, fused_tile)
             else:
                 out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
                     x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), self.tile, capacity, self.precision,
@@ -676,7 +678,8 @@ class SparseGatedMLP(nn.Module):
             # Hot units re-chosen on refresh calls only (the choice synchronises with the host).
             if self._state.refresh_now or not self._hot_cold.chosen:
                 self._hot_cold.refresh(x, w_gate, w_up, w_down)
-            plan = self._hot_cold.plan(w_gate, w_up, w_down, key=prep.generation)
+            plan = self._hot_cold.plan(w_gate, w_up, w_down, key=prep.generation,
+                                       fused_tile=fused_gate_tile(self.tile, x.dtype, self.hidden_size))
         w_down_t = self._buffers["_wd_unit_major"]  # current: _prepare_sparse rebuilt it if Wd changed
         if w_down_t is None or prep.key is None:
             w_down_t = self.w_down_unit_major()
@@ -693,7 +696,7 @@ class SparseGatedMLP(nn.Module):
         elif plan is not None:
             out, counts = torch.ops.twell.hot_cold_gated_ffn_unchecked(
                 x, w_gate, w_up, w_down_t, plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t, self.tile,
-                prep.capacity, prep.backend,
+                prep.capacity, prep.backend, plan.fused_tile,
             )
         else:
             out, counts = torch.ops.twell.sparse_gated_ffn_unchecked(

@@ -90,14 +90,12 @@ def launch_hot_cold_ffn(
     tile: int,
     capacity: int,
     cold_format: str = "auto",
-    w_fused: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [M, d], counts [M, n_cold_tiles + n_hot_tiles]) for validated, contiguous inputs.
 
-    ``w_fused`` (``hot_cold_plan.fused_gate_weight`` of the plan's units at ``tile``): the GEMM, the hot
-    hidden state and the cold TwELL pack in one kernel (``hot_cold_gate_kernel``; TwELL cold format,
-    tiles in its FUSED_TILES, d * itemsize a multiple of 16 bytes).  Not measured yet: nothing passes it
-    by default.
+    A plan with ``fused_tile`` (its ``w_gemm`` in the fused layout) runs the GEMM, the hot hidden state and
+    the cold TwELL pack in one kernel (``hot_cold_gate_kernel``): TwELL cold format, ``tile`` equal to the
+    plan's, d * itemsize a multiple of 16 bytes.
 
     ``cold_format``: how the cold pairs are listed (``COLD_FORMATS``): "twell" (TwELL slots of
     ``capacity``; "auto" picks it) or "bitmap" (``ops.bitmap_kernels``, tiles that are multiples of 32).
@@ -109,8 +107,8 @@ def launch_hot_cold_ffn(
     f, n_hot = plan.n_units, plan.n_hot
     n_cold = f - n_hot
     n_hot_tiles = triton.cdiv(n_hot, tile)
-    if w_fused is not None:
-        return _hot_cold_ffn_fused_gate(x, plan, w_gate, w_up, w_down_t, w_fused, tile=tile, capacity=capacity,
+    if plan.fused_tile:
+        return _hot_cold_ffn_fused_gate(x, plan, w_gate, w_up, w_down_t, tile=tile, capacity=capacity,
                                         cold_format=cold_format)
     gu = torch.nn.functional.linear(x, plan.w_gemm)
     h_hot = torch.empty((m, n_hot), dtype=x.dtype, device=x.device)
@@ -152,10 +150,13 @@ def launch_hot_cold_ffn(
 
 
 def _hot_cold_ffn_fused_gate(
-    x: torch.Tensor, plan: HotColdPlan, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor,
-    w_fused: torch.Tensor, *, tile: int, capacity: int, cold_format: str,
+    x: torch.Tensor, plan: HotColdPlan, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor, *,
+    tile: int, capacity: int, cold_format: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`launch_hot_cold_ffn` with the GEMM, hot hidden state and cold pack in one kernel."""
+    if tile != plan.fused_tile:
+        raise ValueError(f"the plan's gate weight is laid out for the fused kernel at tile {plan.fused_tile}; the "
+                         f"call asks for tile {tile} (build the plan with fused_tile={tile}, or 0)")
     if cold_format not in ("auto", "twell"):
         raise ValueError(f"the fused hot/cold gate writes TwELL; cold_format must be 'auto' or 'twell', got "
                          f"{cold_format!r}")
@@ -167,7 +168,7 @@ def _hot_cold_ffn_fused_gate(
     n_cold = f - n_hot
     unit_ids = COLD_UNIT_IDS and f < 2**15  # unit ids stored as int16
     h_hot, hot_counts, values, indices, counts = launch_hot_cold_gate(
-        x, w_fused, n_hot, n_cold, plan.cold, tile=tile, capacity=capacity, unit_ids=unit_ids)
+        x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile, capacity=capacity, unit_ids=unit_ids)
     init = _hot_partial(h_hot, plan.w_down_hot_t) if n_hot and m else None
     out = torch.empty((m, d), dtype=x.dtype, device=x.device)
     if n_cold:

@@ -10,7 +10,7 @@ and the [M, 6208] bf16 output is 1.6 GB written and read.  A persistent Triton G
 bench_results/h200/triton_gemm_probe_session7.log), where our pointer-based one ran at 0.62x, so the
 pack can move into the epilogue.  Prediction (not measured yet): GEMM + hot hidden + cold pack from
 ~6.9 ms to ~5.5-6 ms at M=131072, 0.5 % (the epilogue's prefix product and scattered stores ~0.5-1 ms
-over the mainloop), the op 9.5 -> ~8.3 ms.  Off by default (``hot_cold.FUSED_GATE``) until measured;
+over the mainloop), the op 9.5 -> ~8.3 ms.  Off by default (``hot_cold_plan.FUSED_GATE``) until measured;
 ``scripts/hot_cold_gate_probe.py`` times it against the three kernels it replaces.
 
 Layout (``hot_cold_plan.fused_gate_weight``): the weight holds, per TwELL tile of ``TILE`` hot units,
@@ -37,6 +37,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._runtime import interpreting
 from .gate_kernel import _twell_epilogue, dot_acc, relu_keep_nan, round_to
+from .hot_cold_plan import FUSED_TILES
 
 #: ``(BM, BK, stages, warps)`` on the GPU: the best TMA configuration of the probe at M=131072
 #: (128 x 256 x 64 on 3 stages and 8 warps; BN is 2 * TILE = 256 at the default tile).  The interpreter
@@ -48,8 +49,6 @@ _INTERPRET_CONFIG = (16, 16, 1, 4)
 #: bytes with the product against 324 with the scan, the [BM, 256] fp32 accumulator alone holding 128
 #: registers a thread, so the scan until the probe (scripts/hot_cold_gate_probe.py) times both.
 FUSED_PREFIX_DOT = False
-#: The TwELL tiles the fused kernel takes: BN = 2 * TILE columns per output tile, at most 256.
-FUSED_TILES = (16, 32, 64, 128)
 
 
 @triton.jit

@@ -21,6 +21,13 @@ HOT_MIN_FREQUENCY = 0.006
 HOT_MULTIPLE = 64
 #: Tokens sampled by :func:`unit_frequency` (one [4096, F] GEMM: ~0.14 ms at d=2048, F=5632 on an H200).
 FREQUENCY_SAMPLE_TOKENS = 4096
+#: Plans built for ``SparseGatedMLP`` (and ``twell bench ffn``'s hot/cold column) hold the fused gate
+#: kernel's weight layout (``twell.ops.hot_cold_gate_kernel``) where :func:`fused_gate_tile` allows it:
+#: the GEMM, the hot hidden state and the cold pack in one kernel.  Off until measured on the GPU
+#: (``scripts/hot_cold_gate_probe.py``); ``twell bench ffn / model --fused-gate`` turn it on for a run.
+FUSED_GATE = False
+#: The TwELL tiles the fused gate kernel takes (output tiles of 2 * tile columns, at most 256).
+FUSED_TILES = (16, 32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -30,14 +37,18 @@ class HotColdPlan:
     Attributes:
         hot: int64 [H], the hot unit ids, increasing.
         cold: int32 [F - H], the cold unit ids, increasing (TwELL column -> weight row).
-        w_gemm: [F + H, d], rows ``Wg[hot]``, ``Wg[cold]``, ``Wu[hot]``.
+        w_gemm: the gate GEMM's weight: with ``fused_tile`` 0, [F + H, d], rows ``Wg[hot]``, ``Wg[cold]``,
+            ``Wu[hot]`` (a cuBLAS GEMM, then the hot hidden kernel and the cold pack); else the fused
+            kernel's layout for that TwELL tile (:func:`fused_gate_weight`).
         w_down_hot_t: [H, d], ``Wd[:, hot]^T`` contiguous.
+        fused_tile: 0, or the TwELL tile whose fused layout ``w_gemm`` holds (the op must run at it).
     """
 
     hot: torch.Tensor
     cold: torch.Tensor
     w_gemm: torch.Tensor
     w_down_hot_t: torch.Tensor
+    fused_tile: int = 0
 
     @property
     def n_hot(self) -> int:
@@ -79,9 +90,12 @@ def choose_hot_units(
 
 
 def build_hot_cold_plan(
-    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, hot: torch.Tensor
+    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, hot: torch.Tensor, *, fused_tile: int = 0
 ) -> HotColdPlan:
-    """The plan for hot unit ids ``hot``; weights as ``nn.Linear`` stores them (Wg, Wu [F, d], Wd [d, F])."""
+    """The plan for hot unit ids ``hot``; weights as ``nn.Linear`` stores them (Wg, Wu [F, d], Wd [d, F]).
+    ``fused_tile``: 0, or a tile of FUSED_TILES whose fused gate layout ``w_gemm`` takes (see HotColdPlan)."""
+    if fused_tile and fused_tile not in FUSED_TILES:
+        raise ValueError(f"fused_tile must be 0 or one of {FUSED_TILES}, got {fused_tile}")
     check_tensor(hot, "hot", ndim=1, dtypes=(torch.int32, torch.int64))
     f, d = w_gate.shape
     if w_up.shape != (f, d) or w_down.shape != (d, f):
@@ -100,17 +114,22 @@ def build_hot_cold_plan(
     hot = is_hot.nonzero().flatten()
     cold = (~is_hot).nonzero().flatten().to(torch.int32)
     with torch.no_grad():
-        w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, hot, cold)
-    return HotColdPlan(hot=hot, cold=cold, w_gemm=w_gemm, w_down_hot_t=w_down_hot_t)
+        w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, hot, cold, fused_tile=fused_tile)
+    return HotColdPlan(hot=hot, cold=cold, w_gemm=w_gemm, w_down_hot_t=w_down_hot_t, fused_tile=fused_tile)
 
 
 def plan_weight_copies(
-    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, hot: torch.Tensor, cold: torch.Tensor
+    w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, hot: torch.Tensor, cold: torch.Tensor, *,
+    fused_tile: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(w_gemm, w_down_hot_t)`` of a :class:`HotColdPlan` for unit ids ``hot`` and ``cold`` (checked by
-    the caller): rows ``Wg[hot]``, ``Wg[cold]``, ``Wu[hot]``, and ``Wd[:, hot]^T``, both contiguous.
-    Also what ``SparseGatedMLP``'s compiled path builds in its graph from the current weights."""
-    w_gemm = torch.cat([w_gate.index_select(0, hot), w_gate.index_select(0, cold), w_up.index_select(0, hot)], 0)
+    the caller): rows ``Wg[hot]``, ``Wg[cold]``, ``Wu[hot]`` (or the fused layout for ``fused_tile``), and
+    ``Wd[:, hot]^T``, both contiguous.  Also what ``SparseGatedMLP``'s compiled path builds in its graph
+    from the current weights."""
+    if fused_tile:
+        w_gemm = fused_gate_weight(w_gate, w_up, hot, cold, fused_tile)
+    else:
+        w_gemm = torch.cat([w_gate.index_select(0, hot), w_gate.index_select(0, cold), w_up.index_select(0, hot)], 0)
     return w_gemm, w_down.index_select(1, hot).t().contiguous()
 
 
@@ -127,3 +146,11 @@ def fused_gate_weight(
     pairs[:n_hot, 0] = w_gate.index_select(0, hot)
     pairs[:n_hot, 1] = w_up.index_select(0, hot)
     return torch.cat([pairs.reshape(2 * padded, d), w_gate.index_select(0, cold)], 0)
+
+
+def fused_gate_tile(tile: int, dtype: torch.dtype, hidden_size: int) -> int:
+    """The ``fused_tile`` a plan for this layer gets: ``tile`` when :data:`FUSED_GATE` is on and the fused
+    kernel takes the layer (a tile of FUSED_TILES, bf16 or fp16, rows of a multiple of 16 bytes for its
+    TMA loads), else 0."""
+    ok = tile in FUSED_TILES and dtype in (torch.bfloat16, torch.float16) and hidden_size * 2 % 16 == 0
+    return tile if FUSED_GATE and ok else 0
