@@ -77,8 +77,8 @@ _BU = _HIDDEN_BU
 _ONEPASS_CONFIG = (1024, 8, 16, 1024, 4, False, 1)
 #: At one token with unit-major Wd^T rows (what SparseGatedMLP passes), up and down of a firing block go
 #: unit by unit through whole rows (:func:`_fire_units`) instead of [BU, BK] tiles, for d up to this
-#: (the token's x row, its partial and two weight rows are held whole: 4 x 8 values a thread at 8192 on
-#: 8 warps).  False: the tile path at every token count (probes compare the two).
+#: (the token's x row, its partial and two weight rows are held whole: 4 x 32 values a thread at
+#: 8192 on 8 warps).  False: the tile path at every token count (probes compare the two).
 FIRE_UNITS_MAX_D: int | bool = 8192
 
 
