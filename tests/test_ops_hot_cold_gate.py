@@ -101,6 +101,22 @@ def test_hot_cold_op_through_the_fused_gate_matches_the_reference(case, dtype, d
     assert rel_error(out, ref_out) <= REL_TOL[dtype]
 
 
+def test_input_view_off_16_byte_alignment(device):
+    """x as a view that starts 4 bytes into a buffer: TMA needs 16-byte aligned rows, so it is copied."""
+    m, d, f, tile, cap, n_hot = 6, 32, 128, 32, 4, 32
+    p = make_problem(m, d, f, frac_pos=0.1, seed=8, dtype=torch.float32, device=device)
+    plan = _plan(p, n_hot)
+    flat = torch.empty(m * d + 1, dtype=torch.float32, device=device)
+    x = flat[1:].view(m, d)
+    x.copy_(p["x"])
+    assert x.data_ptr() % 16 != 0
+    w = _fused(p, plan, tile).w_gemm
+    got = launch_hot_cold_gate(x, w, n_hot, f - n_hot, plan.cold, tile=tile, capacity=cap, unit_ids=True)
+    want = launch_hot_cold_gate(p["x"], w, n_hot, f - n_hot, plan.cold, tile=tile, capacity=cap, unit_ids=True)
+    assert all(torch.equal(a, b) for a, b in zip(got[:2], want[:2], strict=True))
+    assert torch.equal(got[4], want[4])
+
+
 def test_fused_weight_layout():
     w_gate = torch.arange(6 * 2, dtype=torch.float32).reshape(6, 2)
     w_up = -w_gate

@@ -164,6 +164,8 @@ def launch_hot_cold_gate(
     n_out_tiles = n_hot_tiles + triton.cdiv(n_cold_tiles, 2)
     if m == 0 or n_out_tiles == 0:
         return h_hot, hot_counts, values, indices, cold_counts
+    # TMA reads from 16-byte aligned addresses: a view starting mid-way (a flat buffer's slice) is copied
+    x, w_fused = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (x, w_fused))
     bm, bk, stages, warps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
     tiles = triton.cdiv(m, bm) * n_out_tiles
     programs = min(tiles, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())) \
