@@ -68,7 +68,10 @@ def _hot_hidden_kernel(
 #: (bench_results/h200/cold_pack_gather_probe_session7.log): the cold gather 2.575 -> 2.147 ms at
 #: M=131072, l0=28; 2.892 -> 2.420 ms at M=131072, l0=56; 0.388 -> 0.323 ms at M=16384, l0=28.  The pack
 #: with ids cost 0.116 and 0.161 ms more at M=131072 (1.876 -> 1.992 and 1.661 -> 1.822 ms, both timed
-#: with the since removed two-non-zero fast path), 0.015 ms at M=16384: a net gain of ~0.3 ms at M=131072.
+#: with the since removed two-non-zero fast path), 0.015 ms at M=16384: a net gain of ~0.3 ms at M=131072
+#: predicted, but the whole op did not move (9.501 vs 9.437 ms at M=131072, 0.5 %, against session 6;
+#: ffn_session7_headline.json).  Kept on for the fused gate kernel, whose epilogue writes the ids for one
+#: map load per tile, so there the gather's gain comes without the pack's cost.
 #: A wider F (ids beyond int16) keeps the column indices and the map lookup.
 COLD_UNIT_IDS = True
 
