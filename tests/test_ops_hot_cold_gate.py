@@ -193,3 +193,34 @@ def test_gpu_bf16_real_shape_with_poisoned_outputs(m):
     want = ref.dense_gated_ffn(*(t.float() for t in (x, wg, wu, wd))).to(torch.bfloat16)
     assert not bool(torch.isnan(out).any())
     assert rel_error(out, want) <= REL_TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_gpu_fused_op_replays_from_a_cuda_graph_on_the_current_stream():
+    """The fused op (host-built TMA descriptors passed by value) recorded in a CUDA graph on a side stream
+    replays to the eager result for new inputs copied into the recorded buffer."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+    d, f, tile, cap, m = 2048, 5632, 128, 16, 4096
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    p = synthetic_ffn_problem(2 * m, d, f, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
+    wg, wu, wdt = p["w_gate"], p["w_up"], p["w_down"].t().contiguous()
+    hot = torch.argsort(hot_cold_plan.unit_frequency(p["x"], wg), descending=True)[:576]
+    plan = build_hot_cold_plan(wg, wu, p["w_down"], hot, fused_tile=tile)
+    x = p["x"][:m].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=tile, capacity=cap)  # compile outside capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            out, counts = hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=tile, capacity=cap)
+    torch.cuda.current_stream().wait_stream(side)
+    x.copy_(p["x"][m:])
+    graph.replay()
+    want, want_counts = hot_cold.launch_hot_cold_ffn(p["x"][m:].contiguous(), plan, wg, wu, wdt, tile=tile,
+                                                     capacity=cap)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and torch.equal(counts, want_counts)
