@@ -50,7 +50,7 @@ for stage in $STAGES; do
     launchcost) run_stage launchcost 90 python3 scripts/launch_overhead.py ;;
     coldprobe) run_stage coldprobe 150 python3 scripts/cold_pack_gather_probe.py ;;
     gemmprobe) run_stage gemmprobe 150 python3 scripts/triton_gemm_probe.py ;;
-    fusedgate) run_stage fusedgate 200 python3 scripts/hot_cold_gate_probe.py ;;
+    fusedgate) run_stage fusedgate 260 python3 scripts/hot_cold_gate_probe.py ;;
     switchovh) run_stage switchovh 120 python3 scripts/train_switch_overhead.py ${ARGS_SWITCHOVH:-} ;;
     overhead) run_stage overhead 120 python3 scripts/module_overhead.py --device cuda ${ARGS_OVERHEAD:-} ;;
     *) echo "unknown stage $stage" | tee -a "$RUN/stages.txt" ;;
