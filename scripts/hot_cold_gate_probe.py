@@ -45,15 +45,11 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     plan = build_hot_cold_plan(wg, wu, wd, hot)
     n_hot, n_cold = plan.n_hot, f - plan.n_hot
     fused_plan = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
-    n_hot_tiles = -(-n_hot // tile)
 
     def three() -> tuple:
         gu = F.linear(x, plan.w_gemm)
-        h = torch.empty((m, n_hot), dtype=x.dtype, device=dev)
-        hc = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=dev)
-        hot_cold._hot_hidden_kernel[(-(-m // 32), n_hot_tiles)](gu, h, hc, m, n_hot, f, gu.stride(0), n_hot_tiles,
-                                                                BLOCK_M=32, TILE=tile, num_warps=4)
-        return h, hc, *launch_pack_twell(gu[:, n_hot:f], tile, cap, unit_map=plan.cold if unit_ids else None)
+        return (*hot_cold.launch_hot_hidden(gu, n_hot, f, tile),
+                *launch_pack_twell(gu[:, n_hot:f], tile, cap, unit_map=plan.cold if unit_ids else None))
 
     def fused() -> tuple:
         return launch_hot_cold_gate(x, fused_plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile, capacity=cap,

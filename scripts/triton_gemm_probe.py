@@ -26,9 +26,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from twell.bench.probe import probe_args
 from twell.bench.timing import time_ms
-from twell.ops._runtime import interpreting
-from twell.ops.gate_kernel import dot_acc, round_to
-from twell.ops.hot_cold_gate_kernel import _tile_coords
+from twell.ops._runtime import interpreting, sm_count
+from twell.ops.gate_kernel import dot_acc, round_to, tile_coords
 from twell.tolerances import REL_TOL, rel_error
 
 #: (BM, BN, BK, stages, warps, persistent, warp-specialised); Hopper's usual bf16 tiles first.
@@ -52,7 +51,7 @@ def _tma_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.c
     num_pid_n = tl.cdiv(N, BN)
     k_tiles = tl.cdiv(K, BK)
     for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, N_PROGRAMS, warp_specialize=WS):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BM
         off_n = pid_n * BN
         acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -69,8 +68,7 @@ def tma_gemm(x: torch.Tensor, w: torch.Tensor, cfg: tuple, out: torch.Tensor) ->
     m, k = x.shape
     n = w.shape[0]
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    programs = min(tiles, torch.cuda.get_device_properties(x.device).multi_processor_count) if (
-        persistent and x.is_cuda) else tiles
+    programs = min(tiles, sm_count(x.device.index)) if persistent and x.is_cuda else tiles
     a_desc = TensorDescriptor.from_tensor(x, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(w, [bn, bk])
     c_desc = TensorDescriptor.from_tensor(out, [bm, bn])

@@ -41,14 +41,9 @@ def _fused(p, plan, tile):
 
 def _three_kernels(x, plan, tile, cap, unit_ids):
     """The unfused path's intermediates: cuBLAS-style GEMM, hot hidden kernel, cold pack."""
-    m, f, n_hot = x.shape[0], plan.n_units, plan.n_hot
+    f, n_hot = plan.n_units, plan.n_hot
     gu = torch.nn.functional.linear(x, plan.w_gemm)
-    n_hot_tiles = -(-n_hot // tile)
-    h_hot = torch.empty((m, n_hot), dtype=x.dtype, device=x.device)
-    hot_counts = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=x.device)
-    if n_hot:
-        hot_cold._hot_hidden_kernel[(-(-m // 32), n_hot_tiles)](gu, h_hot, hot_counts, m, n_hot, f, gu.stride(0),
-                                                                n_hot_tiles, BLOCK_M=32, TILE=tile, num_warps=4)
+    h_hot, hot_counts = hot_cold.launch_hot_hidden(gu, n_hot, f, tile)
     cold = launch_pack_twell(gu[:, n_hot:f], tile, cap, unit_map=plan.cold if unit_ids else None)
     return h_hot, hot_counts, cold
 

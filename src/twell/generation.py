@@ -105,8 +105,7 @@ def _unit_major_down_ptr(mlp: SparseGatedMLP, batch: int) -> int:
     copy, refreshed now (a decode step reads it unchecked, ``static_dispatch(unit_major_down=True)``), and
     that copy's storage address (rebuilt at a new address after a weight change: a new recording); 0 for
     the other layers and where nothing is cached (inference-tensor weights: the step reads the view)."""
-    weight = mlp._weights()[0]
-    if not mlp.policy.use_decode(batch, device_type=weight.device.type, shape=(mlp.hidden_size, mlp.intermediate_size)):
+    if mlp._path(batch, mlp._weights()[0].device.type) != "decode":
         return 0
     mlp.w_down_unit_major()
     cached = mlp._buffers["_wd_unit_major"]

@@ -45,3 +45,14 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (>= 1): block sizes of tl.arange must be powers of two."""
     return 1 << max(0, (n - 1).bit_length())
+
+
+def sm_count(device_index: int | None = None) -> int:
+    """Streaming multiprocessors of a CUDA device (None: the current one), cached per device: a persistent
+    grid's program count, read at every launch."""
+    return _sm_count(torch.cuda.current_device() if device_index is None else device_index)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count

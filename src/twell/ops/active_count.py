@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from ._runtime import interpreting, triton_available
+from ._runtime import interpreting, sm_count, triton_available
 
 __all__ = ["mean_active_per_token"]
 
@@ -63,7 +63,7 @@ if triton_available():
 def _programs_cap(device_index: int | None) -> int:
     if not torch.cuda.is_available():
         return _DEFAULT_PROGRAMS
-    return _PROGRAMS_PER_SM * torch.cuda.get_device_properties(device_index).multi_processor_count
+    return _PROGRAMS_PER_SM * sm_count(device_index)
 
 
 def _use_kernel(a: torch.Tensor) -> bool:

@@ -214,13 +214,7 @@ def _fire_units(a_row, unit_act, x_ptr, wu_ptr, wdt_ptr, part_ptr, pid, D, strid
             wu = tl.load(wu_ptr + row * stride_wu + cols, mask=c_ok, other=0.0).to(tl.float32)
             wd = tl.load(wdt_ptr + row * stride_wf + cols, mask=c_ok, other=0.0).to(tl.float32)
             a_j = tl.sum(tl.where(offs_u == j, a_row, 0.0), axis=0)
-            u = tl.sum(xr * wu, axis=0)
-            if MATCH:
-                h = round_to(a_j * round_to(u, x_ptr.dtype.element_ty).to(tl.float32),
-                             x_ptr.dtype.element_ty).to(tl.float32)
-            else:
-                h = a_j * u
-            part += h * wd
+            part += _round_hidden(a_j, tl.sum(xr * wu, axis=0), x_ptr, MATCH) * wd
     tl.store(part_ptr + pid.to(tl.int64) * D + cols, part, mask=c_ok)
 
 
@@ -232,13 +226,17 @@ def _load_rows(w_ptr, w_rows, w_ok, k, k_ok, stride_row, stride_col):
 
 
 @triton.jit
-def _hidden(a, u, act, x_ptr, MATCH: tl.constexpr):
-    """h = a u (rounded as the dense FFN rounds u and h with ``MATCH``), 0 where the unit does not fire."""
+def _round_hidden(a, u, x_ptr, MATCH: tl.constexpr):
+    """h = a u, with ``MATCH`` rounded as the dense FFN rounds u and h (to x's dtype)."""
     if MATCH:
-        h = round_to(a * round_to(u, x_ptr.dtype.element_ty).to(tl.float32), x_ptr.dtype.element_ty).to(tl.float32)
-    else:
-        h = a * u
-    return tl.where(act, h, 0.0)
+        return round_to(a * round_to(u, x_ptr.dtype.element_ty).to(tl.float32), x_ptr.dtype.element_ty).to(tl.float32)
+    return a * u
+
+
+@triton.jit
+def _hidden(a, u, act, x_ptr, MATCH: tl.constexpr):
+    """h = a u (see :func:`_round_hidden`), 0 where the unit does not fire."""
+    return tl.where(act, _round_hidden(a, u, x_ptr, MATCH), 0.0)
 
 
 @triton.jit

@@ -41,6 +41,16 @@ def relu_keep_nan(g):
 
 
 @triton.jit
+def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """``(pid_m, pid_n)`` of output tile ``tile_id`` in grouped order: GROUP_M row blocks sweep all column
+    blocks together, so their x rows and weight tiles stay in L2 (the trick of Triton's matmul tutorial)."""
+    in_group = GROUP_M * num_pid_n
+    first_m = (tile_id // in_group) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (tile_id % in_group) % group_m, (tile_id % in_group) // group_m
+
+
+@triton.jit
 def dot_acc(a, b, acc, DOT_FP32: tl.constexpr):
     """``acc + a @ b``: with DOT_FP32, true fp32 products of fp32 operands (not tf32; fp32 inputs, and the
     interpreter, which needs fp32 operands), else the operands' own tensor-core dot."""
@@ -95,16 +105,7 @@ def _gate_twell_kernel(
 ):
     """EPILOGUE 0 writes TwELL; 1 writes only the counts and 2 the dense activation into ``val_ptr``
     viewed as [M, F] (diagnostics: they time the GEMM with a cheaper epilogue)."""
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    # Grouped launch order: GROUP_M row blocks sweep all column tiles together, so their x rows and
-    # the Wg tiles stay in L2 (same trick as Triton's matmul tutorial).
-    num_pid_in_group = GROUP_M * n_tiles
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), n_tiles, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * TILE + tl.arange(0, TILE)

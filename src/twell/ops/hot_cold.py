@@ -83,6 +83,22 @@ def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tenso
     return h_hot.float() @ w_down_hot_t.float()
 
 
+def launch_hot_hidden(gu: torch.Tensor, n_hot: int, n_units: int, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(h_hot [M, H], hot_counts [M, cdiv(H, tile)])`` from the split's GEMM output gu [M, F + H] (columns
+    ``Wg[hot]``, ``Wg[cold]``, ``Wu[hot]``; F = ``n_units``) through :func:`_hot_hidden_kernel`."""
+    m = gu.shape[0]
+    n_hot_tiles = triton.cdiv(n_hot, tile)
+    h_hot = torch.empty((m, n_hot), dtype=gu.dtype, device=gu.device)
+    hot_counts = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=gu.device)
+    if n_hot and m:
+        block_m = 32
+        _hot_hidden_kernel[(triton.cdiv(m, block_m), n_hot_tiles)](
+            gu, h_hot, hot_counts, m, n_hot, n_units, gu.stride(0), n_hot_tiles, BLOCK_M=block_m, TILE=tile,
+            num_warps=4,
+        )
+    return h_hot, hot_counts
+
+
 def launch_hot_cold_ffn(
     x: torch.Tensor,
     plan: HotColdPlan,
@@ -109,54 +125,45 @@ def launch_hot_cold_ffn(
     m, d = x.shape
     f, n_hot = plan.n_units, plan.n_hot
     n_cold = f - n_hot
-    n_hot_tiles = triton.cdiv(n_hot, tile)
     if plan.fused_tile:
-        return _hot_cold_ffn_fused_gate(x, plan, w_gate, w_up, w_down_t, tile=tile, capacity=capacity,
-                                        cold_format=cold_format)
-    gu = torch.nn.functional.linear(x, plan.w_gemm)
-    h_hot = torch.empty((m, n_hot), dtype=x.dtype, device=x.device)
-    hot_counts = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=x.device)
-    init = None
-    if n_hot and m:
-        block_m = 32
-        _hot_hidden_kernel[(triton.cdiv(m, block_m), n_hot_tiles)](
-            gu, h_hot, hot_counts, m, n_hot, f, gu.stride(0), n_hot_tiles, BLOCK_M=block_m, TILE=tile, num_warps=4
-        )
-        init = _hot_partial(h_hot, plan.w_down_hot_t)
-    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
-    g_cold = gu[:, n_hot:f]
+        _check_fused_gate(x, plan, tile, cold_format)
     if cold_format == "auto":
         # TwELL slots: on the H200 the bitmap's pack was 2x faster (0.90 vs 1.63 ms at M=131072, l0=28)
         # but its gather paid more for finding each pair (a longer chain of dependent loads per step):
         # the whole op took 9.93 vs 9.24 ms there and 1.31 vs 1.23 ms at M=16384
         # (bench_results/h200/cold_format_probe.log).
         cold_format = "twell"
-    if cold_format == "bitmap":
-        bits, counts = launch_pack_bitmap(g_cold, tile)
-        if n_cold:
-            launch_bitmap_ffn(x, g_cold, bits, counts, plan.cold, w_up, w_down_t, tile=tile, out=out, init=init)
-    elif cold_format == "twell":
-        unit_ids = COLD_UNIT_IDS and f < 2**15  # unit ids stored as int16
-        values, indices, counts = launch_pack_twell(g_cold, tile, capacity, unit_map=plan.cold if unit_ids else None)
-        if n_cold:
-            launch_twell_ffn(x, values, indices, counts, None, None, w_gate, w_up, w_down_t, n_cols=n_cold,
-                             tile=tile, round_hidden=True, out=out, unit_map=plan.cold, init=init,
-                             idx_is_unit=unit_ids)
-    else:
+    if cold_format not in ("bitmap", "twell"):
         raise ValueError(f"cold_format must be one of {', '.join(COLD_FORMATS)}; got {cold_format!r}")
+    unit_ids = COLD_UNIT_IDS and f < 2**15  # unit ids stored as int16
+    if plan.fused_tile:
+        h_hot, hot_counts, *cold = launch_hot_cold_gate(x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile,
+                                                        capacity=capacity, unit_ids=unit_ids)
+    else:
+        gu = torch.nn.functional.linear(x, plan.w_gemm)
+        h_hot, hot_counts = launch_hot_hidden(gu, n_hot, f, tile)
+        g_cold = gu[:, n_hot:f]
+        if cold_format == "bitmap":
+            cold = launch_pack_bitmap(g_cold, tile)
+        else:
+            cold = launch_pack_twell(g_cold, tile, capacity, unit_map=plan.cold if unit_ids else None)
+    init = _hot_partial(h_hot, plan.w_down_hot_t) if n_hot and m else None
+    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
     if n_cold == 0:  # every unit hot: the output is the hot partial sum alone
         if init is not None:
             out.copy_(init)
         else:
             out.zero_()
-    return out, torch.cat([counts, hot_counts], 1)
+    elif cold_format == "bitmap":
+        launch_bitmap_ffn(x, g_cold, *cold, plan.cold, w_up, w_down_t, tile=tile, out=out, init=init)
+    else:
+        launch_twell_ffn(x, *cold, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile, round_hidden=True,
+                         out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids)
+    return out, torch.cat([cold[-1], hot_counts], 1)
 
 
-def _hot_cold_ffn_fused_gate(
-    x: torch.Tensor, plan: HotColdPlan, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor, *,
-    tile: int, capacity: int, cold_format: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`launch_hot_cold_ffn` with the GEMM, hot hidden state and cold pack in one kernel."""
+def _check_fused_gate(x: torch.Tensor, plan: HotColdPlan, tile: int, cold_format: str) -> None:
+    """What the fused gate kernel needs from a call of :func:`launch_hot_cold_ffn`."""
     if tile != plan.fused_tile:
         raise ValueError(f"the plan's gate weight is laid out for the fused kernel at tile {plan.fused_tile}; the "
                          f"call asks for tile {tile} (build the plan with fused_tile={tile}, or 0)")
@@ -166,19 +173,3 @@ def _hot_cold_ffn_fused_gate(
     if (x.shape[1] * x.element_size()) % 16:
         raise ValueError(f"the fused hot/cold gate reads rows through TMA: d * itemsize must be a multiple of 16 "
                          f"bytes, got d={x.shape[1]} in {x.dtype}")
-    m, d = x.shape
-    f, n_hot = plan.n_units, plan.n_hot
-    n_cold = f - n_hot
-    unit_ids = COLD_UNIT_IDS and f < 2**15  # unit ids stored as int16
-    h_hot, hot_counts, values, indices, counts = launch_hot_cold_gate(
-        x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile, capacity=capacity, unit_ids=unit_ids)
-    init = _hot_partial(h_hot, plan.w_down_hot_t) if n_hot and m else None
-    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
-    if n_cold:
-        launch_twell_ffn(x, values, indices, counts, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile,
-                         round_hidden=True, out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids)
-    elif init is not None:  # every unit hot: the output is the hot partial sum alone
-        out.copy_(init)
-    else:
-        out.zero_()
-    return out, torch.cat([counts, hot_counts], 1)

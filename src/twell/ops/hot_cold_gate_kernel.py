@@ -28,15 +28,13 @@ GEMM's summation order differs from cuBLAS's.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._runtime import interpreting
-from .gate_kernel import _twell_epilogue, dot_acc, relu_keep_nan, round_to
+from ._runtime import interpreting, sm_count
+from .gate_kernel import _twell_epilogue, dot_acc, relu_keep_nan, round_to, tile_coords
 from .hot_cold_plan import FUSED_TILES
 
 #: ``(BM, BK, stages, warps)`` on the GPU: the best TMA configuration of the probe at M=131072
@@ -49,15 +47,6 @@ _INTERPRET_CONFIG = (16, 16, 1, 4)
 #: bytes with the product against 324 with the scan, the [BM, 256] fp32 accumulator alone holding 128
 #: registers a thread, so the scan until the probe (scripts/hot_cold_gate_probe.py) times both.
 FUSED_PREFIX_DOT = False
-
-
-@triton.jit
-def _tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Grouped order: GROUP_M row blocks sweep the column blocks together (their operands stay in L2)."""
-    in_group = GROUP_M * num_pid_n
-    first_m = (tile_id // in_group) * GROUP_M
-    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    return first_m + (tile_id % in_group) % group_m, (tile_id % in_group) // group_m
 
 
 @triton.jit
@@ -107,7 +96,7 @@ def _hot_cold_gate_kernel(
     dtype: tl.constexpr = val_ptr.dtype.element_ty
     num_pid_m = tl.cdiv(M, BM)
     for tile_id in tl.range(tl.program_id(0), num_pid_m * n_out_tiles, n_programs):
-        pid_m, pid_n = _tile_coords(tile_id, num_pid_m, n_out_tiles, GROUP_M)
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, n_out_tiles, GROUP_M)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
             a = x_desc.load([pid_m * BM, k0])
@@ -124,11 +113,6 @@ def _hot_cold_gate_kernel(
                            TILE, CAP, MAP_IDS, PREFIX_DOT)
             _cold_epilogue(right, pid_m, first + 1, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
                            BM, TILE, CAP, MAP_IDS, PREFIX_DOT)
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def launch_hot_cold_gate(
@@ -168,8 +152,7 @@ def launch_hot_cold_gate(
     x, w_fused = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (x, w_fused))
     bm, bk, stages, warps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
     tiles = triton.cdiv(m, bm) * n_out_tiles
-    programs = min(tiles, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())) \
-        if dev.type == "cuda" else tiles
+    programs = min(tiles, sm_count(dev.index)) if dev.type == "cuda" else tiles
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
     w_desc = TensorDescriptor.from_tensor(w_fused, [2 * tile, bk])
     _hot_cold_gate_kernel[(programs,)](
