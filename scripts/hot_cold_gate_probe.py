@@ -27,10 +27,12 @@ from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import rel_error
 
 TILE, CAP = 128, 16
-#: (BM, BK, stages, warps) of the fused kernel, the shipped one first.  ptxas (sm_90a, tile 128, scan
-#: prefix): BM 128 spills 324-500 B at 255 registers, BM 64 on 8 warps none (the cold epilogue's
-#: [BM, 128] halves are what spill); BK 128 at BM 64 needs 245 KB of shared memory (over the 227 KB).
-CONFIGS = [(128, 64, 3, 8), (128, 64, 4, 8), (64, 64, 3, 8), (64, 64, 4, 8)]
+#: ((BM, BK, stages, warps), tensor-core prefix, flattened loop) of the fused kernel, the shipped one
+#: first.  Session 8 (H200, M=131072, l0=28): (128, 64, 3, 8) with the scan 6.038 ms, with the dot
+#: prefix 8.871; BM 64 7.239-9.876 (bench_results/h200/hot_cold_gate_probe_session8.log), so the dot
+#: prefix and BM 64 on 3 stages are out.  ptxas spills 324 B (3 stages) / 556 B (flattened).
+CONFIGS = [((128, 64, 3, 8), False, False), ((128, 64, 3, 8), False, True), ((128, 64, 4, 8), False, True),
+           ((64, 64, 4, 8), False, False), ((64, 64, 4, 8), False, True)]
 
 
 def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, cap: int, configs: list,
@@ -58,21 +60,24 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     want = three()
     parts = [f"three kernels {time_ms(three, device=dev, rep_ms=rep_ms):.3f} ms "
              f"(GEMM alone {time_ms(lambda: F.linear(x, plan.w_gemm), device=dev, rep_ms=rep_ms):.3f})"]
-    default = (hot_cold_gate_kernel._GPU_CONFIG, hot_cold_gate_kernel.FUSED_PREFIX_DOT)
+    knobs = ("_GPU_CONFIG", "FUSED_PREFIX_DOT", "FUSED_FLATTEN")
+    default = tuple(getattr(hot_cold_gate_kernel, k) for k in knobs)
     try:
-        for cfg in configs:
-            for prefix_dot in (False, True):
-                hot_cold_gate_kernel._GPU_CONFIG, hot_cold_gate_kernel.FUSED_PREFIX_DOT = cfg, prefix_dot
-                try:
-                    got = fused()
-                    same = sum(int(torch.equal(got[i], want[i])) for i in (1, 4))
-                    t = time_ms(fused, device=dev, rep_ms=rep_ms)
-                    parts.append(f"fused {cfg} {'dot' if prefix_dot else 'scan'} {t:.3f} ms "
-                                 f"(counts equal {same}/2, h rel {rel_error(got[0], want[0]):.1e})")
-                except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
-                    parts.append(f"fused {cfg} {prefix_dot}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
+        for variant in configs:
+            for k, v in zip(knobs, variant):
+                setattr(hot_cold_gate_kernel, k, v)
+            cfg, prefix_dot, flatten = variant
+            name = f"fused {cfg} {'dot' if prefix_dot else 'scan'}{' flat' if flatten else ''}"
+            try:
+                got = fused()
+                same = sum(int(torch.equal(got[i], want[i])) for i in (1, 4))
+                t = time_ms(fused, device=dev, rep_ms=rep_ms)
+                parts.append(f"{name} {t:.3f} ms (counts equal {same}/2, h rel {rel_error(got[0], want[0]):.1e})")
+            except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
+                parts.append(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
     finally:
-        hot_cold_gate_kernel._GPU_CONFIG, hot_cold_gate_kernel.FUSED_PREFIX_DOT = default
+        for k, v in zip(knobs, default):
+            setattr(hot_cold_gate_kernel, k, v)
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | " + " | ".join(parts), flush=True)
     weights = (wg, wu, wdt)
     unfused_out = hot_cold.launch_hot_cold_ffn(x, plan, *weights, tile=tile, capacity=cap)[0]
@@ -94,7 +99,7 @@ def main() -> None:
         {28.0: 576, 56.0: 1344}, CONFIGS, 100.0
     tile, cap = TILE, CAP
     if tiny:
-        d, f, points, hot_n, configs, rep_ms = 64, 700, ((40, 6.0),), {6.0: 64}, [(16, 16, 1, 4)], 1.0
+        d, f, points, hot_n, configs, rep_ms = 64, 700, ((40, 6.0),), {6.0: 64}, [((16, 16, 1, 4), False, False)], 1.0
         tile, cap = 32, 4
     for m, l0 in points:
         probe_point(m, l0, d, f, hot_n[l0], tile, cap, configs, dev, rep_ms)

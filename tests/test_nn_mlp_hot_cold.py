@@ -112,7 +112,7 @@ def test_hot_cold_training_rechooses_the_hot_set_when_the_token_count_moves():
 
 
 def test_fused_gate_switch_gives_the_same_output_eager_and_compiled(monkeypatch):
-    """With ``hot_cold_plan.FUSED_GATE`` on, a bf16 layer's plan holds the fused kernel's weight layout and
+    """With ``hot_cold_plan.FUSED_GATE`` on (the default), a bf16 layer's plan holds the fused kernel's weight layout and
     the op runs the fused gate kernel (eager: the cached plan; compiled: the layout built in the graph);
     on exact inputs the output equals the unfused path's."""
     from twell.ops import hot_cold, hot_cold_plan
@@ -122,6 +122,7 @@ def test_fused_gate_switch_gives_the_same_output_eager_and_compiled(monkeypatch)
     monkeypatch.setattr(hot_cold, "launch_hot_cold_gate", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
     layer = _layer(l0_refresh_every=1000).to(torch.bfloat16)
     x = _x(40, seed=3).to(torch.bfloat16)
+    monkeypatch.setattr(hot_cold_plan, "FUSED_GATE", False)
     with torch.no_grad():
         want = layer(x)  # chooses the hot units (refresh call), unfused plan
         assert calls == []

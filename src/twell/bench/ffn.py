@@ -90,7 +90,7 @@ def run_point(
     # The hot/cold split, hot units chosen from a 4096-token sample as SparseGatedMLP does.
     hot = ops.choose_hot_units(ops.unit_frequency(x, wg))
     # the fused gate layout where hot_cold_plan.FUSED_GATE (--fused-gate) and the layer allow it
-    plan = ops.build_hot_cold_plan(wg, wu, wd, hot, fused_tile=fused_gate_tile(DEFAULT_TILE, x.dtype, x.shape[1]))
+    plan = ops.build_hot_cold_plan(wg, wu, wd, hot, fused_tile=fused_gate_tile(DEFAULT_TILE, x.dtype, x.shape[1], x.device))
     row["n_hot"] = plan.n_hot
     row["hotcold_rel_err"] = rel_error(ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, backend=cfg.backend), ref)
     decode = 1 <= m <= ops.DECODE_MAX_TOKENS
@@ -217,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rep-ms", type=float, default=100.0)
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     p.add_argument("--stem", default="ffn")
-    p.add_argument("--fused-gate", action="store_true",
+    p.add_argument("--fused-gate", action=argparse.BooleanOptionalAction, default=True,
                    help="the hot/cold split's GEMM, hot hidden state and cold pack in one kernel "
-                        "(twell.ops.hot_cold_gate_kernel; hot-cold column and dispatched module)")
+                        "(twell.ops.hot_cold_gate_kernel; hot-cold column and dispatched module; on by default)")
     a = p.parse_args(argv)
     hot_cold_plan.FUSED_GATE = a.fused_gate
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

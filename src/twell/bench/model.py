@@ -86,9 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto", help="sparse inference backend")
     p.add_argument("--fused-norms", action="store_true",
                    help="run the model's RMSNorms through F.rms_norm (twell.nn.fuse_rms_norms), every variant alike")
-    p.add_argument("--fused-gate", action="store_true",
+    p.add_argument("--fused-gate", action=argparse.BooleanOptionalAction, default=True,
                    help="sparse layers' hot/cold split with its GEMM, hot hidden state and cold pack in one kernel "
-                        "(twell.ops.hot_cold_gate_kernel; bf16/fp16)")
+                        "(twell.ops.hot_cold_gate_kernel; bf16/fp16; on by default)")
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("sparsity (see twell.bench.model_sparsity)")

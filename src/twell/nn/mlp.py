@@ -483,7 +483,7 @@ class SparseGatedMLP(nn.Module):
             capacity = self.capacity or default_capacity(self.tile)
             plan = self._hot_cold._plan
             if self.hot_cold and self.precision == "match" and backend == "triton" and plan is not None:
-                fused_tile = fused_gate_tile(self.tile, x.dtype, self.hidden_size)
+                fused_tile = fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device)
                 w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, plan.hot, plan.cold,
                                                           fused_tile=fused_tile)
                 out, _ = torch.ops.twell.hot_cold_gated_ffn_unchecked(
@@ -679,7 +679,7 @@ class SparseGatedMLP(nn.Module):
             if self._state.refresh_now or not self._hot_cold.chosen:
                 self._hot_cold.refresh(x, w_gate, w_up, w_down)
             plan = self._hot_cold.plan(w_gate, w_up, w_down, key=prep.generation,
-                                       fused_tile=fused_gate_tile(self.tile, x.dtype, self.hidden_size))
+                                       fused_tile=fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device))
         w_down_t = self._buffers["_wd_unit_major"]  # current: _prepare_sparse rebuilt it if Wd changed
         if w_down_t is None or prep.key is None:
             w_down_t = self.w_down_unit_major()

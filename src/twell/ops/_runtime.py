@@ -47,6 +47,19 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def tma_capable(device: torch.device) -> bool:
+    """Whether Triton's TMA tensor descriptors run on ``device``: CUDA of compute capability >= 9.0
+    (Hopper on), or the interpreter on the CPU."""
+    if device.type == "cuda":
+        return _capability(torch.cuda.current_device() if device.index is None else device.index)[0] >= 9
+    return interpreting()
+
+
+@functools.cache
+def _capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
 def sm_count(device_index: int | None = None) -> int:
     """Streaming multiprocessors of a CUDA device (None: the current one), cached per device: a persistent
     grid's program count, read at every launch."""

@@ -47,6 +47,11 @@ _INTERPRET_CONFIG = (16, 16, 1, 4)
 #: bytes with the product against 324 with the scan, the [BM, 256] fp32 accumulator alone holding 128
 #: registers a thread, so the scan until the probe (scripts/hot_cold_gate_probe.py) times both.
 FUSED_PREFIX_DOT = False
+#: Flatten the persistent loop over output tiles with the K loop (``tl.range(..., flatten=True)``), so
+#: that the software pipeliner can issue the next tile's TMA loads during this tile's epilogue.  The
+#: epilogue costs 1.14 ms over the GEMM alone at M=131072, l0=28 (6.038 vs 4.896 ms, H200,
+#: bench_results/h200/hot_cold_gate_probe_session8.log); ptxas spills 556 B flattened against 324.
+FUSED_FLATTEN = False
 
 
 @triton.jit
@@ -88,14 +93,14 @@ def _hot_cold_gate_kernel(
     x_desc, w_desc, h_ptr, hcnt_ptr, val_ptr, idx_ptr, ccnt_ptr, map_ptr, M, H, N_COLD, K, n_hot_tiles,
     n_cold_tiles, n_out_tiles, n_programs,
     BM: tl.constexpr, BK: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, GROUP_M: tl.constexpr,
-    MAP_IDS: tl.constexpr, PREFIX_DOT: tl.constexpr, DOT_FP32: tl.constexpr,
+    MAP_IDS: tl.constexpr, PREFIX_DOT: tl.constexpr, DOT_FP32: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
     ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each)."""
     BN: tl.constexpr = 2 * TILE
     dtype: tl.constexpr = val_ptr.dtype.element_ty
     num_pid_m = tl.cdiv(M, BM)
-    for tile_id in tl.range(tl.program_id(0), num_pid_m * n_out_tiles, n_programs):
+    for tile_id in tl.range(tl.program_id(0), num_pid_m * n_out_tiles, n_programs, flatten=FLATTEN):
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, n_out_tiles, GROUP_M)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
@@ -161,6 +166,7 @@ def launch_hot_cold_gate(
         BM=bm, BK=bk, TILE=tile, CAP=capacity, GROUP_M=8, MAP_IDS=unit_ids,
         # the interpreter's dot needs fp32 operands, so its prefix is the scan
         PREFIX_DOT=FUSED_PREFIX_DOT and not interpreting() and x.dtype != torch.float32,
-        DOT_FP32=interpreting() or x.dtype == torch.float32, num_stages=stages, num_warps=warps,
+        DOT_FP32=interpreting() or x.dtype == torch.float32, FLATTEN=FUSED_FLATTEN and not interpreting(),
+        num_stages=stages, num_warps=warps,
     )
     return h_hot, hot_counts, values, indices, cold_counts

@@ -23,9 +23,11 @@ HOT_MULTIPLE = 64
 FREQUENCY_SAMPLE_TOKENS = 4096
 #: Plans built for ``SparseGatedMLP`` (and ``twell bench ffn``'s hot/cold column) hold the fused gate
 #: kernel's weight layout (``twell.ops.hot_cold_gate_kernel``) where :func:`fused_gate_tile` allows it:
-#: the GEMM, the hot hidden state and the cold pack in one kernel.  Off until measured on the GPU
-#: (``scripts/hot_cold_gate_probe.py``); ``twell bench ffn / model --fused-gate`` turn it on for a run.
-FUSED_GATE = False
+#: the GEMM, the hot hidden state and the cold pack in one kernel.  On since the H200 probe
+#: (bench_results/h200/hot_cold_gate_probe_session8.log, d=2048, F=5632): the three kernels it replaces
+#: 6.797 -> 6.038 ms at M=131072, l0=28, the op 9.383 -> 8.559 ms (dense 13.483); 1.256 -> 1.152 ms at
+#: M=16384.  ``twell bench ffn / model --no-fused-gate`` turn it off for a run.
+FUSED_GATE = True
 #: The TwELL tiles the fused gate kernel takes (output tiles of 2 * tile columns, at most 256).
 FUSED_TILES = (16, 32, 64, 128)
 
@@ -148,9 +150,12 @@ def fused_gate_weight(
     return torch.cat([pairs.reshape(2 * padded, d), w_gate.index_select(0, cold)], 0)
 
 
-def fused_gate_tile(tile: int, dtype: torch.dtype, hidden_size: int) -> int:
+def fused_gate_tile(tile: int, dtype: torch.dtype, hidden_size: int, device: torch.device | None = None) -> int:
     """The ``fused_tile`` a plan for this layer gets: ``tile`` when :data:`FUSED_GATE` is on and the fused
     kernel takes the layer (a tile of FUSED_TILES, bf16 or fp16, rows of a multiple of 16 bytes for its
-    TMA loads), else 0."""
+    TMA loads, and on CUDA a device with TMA: compute capability >= 9.0), else 0."""
+    from ._runtime import tma_capable
+
     ok = tile in FUSED_TILES and dtype in (torch.bfloat16, torch.float16) and hidden_size * 2 % 16 == 0
+    ok = ok and (device is None or device.type != "cuda" or tma_capable(device))
     return tile if FUSED_GATE and ok else 0
