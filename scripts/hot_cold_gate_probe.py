@@ -64,7 +64,7 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     default = tuple(getattr(hot_cold_gate_kernel, k) for k in knobs)
     try:
         for variant in configs:
-            for k, v in zip(knobs, variant):
+            for k, v in zip(knobs, variant, strict=True):
                 setattr(hot_cold_gate_kernel, k, v)
             cfg, prefix_dot, flatten = variant
             name = f"fused {cfg} {'dot' if prefix_dot else 'scan'}{' flat' if flatten else ''}"
@@ -76,7 +76,7 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
             except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
                 parts.append(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
     finally:
-        for k, v in zip(knobs, default):
+        for k, v in zip(knobs, default, strict=True):
             setattr(hot_cold_gate_kernel, k, v)
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | " + " | ".join(parts), flush=True)
     weights = (wg, wu, wdt)

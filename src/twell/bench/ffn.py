@@ -90,7 +90,8 @@ def run_point(
     # The hot/cold split, hot units chosen from a 4096-token sample as SparseGatedMLP does.
     hot = ops.choose_hot_units(ops.unit_frequency(x, wg))
     # the fused gate layout where hot_cold_plan.FUSED_GATE (--fused-gate) and the layer allow it
-    plan = ops.build_hot_cold_plan(wg, wu, wd, hot, fused_tile=fused_gate_tile(DEFAULT_TILE, x.dtype, x.shape[1], x.device))
+    fused_tile = fused_gate_tile(DEFAULT_TILE, x.dtype, x.shape[1], x.device)
+    plan = ops.build_hot_cold_plan(wg, wu, wd, hot, fused_tile=fused_tile)
     row["n_hot"] = plan.n_hot
     row["hotcold_rel_err"] = rel_error(ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, backend=cfg.backend), ref)
     decode = 1 <= m <= ops.DECODE_MAX_TOKENS
