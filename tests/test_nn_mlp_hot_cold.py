@@ -113,8 +113,8 @@ def test_hot_cold_training_rechooses_the_hot_set_when_the_token_count_moves():
 
 def test_fused_gate_switch_gives_the_same_output_eager_and_compiled(monkeypatch):
     """With ``hot_cold_plan.FUSED_GATE`` on (the default), a bf16 layer's plan holds the fused kernel's
-    weight layout and the op runs the fused gate kernel (eager: the cached plan; compiled: the layout built in the graph);
-    on exact inputs the output equals the unfused path's."""
+    weight layout and the op runs the fused gate kernel (eager: the cached plan; compiled: the layout built
+    in the graph); on exact inputs the output equals the unfused path's."""
     from twell.ops import hot_cold, hot_cold_plan
 
     calls = []
