@@ -11,6 +11,7 @@ import torch
 
 import twell.bench.train_ffn as tf
 from twell import cli
+from twell.bench.timing import INTERLEAVED_ROUNDS
 from twell.nn.train_dispatch import TrainDispatchPolicy
 from twell.reference.training import gated_ffn_l1
 from twell.tolerances import REL_TOL, REL_TOL_GRAD
@@ -45,7 +46,7 @@ def test_point_with_the_real_sparse_op_is_checked_and_auto_goes_sparse_when_forc
     assert r["sparse_speedup"] == pytest.approx(r["dense_ms"] / r["sparse_ms"])
     for path in ("dense", "sparse", "auto"):  # fast paths: the rounds behind the median are kept with it
         if "rounds" in r[f"{path}_timing"]:
-            assert len(r[f"{path}_rounds_ms"]) == 3
+            assert len(r[f"{path}_rounds_ms"]) == INTERLEAVED_ROUNDS
         if f"{path}_rounds_ms" in r:
             assert r[f"{path}_ms"] == statistics.median(r[f"{path}_rounds_ms"])
     assert "dense_rounds_ms" in r

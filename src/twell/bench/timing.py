@@ -27,8 +27,10 @@ def time_ms(fn: Callable[[], object], *, device: torch.device, warmup_ms: float 
     return statistics.median(samples)
 
 
-#: Rounds of :func:`time_ms_interleaved`.
-INTERLEAVED_ROUNDS = 3
+#: Rounds of :func:`time_ms_interleaved`.  Five since session 8: with three, the small-M points of the
+#: 2048x5632 sweep (0.04-0.08 ms a call, launch-bound) had two disturbed rounds of three at times (the
+#: same dense work read 0.041-0.081 ms, bench_results/h200/ffn_sweep_session8.json: *_rounds_ms).
+INTERLEAVED_ROUNDS = 5
 
 
 def time_ms_interleaved(
