@@ -319,7 +319,8 @@ def test_policy_device_types_and_constructors():
     assert DEFAULT_POLICY.use_sparse(10**9, 0.003, shape=shape)
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.1, shape=shape)
     # shapes the table was not measured for, or an unknown shape, get the dense path
-    assert not DEFAULT_POLICY.use_sparse(10**9, 0.001, shape=(4096, 14336))
+    assert DEFAULT_POLICY.use_sparse(16384, 0.005, shape=(4096, 14336))  # measured in session 8
+    assert not DEFAULT_POLICY.use_sparse(10**9, 0.001, shape=(768, 2112))
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001)
     with pytest.raises(TypeError, match="shapes"):
         DispatchPolicy(shapes=("2048x5632",))

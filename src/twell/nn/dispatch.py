@@ -82,9 +82,10 @@ class DispatchPolicy:
             ``device_types`` and ``shapes`` like the table.
         shapes: the layer shapes ``(hidden_size, intermediate_size)`` the table was measured for (by
             default those of the default table), or None for a table that holds for any shape.
-            Break-even densities move with the shape (at 4096 x 14336 on an H200 the sparse path lost
-            at 0.5 % density, 0.76x at M=131072, where 2048 x 5632 won 1.24x), so a layer of an
-            unmeasured shape gets the dense path.
+            Break-even densities move with the shape, so a layer of an unmeasured shape gets the dense
+            path.  4096 x 14336 joined in session 8 (H200, bench_results/h200/ffn_large_session8.json,
+            the hot/cold op with the fused gate): 1.52x at M=16384 and 1.57x at 131072 (0.5 %), 1.30x /
+            1.35x at 1 %, M=4096 lost (0.88x at 0.5 %); with the plain TwELL path it had lost (0.78x).
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
@@ -93,7 +94,7 @@ class DispatchPolicy:
     table: DispatchTable = H200_BF16_TABLE
     device_types: tuple[str, ...] = ("cuda",)
     force: bool = False
-    shapes: tuple[tuple[int, int], ...] | None = ((2048, 5632),)
+    shapes: tuple[tuple[int, int], ...] | None = ((2048, 5632), (4096, 14336))
     decode_max_tokens: int = 0
 
     def __post_init__(self) -> None:
