@@ -15,7 +15,7 @@ OUT=${OUT:-out}
 RUN="$OUT/run"
 mkdir -p "$RUN"
 STAGES=${STAGES:-"tests ffn train-ffn model"}
-# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe gemmprobe fusedgate overhead (the
+# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe gemmprobe fusedgate ncu overhead (the
 # diagnostics).
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv
@@ -52,6 +52,9 @@ for stage in $STAGES; do
     coldprobe) run_stage coldprobe 150 python3 scripts/cold_pack_gather_probe.py ;;
     gemmprobe) run_stage gemmprobe 150 python3 scripts/triton_gemm_probe.py ;;
     fusedgate) run_stage fusedgate 260 python3 scripts/hot_cold_gate_probe.py ;;
+    ncu) run_stage ncu 240 ncu --clock-control none -k "regex:${NCU_KERNELS:-_hot_cold_gate|_twell_ffn_row}" -c 2 \
+           --section SpeedOfLight --section WarpStateStats --section Occupancy --section SourceCounters \
+           python3 scripts/ncu_targets.py ${ARGS_NCU:-} ;;
     switchovh) run_stage switchovh 120 python3 scripts/train_switch_overhead.py ${ARGS_SWITCHOVH:-} ;;
     overhead) run_stage overhead 120 python3 scripts/module_overhead.py --device cuda ${ARGS_OVERHEAD:-} ;;
     *) echo "unknown stage $stage" | tee -a "$RUN/stages.txt" ;;

@@ -27,12 +27,14 @@ from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import rel_error
 
 TILE, CAP = 128, 16
-#: ((BM, BK, stages, warps), tensor-core prefix, flattened loop) of the fused kernel, the shipped one
-#: first.  Session 8 (H200, M=131072, l0=28): (128, 64, 3, 8) with the scan 6.038 ms, with the dot
-#: prefix 8.871; BM 64 7.239-9.876 (bench_results/h200/hot_cold_gate_probe_session8.log), so the dot
-#: prefix and BM 64 on 3 stages are out.  ptxas spills 324 B (3 stages) / 556 B (flattened).
-CONFIGS = [((128, 64, 3, 8), False, False), ((128, 64, 3, 8), False, True), ((128, 64, 4, 8), False, True),
-           ((64, 64, 4, 8), False, False), ((64, 64, 4, 8), False, True)]
+#: ((BM, BK, stages, warps), tensor-core prefix, flattened loop, programs per SM) of the fused kernel,
+#: the shipped one first.  Session 8 (H200, M=131072, l0=28): (128, 64, 3, 8) with the scan 6.038-6.148
+#: ms; the dot prefix 8.871; flattened 6.346; BM 64 on 8 warps 6.928-8.141
+#: (bench_results/h200/hot_cold_gate_probe*_session8.log).  Now: two programs per SM, whose epilogues
+#: can overlap each other's mainloop (BM 64 on 4 warps, 2 stages: two fit by registers and shared
+#: memory), against the same configuration at one per SM.
+CONFIGS = [((128, 64, 3, 8), False, False, 1), ((64, 64, 2, 4), False, False, 2),
+           ((64, 64, 2, 4), False, False, 1), ((64, 64, 3, 4), False, False, 1)]
 
 
 def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, cap: int, configs: list,
@@ -60,14 +62,14 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     want = three()
     parts = [f"three kernels {time_ms(three, device=dev, rep_ms=rep_ms):.3f} ms "
              f"(GEMM alone {time_ms(lambda: F.linear(x, plan.w_gemm), device=dev, rep_ms=rep_ms):.3f})"]
-    knobs = ("_GPU_CONFIG", "FUSED_PREFIX_DOT", "FUSED_FLATTEN")
+    knobs = ("_GPU_CONFIG", "FUSED_PREFIX_DOT", "FUSED_FLATTEN", "FUSED_PROGRAMS_PER_SM")
     default = tuple(getattr(hot_cold_gate_kernel, k) for k in knobs)
     try:
         for variant in configs:
             for k, v in zip(knobs, variant, strict=True):
                 setattr(hot_cold_gate_kernel, k, v)
-            cfg, prefix_dot, flatten = variant
-            name = f"fused {cfg} {'dot' if prefix_dot else 'scan'}{' flat' if flatten else ''}"
+            cfg, prefix_dot, flatten, per_sm = variant
+            name = f"fused {cfg} {'dot' if prefix_dot else 'scan'}{' flat' if flatten else ''} x{per_sm}/SM"
             try:
                 got = fused()
                 same = sum(int(torch.equal(got[i], want[i])) for i in (1, 4))
@@ -99,7 +101,8 @@ def main() -> None:
         {28.0: 576, 56.0: 1344}, CONFIGS, 100.0
     tile, cap = TILE, CAP
     if tiny:
-        d, f, points, hot_n, configs, rep_ms = 64, 700, ((40, 6.0),), {6.0: 64}, [((16, 16, 1, 4), False, False)], 1.0
+        d, f, points, hot_n, rep_ms = 64, 700, ((40, 6.0),), {6.0: 64}, 1.0
+        configs = [((16, 16, 1, 4), False, False, 1)]
         tile, cap = 32, 4
     for m, l0 in points:
         probe_point(m, l0, d, f, hot_n[l0], tile, cap, configs, dev, rep_ms)

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBES = {
     "triton_gemm_probe.py": ["ok True"],
     "hot_cold_gate_probe.py": ["counts equal 2/2", "fused vs unfused rel 0.0e+00"],
+    "ncu_targets.py": ["ok True"],
 }
 
 

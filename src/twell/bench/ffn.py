@@ -49,6 +49,9 @@ class FfnSweep:
     seed: int = 0
     rep_ms: float = 100.0
     tags: dict = field(default_factory=dict)
+    #: rows ``(min_tokens, max_density)`` of a candidate dispatch table for the module column (any layer
+    #: shape, CUDA only, like the default); None: the default policy.
+    dispatch_table: tuple[tuple[int, float], ...] | None = None
 
 
 def _dense_ffn(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
@@ -113,7 +116,8 @@ def run_point(
     # the dense FFN as a model holds it (an nn.Module around the same five ops: the baseline of a
     # module's per-call overhead, which at M <= 256 is comparable to the FFN itself).  These and the
     # plain dense chain are timed interleaved (time_ms_interleaved), as are the hot/cold op's calls.
-    mlp = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend).eval()
+    policy = None if cfg.dispatch_table is None else DispatchPolicy(table=cfg.dispatch_table, shapes=None)
+    mlp = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend, policy=policy).eval()
     dense_mlp: DenseReluGatedMLP = mlp.to_dense().eval()
     with torch.no_grad():
         mlp(x)  # first call measures l0 on the dense path and sets the estimate
@@ -218,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rep-ms", type=float, default=100.0)
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     p.add_argument("--stem", default="ffn")
+    p.add_argument("--dispatch-table", type=_parse_table, default=None, metavar="M:DENSITY,...",
+                   help="a candidate dispatch table for the module column, rows min_tokens:max_density "
+                        "(density as a fraction, e.g. 4096:0.005,16384:0.05) for every layer shape; default: "
+                        "the shipped policy")
     p.add_argument("--fused-gate", action=argparse.BooleanOptionalAction, default=True,
                    help="the hot/cold split's GEMM, hot hidden state and cold pack in one kernel "
                         "(twell.ops.hot_cold_gate_kernel; hot-cold column and dispatched module; on by default)")
@@ -233,10 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         dtype=getattr(torch, a.dtype),
         backend=a.backend,
         rep_ms=a.rep_ms,
+        dispatch_table=a.dispatch_table,
     )
     meta = environment(device)
     meta["sweep"] = {"ms": cfg.ms, "densities": cfg.densities, "shapes": cfg.shapes, "dtype": a.dtype,
-                     "fused_gate": a.fused_gate}
+                     "fused_gate": a.fused_gate,
+                     "dispatch_table": "default" if a.dispatch_table is None else a.dispatch_table}
     rows = run_sweep(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, a.stem))
     paths = write_results(rows, meta, a.out, a.stem)
     good = [r for r in rows if "error" not in r]
@@ -247,6 +257,18 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + summary_table(good))
     print("wrote " + ", ".join(str(p) for p in paths))
     return 0 if all(r["ok"] for r in good) else 1
+
+
+def _parse_table(text: str) -> tuple[tuple[int, float], ...]:
+    """``"4096:0.005,16384:0.05"`` -> ``((4096, 0.005), (16384, 0.05))``, checked as a policy checks it."""
+    try:
+        rows = tuple((int(m), float(dens)) for m, dens in (row.split(":") for row in text.split(",")))
+        DispatchPolicy(table=rows, shapes=None)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"--dispatch-table takes rows min_tokens:max_density separated by commas, min_tokens increasing, "
+            f"densities in [0, 1] (e.g. 4096:0.005,16384:0.05); got {text!r} ({exc})") from None
+    return rows
 
 
 def _parse_point(text: str) -> tuple[int, int, int, float]:

@@ -39,21 +39,29 @@ from ._runtime import interpreting, sm_count
 from .gate_kernel import _twell_epilogue, dot_acc, relu_keep_nan, round_to, tile_coords
 from .hot_cold_plan import FUSED_TILES
 
-#: ``(BM, BK, stages, warps)`` on the GPU: the best TMA configuration of the probe at M=131072
-#: (128 x 256 x 64 on 3 stages and 8 warps; BN is 2 * TILE = 256 at the default tile).  The interpreter
-#: runs small tiles.
+#: ``(BM, BK, stages, warps)`` on the GPU: the best configuration of the probe at M=131072, l0=28 (H200,
+#: session 8, bench_results/h200/hot_cold_gate_probe_session8.log): 128 x 256 x 64 on 3 stages and 8
+#: warps 6.038 ms; 4 stages 6.350; BM 64 7.239-8.141 (BN is 2 * TILE = 256 at the default tile).  The
+#: interpreter runs small tiles.
 _GPU_CONFIG = (128, 64, 3, 8)
 _INTERPRET_CONFIG = (16, 16, 1, 4)
 #: The cold epilogue's slot positions by a tensor-core product (True) or ``tl.cumsum`` (False; see
-#: ``gate_kernel._twell_epilogue``).  Unmeasured; ptxas (sm_90a, tile 128: BN = 256, 8 warps) spills 1308
-#: bytes with the product against 324 with the scan, the [BM, 256] fp32 accumulator alone holding 128
-#: registers a thread, so the scan until the probe (scripts/hot_cold_gate_probe.py) times both.
+#: ``gate_kernel._twell_epilogue``).  The product spills 1308 bytes (ptxas, sm_90a, BN = 256, 8 warps)
+#: against 324 with the scan and ran 8.871 vs 6.038 ms at M=131072, l0=28 (session 8 probe): the scan.
 FUSED_PREFIX_DOT = False
 #: Flatten the persistent loop over output tiles with the K loop (``tl.range(..., flatten=True)``), so
-#: that the software pipeliner can issue the next tile's TMA loads during this tile's epilogue.  The
-#: epilogue costs 1.14 ms over the GEMM alone at M=131072, l0=28 (6.038 vs 4.896 ms, H200,
-#: bench_results/h200/hot_cold_gate_probe_session8.log); ptxas spills 556 B flattened against 324.
+#: that the software pipeliner can issue the next tile's TMA loads during this tile's epilogue.  Slower:
+#: 6.346 vs 6.148 ms at M=131072, l0=28 (bench_results/h200/hot_cold_gate_probe_flatten_session8.log;
+#: ptxas spills 556 B flattened against 324).  ``warp_specialize=True`` on the same loop compiles to the
+#: identical PTX with Triton 3.6 on sm_90 (no producer warps), so it is not a knob here.
 FUSED_FLATTEN = False
+#: Programs launched per SM.  With 1 (the shipped value) each SM runs one program whose epilogue (1.14 ms
+#: of the 6.04 at M=131072) leaves the tensor cores idle; 2 needs a configuration two of which fit on an
+#: SM: by ptxas and Triton's shared-memory figure, BM 64 on 4 warps with 2 stages (255 registers x 128
+#: threads, 82 KB) does, BM 128 on 8 warps (255 x 256 threads, the whole register file) does not.  The
+#: price is a B tile per 64 rows instead of 128 (1.67x the shared-memory fill per FLOP).  Unmeasured;
+#: scripts/hot_cold_gate_probe.py times it.
+FUSED_PROGRAMS_PER_SM = 1
 
 
 @triton.jit
@@ -159,7 +167,7 @@ def launch_hot_cold_gate(
     x, w_fused = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (x, w_fused))
     bm, bk, stages, warps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
     tiles = triton.cdiv(m, bm) * n_out_tiles
-    programs = min(tiles, sm_count(dev.index)) if dev.type == "cuda" else tiles
+    programs = min(tiles, FUSED_PROGRAMS_PER_SM * sm_count(dev.index)) if dev.type == "cuda" else tiles
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
     w_desc = TensorDescriptor.from_tensor(w_fused, [2 * tile, bk])
     _hot_cold_gate_kernel[(programs,)](
