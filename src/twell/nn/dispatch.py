@@ -83,9 +83,10 @@ class DispatchPolicy:
         shapes: the layer shapes ``(hidden_size, intermediate_size)`` the table was measured for (by
             default those of the default table), or None for a table that holds for any shape.
             Break-even densities move with the shape, so a layer of an unmeasured shape gets the dense
-            path.  4096 x 14336 joined in session 8 (H200, bench_results/h200/ffn_large_session8.json,
-            the hot/cold op with the fused gate): 1.52x at M=16384 and 1.57x at 131072 (0.5 %), 1.30x /
-            1.35x at 1 %, M=4096 lost (0.88x at 0.5 %); with the plain TwELL path it had lost (0.78x).
+            path.  4096 x 14336 joined in session 8 (H200, the hot/cold op with the fused gate,
+            bench_results/h200/ffn_large_session8_a.json and _b.json): at M=16384 / 131072 1.52x / 1.57x
+            (0.5 %), 1.30x / 1.35x (1 %), 1.24x / 1.23x (2 %), 1.25x / 1.27x (5 %); M=4096 lost (0.88x
+            at 0.5 %), so the same table holds; the plain TwELL path had lost there (0.78x at 131072).
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.

@@ -8,7 +8,7 @@ the GEMM takes 4.85 ms, the cold pack 1.63 ms (bench_results/h200/cold_pack_gath
 and the [M, 6208] bf16 output is 1.6 GB written and read.  A persistent Triton GEMM on TMA loads
 (128 x 256 x 64 tiles, 3 stages, 8 warps) ran at 0.98x of cuBLAS on that shape (4.975 vs 4.851 ms,
 bench_results/h200/triton_gemm_probe_session7.log), where our pointer-based one ran at 0.62x, so the
-pack can move into the epilogue.  Prediction (not measured yet): GEMM + hot hidden + cold pack from
+pack can move into the epilogue.  Prediction (session 7): GEMM + hot hidden + cold pack from
 ~6.9 ms to ~5.5-6 ms at M=131072, 0.5 % (the epilogue's prefix product and scattered stores ~0.5-1 ms
 over the mainloop), the op 9.5 -> ~8.3 ms.  Measured (H200, session 8,
 bench_results/h200/hot_cold_gate_probe_session8.log): 6.797 -> 6.038 ms for the three kernels it replaces
