@@ -9,7 +9,7 @@ column indices and with unit ids (medians of ``twell.bench.timing.time_ms``), an
 same pairs (same counts and values, each id the map's entry for its column).  Then the gather over each
 cold container (unit map and an fp32 init row, as the split runs it) per (SB units per step, warps): the
 row-gather kernel is latency-bound, and ptxas puts SB 4 on 4 warps (shipped) at 227 registers = 2 tokens
-per SM, SB 1 on 4 warps at 107 = 4 (docs/performance.md).
+per SM, SB 1 on 4 warps at 107 = 4 (docs/performance.md); with and without the preloaded container.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/cold_pack_gather_probe.py``; ``--device cpu --tiny``
 under TRITON_INTERPRET=1 is the smoke test.
 """
@@ -26,8 +26,11 @@ from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 TILE, CAP = 128, 16
-#: (SB, warps) of the row-gather kernel: the shipped (4, 4) first.
-GATHER_VARIANTS = ((4, 4), (2, 4), (1, 4), (2, 8), (1, 2))
+#: (SB, warps, preload) of the row-gather kernel: the shipped (4, 4, off) first.  Session 7 (H200,
+#: cold_pack_gather_probe_session7.log): SB 2 / 1 on 4 warps, SB 2 on 8, SB 1 on 2 were not faster than
+#: (4, 4) but at one point (SB 1, unit ids, l0=28); ``preload`` (twell_ffn_kernel.GATHER_PRELOAD) reads
+#: the row's whole container with its counts (ptxas: 227 / 161 / 124 registers at SB 4 / 2 / 1).
+GATHER_VARIANTS = ((4, 4, False), (4, 4, True), (2, 4, True), (1, 4, True), (1, 4, False))
 
 
 def same_pairs(columns: tuple, ids: tuple, unit_map: torch.Tensor) -> bool:
@@ -53,16 +56,16 @@ def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: to
     out = torch.empty((m, d), dtype=x.dtype, device=dev)
     pairs = float(c.clamp(max=CAP).sum())
     parts = []
-    for sb, warps in GATHER_VARIANTS:
-        def gather(sb: int = sb, warps: int = warps) -> torch.Tensor:
+    for sb, warps, preload in GATHER_VARIANTS:
+        def gather(sb: int = sb, warps: int = warps, preload: bool = preload) -> torch.Tensor:
             return launch_twell_ffn(x, v, i, c, None, None, wg, wu, wdt, n_cols=unit_map.numel(), tile=TILE,
                                     round_hidden=True, out=out, unit_map=unit_map, init=init, sb=sb, num_warps=warps,
-                                    idx_is_unit=idx_is_unit)
+                                    idx_is_unit=idx_is_unit, preload=preload)
         t = time_ms(gather, device=dev, rep_ms=rep_ms)
         got = gather().clone()
         want = got if want is None else want
-        parts.append(f"SB {sb} / {warps} warps {t:.3f} ms ({t * 1e6 / max(pairs, 1):.2f} ns/pair, "
-                     f"same {bool(torch.equal(got, want))})")
+        name = f"SB {sb} / {warps} warps{' preload' if preload else ''}"
+        parts.append(f"{name} {t:.3f} ms ({t * 1e6 / max(pairs, 1):.2f} ns/pair, same {bool(torch.equal(got, want))})")
     return f"{pairs / m:.2f} pairs/token: " + " | ".join(parts), want
 
 

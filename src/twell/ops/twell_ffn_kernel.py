@@ -27,6 +27,16 @@ import triton.language as tl
 from ._runtime import next_pow2
 from .gate_kernel import relu_keep_nan, round_to
 
+#: Default of ``launch_twell_ffn``'s ``preload``: each program loads its row's whole TwELL container
+#: ([n_tiles, CAP] values and indices, 2.5 KB at the hot/cold split's 40 cold tiles x 16 slots) with its
+#: counts, and takes a step's entries from registers.  The kernel is latency-bound (2 tokens per SM by
+#: registers; at M=131072, l0=28 the cold gather's 2.15 ms is ~4 us per token on its SM, H200), and a
+#: step waits on two dependent round trips (its slots, found from the counts, then the weight rows); with
+#: the slots preloaded a token of ~7 cold pairs in two steps of 4 waits on 3 round trips instead of 5.
+#: Prediction: the cold gather 2.15 -> ~1.4-1.6 ms (the extra bytes: +4.5 % over its weight rows).
+#: Off until measured (scripts/cold_pack_gather_probe.py times both).
+GATHER_PRELOAD = False
+
 
 @triton.jit
 def _units_contribution(a, live, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype: tl.constexpr,
@@ -101,6 +111,7 @@ def _twell_ffn_row_kernel(
     HAS_MAP: tl.constexpr,
     HAS_INIT: tl.constexpr,
     IDX_IS_UNIT: tl.constexpr = False,
+    PRELOAD: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = val_ptr.dtype.element_ty
@@ -109,19 +120,39 @@ def _twell_ffn_row_kernel(
     x, out = _row_input_and_acc(x_ptr, init_ptr, row, stride_xm, stride_im, offs_d, d_ok, D_PAD, HAS_INIT)
 
     tiles = tl.arange(0, NT_PAD)
+    if PRELOAD:
+        # the row's whole container (every slot, used or not: [n_tiles, CAP] values and indices, contiguous)
+        # in the same round trip as its counts, so a step's entries come from registers, not a load that
+        # waits on the counts (see launch_twell_ffn's ``preload``)
+        flat = tl.reshape(tiles[:, None] * CAP + tl.arange(0, CAP)[None, :], (NT_PAD * CAP,))
+        flat_ok = flat < n_tiles * CAP
+        row_vals = tl.load(val_ptr + row * n_tiles * CAP + flat, mask=flat_ok, other=0.0).to(tl.float32)
+        row_idx = tl.load(idx_ptr + row * n_tiles * CAP + flat, mask=flat_ok, other=0).to(tl.int32)
     cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=tiles < n_tiles, other=0)
     ell = tl.where(cnt <= CAP, cnt, 0)  # overflowing tiles are handled densely below
     incl = tl.cumsum(ell, axis=0)
     excl = incl - ell
     total = tl.sum(ell, axis=0)
+    if PRELOAD:
+        # list position of each used slot (a tile's used slots are its first ell ones), -1 elsewhere
+        pos2 = excl[:, None] + tl.arange(0, CAP)[None, :]
+        pos2 = tl.where(tl.arange(0, CAP)[None, :] < ell[:, None], pos2, -1)
+        pos = tl.reshape(pos2, (NT_PAD * CAP,))
 
     for k0 in range(0, total, SB):
         k = k0 + tl.arange(0, SB)
         k_ok = k < total
-        t_k, rank = _tile_of_entry(k, incl, excl, tiles)
-        slot = (row * n_tiles + t_k) * CAP + rank
-        a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
-        col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
+        if PRELOAD:
+            pick = pos[None, :] == k[:, None]  # [SB, NT_PAD * CAP], at most one slot per entry
+            a = tl.sum(tl.where(pick, row_vals[None, :], 0.0), axis=1)
+            col = tl.sum(tl.where(pick, row_idx[None, :], 0), axis=1).to(tl.int64)
+            if not IDX_IS_UNIT:
+                t_k = tl.sum(tl.where(pick, (flat // CAP)[None, :], 0), axis=1)
+        else:
+            t_k, rank = _tile_of_entry(k, incl, excl, tiles)
+            slot = (row * n_tiles + t_k) * CAP + rank
+            a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
+            col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
         if IDX_IS_UNIT:  # the pack stored weight-row ids: no map lookup between the index and the rows
             unit = col
         else:
@@ -178,6 +209,7 @@ def launch_twell_ffn(
     sb: int | None = None,
     num_warps: int | None = None,
     idx_is_unit: bool = False,
+    preload: bool | None = None,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -188,6 +220,8 @@ def launch_twell_ffn(
     dtype) is added to the output before rounding (the hot units' fp32 partial sums).
     ``idx_is_unit``: the container's indices are weight-row ids (``launch_pack_twell(unit_map=...)``),
     not columns inside a tile; ``unit_map`` is then read only for overflowing row-tiles.
+    ``preload`` (None: :data:`GATHER_PRELOAD`): each program reads its row's whole container up front
+    (same results, bit for bit; fewer dependent round trips per step).
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -231,6 +265,7 @@ def launch_twell_ffn(
         HAS_MAP=unit_map is not None,
         HAS_INIT=init is not None,
         IDX_IS_UNIT=idx_is_unit,
+        PRELOAD=GATHER_PRELOAD if preload is None else preload,
         num_warps=num_warps or 4,
     )
     return out
