@@ -26,11 +26,14 @@ from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 TILE, CAP = 128, 16
-#: (SB, warps, preload) of the row-gather kernel: the shipped (4, 4, off) first.  Session 7 (H200,
-#: cold_pack_gather_probe_session7.log): SB 2 / 1 on 4 warps, SB 2 on 8, SB 1 on 2 were not faster than
-#: (4, 4) but at one point (SB 1, unit ids, l0=28); ``preload`` (twell_ffn_kernel.GATHER_PRELOAD) reads
-#: the row's whole container with its counts (ptxas: 227 / 161 / 124 registers at SB 4 / 2 / 1).
-GATHER_VARIANTS = ((4, 4, False), (4, 4, True), (2, 4, True), (1, 4, True), (1, 4, False))
+#: (SB, warps, preload, prefetch) of the row-gather kernel: the shipped (4, 4, off, off) first.  Session 7
+#: (H200, cold_pack_gather_probe_session7.log): SB 2 / 1 on 4 warps, SB 2 on 8, SB 1 on 2 were not
+#: faster than (4, 4) but at one point (SB 1, unit ids, l0=28).  ``preload`` (twell_ffn_kernel.
+#: GATHER_PRELOAD) reads the row's whole container with its counts; ``prefetch`` (GATHER_PREFETCH) also
+#: requests each step's rows one step ahead.  ptxas registers (sm_90a): 227 (shipped), 227 (preload),
+#: 227 / 148 / 127 with the prefetch at SB 2 / SB 1 / SB 2 on 8 warps.
+GATHER_VARIANTS = ((4, 4, False, False), (4, 4, True, False), (2, 4, True, True), (1, 4, True, True),
+                   (2, 8, True, True))
 
 
 def same_pairs(columns: tuple, ids: tuple, unit_map: torch.Tensor) -> bool:
@@ -56,15 +59,16 @@ def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: to
     out = torch.empty((m, d), dtype=x.dtype, device=dev)
     pairs = float(c.clamp(max=CAP).sum())
     parts = []
-    for sb, warps, preload in GATHER_VARIANTS:
-        def gather(sb: int = sb, warps: int = warps, preload: bool = preload) -> torch.Tensor:
+    for sb, warps, preload, prefetch in GATHER_VARIANTS:
+        def gather(sb: int = sb, warps: int = warps, preload: bool = preload, prefetch: bool = prefetch
+                   ) -> torch.Tensor:
             return launch_twell_ffn(x, v, i, c, None, None, wg, wu, wdt, n_cols=unit_map.numel(), tile=TILE,
                                     round_hidden=True, out=out, unit_map=unit_map, init=init, sb=sb, num_warps=warps,
-                                    idx_is_unit=idx_is_unit, preload=preload)
+                                    idx_is_unit=idx_is_unit, preload=preload, prefetch=prefetch)
         t = time_ms(gather, device=dev, rep_ms=rep_ms)
         got = gather().clone()
         want = got if want is None else want
-        name = f"SB {sb} / {warps} warps{' preload' if preload else ''}"
+        name = f"SB {sb} / {warps} warps{' preload' if preload else ''}{' prefetch' if prefetch else ''}"
         parts.append(f"{name} {t:.3f} ms ({t * 1e6 / max(pairs, 1):.2f} ns/pair, same {bool(torch.equal(got, want))})")
     return f"{pairs / m:.2f} pairs/token: " + " | ".join(parts), want
 

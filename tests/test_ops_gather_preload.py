@@ -1,5 +1,6 @@
 """The row-gather kernel with the row's TwELL container preloaded (``launch_twell_ffn(preload=True)``,
-``twell_ffn_kernel.GATHER_PRELOAD``) against the per-step slot loads: the same bits on every path the
+``twell_ffn_kernel.GATHER_PRELOAD``) and with the next step's weight rows prefetched as well
+(``prefetch``, ``GATHER_PREFETCH``) against the per-step slot loads: the same bits on every path the
 kernel has (gated / non-gated, overflow recompute, spill area, unit map, unit ids, fp32 init rows, NaN,
 empty rows), and slots past a tile's count never read into the result.
 
@@ -19,13 +20,25 @@ from twell.format.twell import TwellTensor, pack_twell
 from twell.ops import hot_cold, twell_ffn_kernel
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
+from twell.tolerances import REL_TOL, rel_error
+
+MODES = ["preload", "prefetch"]
 
 
-def _both(monkeypatch, fn) -> tuple:
-    """``fn()`` with the preload off, then on (module default switched, so every launch inside takes it)."""
+@pytest.fixture(params=MODES)
+def mode(request) -> str:
+    return request.param
+
+
+def _both(monkeypatch, fn, mode: str) -> tuple:
+    """``fn()`` with the per-step slot loads, then in ``mode`` (the module defaults switched, so every launch
+    inside takes it).  The prefetch's default SB is 2, not 4: a different grouping of the fp32 sums, which
+    the exact-grid inputs of ``make_problem`` cannot see (every sum is exact)."""
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PRELOAD", False)
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_PREFETCH", False)
     off = fn()
-    monkeypatch.setattr(twell_ffn_kernel, "GATHER_PRELOAD", True)
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_PRELOAD", mode == "preload")
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_PREFETCH", mode == "prefetch")
     return off, fn()
 
 
@@ -37,24 +50,24 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("precision", ["match", "fp32"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", CASES, ids=[f"m{c[0]}-d{c[1]}-f{c[2]}-t{c[3]}-c{c[4]}-p{c[5]}" for c in CASES])
-def test_gated_row_gather_same_bits(case, dtype, precision, device, monkeypatch):
+def test_gated_row_gather_same_bits(case, dtype, precision, device, monkeypatch, mode):
     m, d, f, tile, cap, frac = case
     p = make_problem(m, d, f, frac_pos=frac, seed=31 + m, dtype=dtype, device=device)
-    off, on = _both(monkeypatch, lambda: ops.sparse_gated_ffn(
+    off, on = _both(monkeypatch, mode=mode, fn=lambda: ops.sparse_gated_ffn(
         p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=tile, capacity=cap, precision=precision,
         backend="triton", method="row-gather"))
     assert torch.equal(on, off)
 
 
-def test_relu_ffn_and_empty_rows_same_bits(device, monkeypatch):
+def test_relu_ffn_and_empty_rows_same_bits(device, monkeypatch, mode):
     p = make_problem(9, 32, 160, frac_pos=0.08, seed=5, dtype=torch.bfloat16, device=device)
     p["x"][4] = 0.0  # an empty row
-    off, on = _both(monkeypatch, lambda: ops.sparse_relu_ffn(p["x"], p["w_gate"], p["w_down"], tile=32, capacity=2,
-                                                            backend="triton", method="row-gather"))
+    off, on = _both(monkeypatch, mode=mode, fn=lambda: ops.sparse_relu_ffn(
+        p["x"], p["w_gate"], p["w_down"], tile=32, capacity=2, backend="triton", method="row-gather"))
     assert torch.equal(on, off) and torch.count_nonzero(on[4]) == 0
 
 
-def test_spill_area_and_nan_same_bits(device, monkeypatch):
+def test_spill_area_and_nan_same_bits(device, monkeypatch, mode):
     p = make_problem(11, 32, 128, frac_pos=0.4, seed=9, dtype=torch.float32, device=device)
     p["x"][2, 5] = float("nan")
     g = p["x"].cpu() @ p["w_gate"].cpu().T
@@ -62,20 +75,22 @@ def test_spill_area_and_nan_same_bits(device, monkeypatch):
     assert packed.n_overflow() > 0 and packed.spill_values is not None
     packed = TwellTensor(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v)
                             for k, v in packed.__dict__.items()})
-    off, on = _both(monkeypatch, lambda: ops.twell_gated_ffn(p["x"], packed, p["w_up"], p["w_down"], backend="triton"))
+    off, on = _both(monkeypatch, mode=mode,
+                    fn=lambda: ops.twell_gated_ffn(p["x"], packed, p["w_up"], p["w_down"], backend="triton"))
     assert _same(on.cpu(), off.cpu()) and bool(torch.isnan(on[2]).all())
 
 
 @pytest.mark.parametrize("unit_ids", [False, True], ids=["columns", "unit-ids"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", HOT_COLD_CASES, ids=[f"m{c[0]}-f{c[2]}-t{c[3]}-h{c[6]}" for c in HOT_COLD_CASES])
-def test_hot_cold_op_same_bits(case, dtype, unit_ids, device, monkeypatch):
+def test_hot_cold_op_same_bits(case, dtype, unit_ids, device, monkeypatch, mode):
     """The split's cold gather (unit map or unit ids, fp32 init rows of the hot partial sums)."""
     m, d, f, tile, cap, frac, n_hot = case
     p = make_problem(m, d, f, frac_pos=frac, seed=41 + n_hot, dtype=dtype, device=device)
     plan = _plan(p, n_hot)
     monkeypatch.setattr(hot_cold, "COLD_UNIT_IDS", unit_ids)
-    off, on = _both(monkeypatch, lambda: _run(p, plan, "triton", tile=tile, capacity=cap, cold_format="twell"))
+    off, on = _both(monkeypatch, mode=mode,
+                    fn=lambda: _run(p, plan, "triton", tile=tile, capacity=cap, cold_format="twell"))
     assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
 
 
@@ -95,20 +110,22 @@ def test_unused_slots_are_never_read_into_the_result(unit_ids, device):
     wdt = p["w_down"].t().contiguous()
     init = torch.randn(m, d, generator=torch.Generator().manual_seed(5)).to(device)
 
-    def run(values, indices, preload):
+    def run(values, indices, preload, prefetch=False):
         out = torch.empty(m, d, dtype=p["x"].dtype, device=device)
         return launch_twell_ffn(p["x"], values, indices, c, None, None, p["w_gate"], p["w_up"], wdt, n_cols=f,
                                 tile=tile, round_hidden=True, out=out, unit_map=unit_map, init=init,
-                                idx_is_unit=unit_ids, preload=preload)
+                                idx_is_unit=unit_ids, preload=preload, prefetch=prefetch, sb=2)
 
     want = run(v, i, False)
     assert torch.equal(run(v_bad, i_bad, True), want) and torch.equal(run(v, i, True), want)
+    assert torch.equal(run(v_bad, i_bad, False, True), want)
 
 
 @pytest.mark.gpu
-def test_gpu_hot_cold_real_shape_same_bits(monkeypatch):
+def test_gpu_hot_cold_real_shape(monkeypatch, mode):
     """d=2048, F=5632, 4096 tokens at ~0.5 % density (the synthetic generator), hot units as the module
-    picks them: the split with and without the preload gives the same bits."""
+    picks them: the preload gives the same bits; the prefetch (SB 2 against 4: its fp32 sums grouped
+    differently, on random data) stays within the bf16 tolerance of them."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
@@ -118,6 +135,9 @@ def test_gpu_hot_cold_real_shape_same_bits(monkeypatch):
                               generator=torch.Generator(device=dev).manual_seed(0), device=dev)
     hot = ops.choose_hot_units(ops.unit_frequency(q["x"], q["w_gate"]))
     plan = ops.build_hot_cold_plan(q["w_gate"], q["w_up"], q["w_down"], hot)
-    off, on = _both(monkeypatch, lambda: ops.hot_cold_gated_ffn(q["x"], q["w_gate"], q["w_up"], q["w_down"], plan,
-                                                                backend="triton"))
-    assert torch.equal(on, off)
+    off, on = _both(monkeypatch, mode=mode, fn=lambda: ops.hot_cold_gated_ffn(
+        q["x"], q["w_gate"], q["w_up"], q["w_down"], plan, backend="triton"))
+    if mode == "preload":
+        assert torch.equal(on, off)
+    else:
+        assert rel_error(on, off) <= REL_TOL[torch.bfloat16]

@@ -123,15 +123,17 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
     ffn_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "spill_slot_ptr": "*i32", "unit_map_ptr": "*i32",
                     "init_ptr": "*fp32", "F": "i32", "D": "i32", "n_tiles": "i32", "stride_xm": "i32",
                     "stride_om": "i32", "stride_im": "i32"})
-    for gated, spill, split, ids, preload in ((True, False, False, False, False), (False, True, False, False, False),
-                                              (True, False, True, False, False), (True, False, True, True, False),
-                                              (True, False, True, True, True)):
-        consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "D_PAD": 2048, "SB": 4, "GATED": gated,
+    # (gated, spill, split, unit ids, preload, prefetch, SB): SB 2 with the prefetch holds two steps' rows
+    for gated, spill, split, ids, preload, prefetch, sb in (
+            (True, False, False, False, False, False, 4), (False, True, False, False, False, False, 4),
+            (True, False, True, False, False, False, 4), (True, False, True, True, False, False, 4),
+            (True, False, True, True, True, False, 4), (True, False, True, True, True, True, 2)):
+        consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "D_PAD": 2048, "SB": sb, "GATED": gated,
                   "HAS_SPILL": spill, "ROUND_HIDDEN": True, "HAS_MAP": split, "HAS_INIT": split, "IDX_IS_UNIT": ids,
-                  "PRELOAD": preload}
+                  "PRELOAD": preload, "PREFETCH": prefetch}
         ptx = _compile(_twell_ffn_row_kernel, ffn_sig, consts, target, num_warps=4)
         results[f"ffn_gated{int(gated)}_spill{int(spill)}_split{int(split)}" + ("_ids" if ids else "")
-                + ("_preload" if preload else "")] = _stats(ptx, arch)
+                + ("_preload" if preload else "") + (f"_prefetch_sb{sb}" if prefetch else "")] = _stats(ptx, arch)
     from .hot_cold import _hot_hidden_kernel
 
     ptx = _compile(_hot_hidden_kernel, {"gu_ptr": "*bf16", "h_ptr": "*bf16", "cnt_ptr": "*i32", "M": "i32", "H": "i32",

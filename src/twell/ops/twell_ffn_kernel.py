@@ -36,16 +36,19 @@ from .gate_kernel import relu_keep_nan, round_to
 #: Prediction: the cold gather 2.15 -> ~1.4-1.6 ms (the extra bytes: +4.5 % over its weight rows).
 #: Off until measured (scripts/cold_pack_gather_probe.py times both).
 GATHER_PRELOAD = False
+#: Default of ``launch_twell_ffn``'s ``prefetch`` (implies the preload): each step requests the next
+#: step's weight rows before its own arithmetic waits on its rows, so the steps of a token overlap their
+#: round trips (~2 instead of 3 for 7 pairs at SB 4; two steps' rows live in registers, so SB 2 holds what
+#: SB 4 did).  Triton 3.6 does not pipeline this loop by itself (``tl.range(..., num_stages=2)`` leaves
+#: the PTX without cp.async).  Off until measured.
+GATHER_PREFETCH = False
 
 
 @triton.jit
-def _units_contribution(a, live, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype: tl.constexpr,
-                        GATED: tl.constexpr, ROUND_HIDDEN: tl.constexpr):
-    """sum_j h_j * Wd[:, j] over SB units ``unit`` with gate values ``a`` (fp32) where ``live``."""
-    w_off = unit[:, None] * D + offs_d[None, :]
-    w_ok = live[:, None] & d_ok[None, :]
+def _hidden(a, live, wu, x, dtype: tl.constexpr, GATED: tl.constexpr, ROUND_HIDDEN: tl.constexpr):
+    """h of SB units from their gate values ``a`` (fp32) and, gated, their Wu rows ``wu`` (fp32); 0 where
+    not ``live``."""
     if GATED:
-        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
         u = tl.sum(wu * x[None, :], axis=1)
         if ROUND_HIDDEN:
             u = round_to(u, dtype).to(tl.float32)
@@ -54,9 +57,51 @@ def _units_contribution(a, live, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtyp
         h = a
     if ROUND_HIDDEN:
         h = round_to(h, dtype).to(tl.float32)
-    h = tl.where(live, h, 0.0)
+    return tl.where(live, h, 0.0)
+
+
+@triton.jit
+def _units_contribution(a, live, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype: tl.constexpr,
+                        GATED: tl.constexpr, ROUND_HIDDEN: tl.constexpr):
+    """sum_j h_j * Wd[:, j] over SB units ``unit`` with gate values ``a`` (fp32) where ``live`` (the Wd rows
+    requested after u: 227 registers at SB 4 on 4 warps, against 236 with both requested first)."""
+    w_off = unit[:, None] * D + offs_d[None, :]
+    w_ok = live[:, None] & d_ok[None, :]
+    wu = x[None, :]
+    if GATED:
+        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+    h = _hidden(a, live, wu, x, dtype, GATED, ROUND_HIDDEN)
     wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
     return tl.sum(h[:, None] * wd, axis=0)
+
+
+@triton.jit
+def _unit_rows(live, unit, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED: tl.constexpr):
+    """The Wu rows (gated; else the Wd rows again) and the Wd^T rows of SB units, in fp32, both requested
+    before either is used."""
+    w_off = unit[:, None] * D + offs_d[None, :]
+    w_ok = live[:, None] & d_ok[None, :]
+    if GATED:
+        wu = tl.load(wu_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+    wd = tl.load(wdt_ptr + w_off, mask=w_ok, other=0.0).to(tl.float32)
+    if not GATED:
+        wu = wd
+    return wu, wd
+
+
+@triton.jit
+def _picked_entries(k, total, pos, row_vals, row_idx, flat, unit_map_ptr, TILE: tl.constexpr, CAP: tl.constexpr,
+                    HAS_MAP: tl.constexpr, IDX_IS_UNIT: tl.constexpr):
+    """Entries ``k`` of a row's list from its preloaded container: (gate values fp32, weight rows, live)."""
+    live = k < total
+    pick = pos[None, :] == k[:, None]  # [SB, NT_PAD * CAP], at most one slot per entry
+    a = tl.sum(tl.where(pick, row_vals[None, :], 0.0), axis=1)
+    unit = tl.sum(tl.where(pick, row_idx[None, :], 0), axis=1).to(tl.int64)
+    if not IDX_IS_UNIT:
+        unit += tl.sum(tl.where(pick, (flat // CAP)[None, :], 0), axis=1).to(tl.int64) * TILE
+        if HAS_MAP:
+            unit = tl.load(unit_map_ptr + unit, mask=live, other=0).to(tl.int64)
+    return a, unit, live
 
 
 @triton.jit
@@ -112,6 +157,7 @@ def _twell_ffn_row_kernel(
     HAS_INIT: tl.constexpr,
     IDX_IS_UNIT: tl.constexpr = False,
     PRELOAD: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = val_ptr.dtype.element_ty
@@ -120,7 +166,7 @@ def _twell_ffn_row_kernel(
     x, out = _row_input_and_acc(x_ptr, init_ptr, row, stride_xm, stride_im, offs_d, d_ok, D_PAD, HAS_INIT)
 
     tiles = tl.arange(0, NT_PAD)
-    if PRELOAD:
+    if PRELOAD or PREFETCH:
         # the row's whole container (every slot, used or not: [n_tiles, CAP] values and indices, contiguous)
         # in the same round trip as its counts, so a step's entries come from registers, not a load that
         # waits on the counts (see launch_twell_ffn's ``preload``)
@@ -133,33 +179,44 @@ def _twell_ffn_row_kernel(
     incl = tl.cumsum(ell, axis=0)
     excl = incl - ell
     total = tl.sum(ell, axis=0)
-    if PRELOAD:
+    if PRELOAD or PREFETCH:
         # list position of each used slot (a tile's used slots are its first ell ones), -1 elsewhere
         pos2 = excl[:, None] + tl.arange(0, CAP)[None, :]
         pos2 = tl.where(tl.arange(0, CAP)[None, :] < ell[:, None], pos2, -1)
         pos = tl.reshape(pos2, (NT_PAD * CAP,))
 
-    for k0 in range(0, total, SB):
-        k = k0 + tl.arange(0, SB)
-        k_ok = k < total
-        if PRELOAD:
-            pick = pos[None, :] == k[:, None]  # [SB, NT_PAD * CAP], at most one slot per entry
-            a = tl.sum(tl.where(pick, row_vals[None, :], 0.0), axis=1)
-            col = tl.sum(tl.where(pick, row_idx[None, :], 0), axis=1).to(tl.int64)
-            if not IDX_IS_UNIT:
-                t_k = tl.sum(tl.where(pick, (flat // CAP)[None, :], 0), axis=1)
-        else:
-            t_k, rank = _tile_of_entry(k, incl, excl, tiles)
-            slot = (row * n_tiles + t_k) * CAP + rank
-            a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
-            col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
-        if IDX_IS_UNIT:  # the pack stored weight-row ids: no map lookup between the index and the rows
-            unit = col
-        else:
-            unit = t_k.to(tl.int64) * TILE + col
-            if HAS_MAP:
-                unit = tl.load(unit_map_ptr + unit, mask=k_ok, other=0).to(tl.int64)
-        out += _units_contribution(a, k_ok, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED, ROUND_HIDDEN)
+    if PREFETCH:
+        # the next step's weight rows are requested before this step's arithmetic waits on its own, so a
+        # token's steps overlap their round trips (rows of two steps live in registers)
+        a_p, unit_p, live_p = _picked_entries(tl.arange(0, SB), total, pos, row_vals, row_idx, flat, unit_map_ptr,
+                                              TILE, CAP, HAS_MAP, IDX_IS_UNIT)
+        wu_p, wd_p = _unit_rows(live_p, unit_p, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
+        for k0 in range(0, total, SB):
+            a_n, unit_n, live_n = _picked_entries(k0 + SB + tl.arange(0, SB), total, pos, row_vals, row_idx, flat,
+                                                  unit_map_ptr, TILE, CAP, HAS_MAP, IDX_IS_UNIT)
+            wu_n, wd_n = _unit_rows(live_n, unit_n, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
+            out += tl.sum(_hidden(a_p, live_p, wu_p, x, dtype, GATED, ROUND_HIDDEN)[:, None] * wd_p, axis=0)
+            a_p, live_p, wu_p, wd_p = a_n, live_n, wu_n, wd_n
+    else:
+        for k0 in range(0, total, SB):
+            k = k0 + tl.arange(0, SB)
+            if PRELOAD:
+                a, unit, k_ok = _picked_entries(k, total, pos, row_vals, row_idx, flat, unit_map_ptr, TILE, CAP,
+                                                HAS_MAP, IDX_IS_UNIT)
+            else:
+                k_ok = k < total
+                t_k, rank = _tile_of_entry(k, incl, excl, tiles)
+                slot = (row * n_tiles + t_k) * CAP + rank
+                a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
+                col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
+                if IDX_IS_UNIT:  # the pack stored weight-row ids: no map lookup between the index and the rows
+                    unit = col
+                else:
+                    unit = t_k.to(tl.int64) * TILE + col
+                    if HAS_MAP:
+                        unit = tl.load(unit_map_ptr + unit, mask=k_ok, other=0).to(tl.int64)
+            out += _units_contribution(a, k_ok, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED,
+                                       ROUND_HIDDEN)
 
     n_over = tl.sum((cnt > CAP).to(tl.int32), axis=0)
     if n_over > 0:
@@ -210,6 +267,7 @@ def launch_twell_ffn(
     num_warps: int | None = None,
     idx_is_unit: bool = False,
     preload: bool | None = None,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -221,7 +279,8 @@ def launch_twell_ffn(
     ``idx_is_unit``: the container's indices are weight-row ids (``launch_pack_twell(unit_map=...)``),
     not columns inside a tile; ``unit_map`` is then read only for overflowing row-tiles.
     ``preload`` (None: :data:`GATHER_PRELOAD`): each program reads its row's whole container up front
-    (same results, bit for bit; fewer dependent round trips per step).
+    (same results, bit for bit; fewer dependent round trips per step).  ``prefetch`` (None:
+    :data:`GATHER_PREFETCH`): the preload, and each step's weight rows requested one step ahead.
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -231,8 +290,12 @@ def launch_twell_ffn(
     # Two [SB, D_PAD] fp32 weight tiles per step, SB * D_PAD <= 8192 (64 registers a thread at 4
     # warps).  Measured on H200 at d=2048, M=131072, l0=28 (scripts/kernel_variants.py): 4 warps with
     # SB=4 took 1.51 ns per active pair, SB=2 1.52, SB=8 1.91; 8 warps 2.17 (more programs per SM win).
+    preload = GATHER_PRELOAD if preload is None else preload
+    prefetch = GATHER_PREFETCH if prefetch is None else prefetch
     if sb is None:
         sb = max(1, min(4, 8192 // d_pad))
+        if prefetch:  # two steps' rows in registers: SB 4 with the prefetch spills 172 B (ptxas), SB 2 none
+            sb = max(1, sb // 2)
     has_spill = spill_values is not None
     dummy = values  # any pointer for unused arguments (their loads are compiled out)
     _twell_ffn_row_kernel[(m,)](
@@ -265,7 +328,8 @@ def launch_twell_ffn(
         HAS_MAP=unit_map is not None,
         HAS_INIT=init is not None,
         IDX_IS_UNIT=idx_is_unit,
-        PRELOAD=GATHER_PRELOAD if preload is None else preload,
+        PRELOAD=preload,
+        PREFETCH=prefetch,
         num_warps=num_warps or 4,
     )
     return out
