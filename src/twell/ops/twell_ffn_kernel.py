@@ -29,18 +29,21 @@ from .gate_kernel import relu_keep_nan, round_to
 
 #: Default of ``launch_twell_ffn``'s ``preload``: each program loads its row's whole TwELL container
 #: ([n_tiles, CAP] values and indices, 2.5 KB at the hot/cold split's 40 cold tiles x 16 slots) with its
-#: counts, and takes a step's entries from registers.  The kernel is latency-bound (2 tokens per SM by
-#: registers; at M=131072, l0=28 the cold gather's 2.15 ms is ~4 us per token on its SM, H200), and a
-#: step waits on two dependent round trips (its slots, found from the counts, then the weight rows); with
-#: the slots preloaded a token of ~7 cold pairs in two steps of 4 waits on 3 round trips instead of 5.
-#: Prediction: the cold gather 2.15 -> ~1.4-1.6 ms (the extra bytes: +4.5 % over its weight rows).
-#: Off until measured (scripts/cold_pack_gather_probe.py times both).
+#: counts, takes a step's entries from registers, and requests a step's Wu and Wd rows together.  The
+#: kernel is latency-bound (2 tokens per SM by registers; at M=131072, l0=28 the cold gather's 2.15 ms is
+#: ~4 us per token on its SM, H200), and the shipped path's SASS (nvdisasm of the sm_90a build) waits, per
+#: step, on three dependent round trips: the step's slots (found from the counts), its Wu rows, then its
+#: Wd rows, requested only after u's reduction.  A token of ~7 cold pairs in two steps of 4 waits on 7
+#: round trips; with the preload on 3 (counts and container, then each step's rows).  Prediction: the
+#: cold gather 2.15 -> ~1.1-1.4 ms (compute between round trips and the select over 640 slots per step
+#: do not shrink; +4.5 % bytes over its weight rows).  Off until measured
+#: (scripts/cold_pack_gather_probe.py).
 GATHER_PRELOAD = False
-#: Default of ``launch_twell_ffn``'s ``prefetch`` (implies the preload): each step requests the next
-#: step's weight rows before its own arithmetic waits on its rows, so the steps of a token overlap their
-#: round trips (~2 instead of 3 for 7 pairs at SB 4; two steps' rows live in registers, so SB 2 holds what
-#: SB 4 did).  Triton 3.6 does not pipeline this loop by itself (``tl.range(..., num_stages=2)`` leaves
-#: the PTX without cp.async).  Off until measured.
+#: Default of ``launch_twell_ffn``'s ``prefetch`` (implies the preload): each step also requests the next
+#: step's rows before its own arithmetic waits on its rows (two steps' rows in registers, so SB 2 holds
+#: what SB 4 did: 227 registers).  With one step of lookahead two steps share a round trip: 4 steps of 2
+#: pairs also wait on ~3.  Triton 3.6 does not pipeline this loop by itself (``tl.range(...,
+#: num_stages=2)`` leaves the PTX without cp.async).  Off until measured.
 GATHER_PREFETCH = False
 
 
@@ -203,6 +206,9 @@ def _twell_ffn_row_kernel(
             if PRELOAD:
                 a, unit, k_ok = _picked_entries(k, total, pos, row_vals, row_idx, flat, unit_map_ptr, TILE, CAP,
                                                 HAS_MAP, IDX_IS_UNIT)
+                # the step's Wu and Wd rows requested together (the shipped path asks for Wd after u)
+                wu_s, wd_s = _unit_rows(k_ok, unit, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
+                out += tl.sum(_hidden(a, k_ok, wu_s, x, dtype, GATED, ROUND_HIDDEN)[:, None] * wd_s, axis=0)
             else:
                 k_ok = k < total
                 t_k, rank = _tile_of_entry(k, incl, excl, tiles)
@@ -215,8 +221,8 @@ def _twell_ffn_row_kernel(
                     unit = t_k.to(tl.int64) * TILE + col
                     if HAS_MAP:
                         unit = tl.load(unit_map_ptr + unit, mask=k_ok, other=0).to(tl.int64)
-            out += _units_contribution(a, k_ok, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED,
-                                       ROUND_HIDDEN)
+                out += _units_contribution(a, k_ok, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED,
+                                           ROUND_HIDDEN)
 
     n_over = tl.sum((cnt > CAP).to(tl.int32), axis=0)
     if n_over > 0:
