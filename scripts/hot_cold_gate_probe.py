@@ -33,6 +33,8 @@ TILE, CAP = 128, 16
 #: (bench_results/h200/hot_cold_gate_probe*_session8.log).  Now: two programs per SM, whose epilogues
 #: can overlap each other's mainloop (BM 64 on 4 warps, 2 stages: two fit by registers and shared
 #: memory), against the same configuration at one per SM.
+#: Hot-set sizes timed with the fused gate, as multiples of the probe's own (rounded to 64 units).
+HOT_SIZES = (0.5, 1.5, 2.0)
 CONFIGS = [((128, 64, 3, 8), False, False, 1), ((64, 64, 2, 4), False, False, 2),
            ((64, 64, 2, 4), False, False, 1), ((64, 64, 3, 4), False, False, 1)]
 
@@ -45,7 +47,8 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
     x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
     wdt = wd.t().contiguous()
-    hot = torch.argsort(unit_frequency(x, wg), descending=True)[:n_hot_units]
+    order = torch.argsort(unit_frequency(x, wg), descending=True)
+    hot = order[:n_hot_units]
     plan = build_hot_cold_plan(wg, wu, wd, hot)
     n_hot, n_cold = plan.n_hot, f - plan.n_hot
     fused_plan = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
@@ -93,6 +96,15 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | op: dense {t_dense:.3f} ms, hot/cold {t_unfused:.3f} "
           f"({t_dense / t_unfused:.2f}x), with the fused gate {t_fused:.3f} ({t_dense / t_fused:.2f}x); fused vs "
           f"unfused rel {rel_error(fused_out, unfused_out):.1e}", flush=True)
+    # The hot set's size with the fused gate: a cold column now costs an epilogue column (the scan and
+    # predicated stores) besides its pairs in the gather, a hot one two GEMM columns and a down-GEMM row.
+    parts = []
+    for n in sorted({n_hot, *(round(n_hot * r / 64) * 64 for r in HOT_SIZES)} - {0}):
+        sized = build_hot_cold_plan(wg, wu, wd, order[:n], fused_tile=tile)
+        t = time_ms(lambda sized=sized: hot_cold.launch_hot_cold_ffn(x, sized, *weights, tile=tile, capacity=cap),
+                    device=dev, rep_ms=rep_ms)
+        parts.append(f"H={sized.n_hot} {t:.3f} ms ({t_dense / t:.2f}x)")
+    print(f"M={m:6d} l0={l0:5.1f} | fused op by hot-set size: " + " | ".join(parts), flush=True)
 
 
 def main() -> None:
