@@ -36,8 +36,9 @@ from .gate_kernel import relu_keep_nan, round_to
 #: Wd rows, requested only after u's reduction.  A token of ~7 cold pairs in two steps of 4 waits on 7
 #: round trips; with the preload on 3 (counts and container, then each step's rows).  Prediction: the
 #: cold gather 2.15 -> ~1.1-1.4 ms (compute between round trips and the select over 640 slots per step
-#: do not shrink; +4.5 % bytes over its weight rows).  Off until measured
-#: (scripts/cold_pack_gather_probe.py).
+#: do not shrink; +4.5 % bytes over its weight rows).  The container held and searched grows with
+#: n_tiles x CAP (640 slots here, 1792 for the 112 cold tiles of F=14336): ptxas figures above are for
+#: 640.  Off until measured (scripts/cold_pack_gather_probe.py).
 GATHER_PRELOAD = False
 #: Default of ``launch_twell_ffn``'s ``prefetch`` (implies the preload): each step also requests the next
 #: step's rows before its own arithmetic waits on its rows (two steps' rows in registers, so SB 2 holds
