@@ -7,7 +7,8 @@ frequent on a 4096-token sample): the three kernels' time, the fused kernel's pe
 (``_GPU_CONFIG`` = BM, BK, stages, warps) and cold-slot prefix (``FUSED_PREFIX_DOT``: tensor-core
 product or scan), whether its counts equal the three kernels' (they may differ where a gate value sits
 within rounding of 0: the GEMMs sum in different orders), then the whole op both ways with its error
-against the unfused op.  Medians of ``twell.bench.timing.time_ms``.
+against the unfused op, the fused op by hot-set size, and the fused op with the cold gather's preload /
+prefetch variants (``twell_ffn_kernel``).  Medians of ``twell.bench.timing.time_ms``.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/hot_cold_gate_probe.py``; ``--device cpu --tiny``
 under TRITON_INTERPRET=1 is the smoke test.
 """
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 
 from twell.bench.probe import probe_args
 from twell.bench.timing import time_ms
-from twell.ops import hot_cold, hot_cold_gate_kernel
+from twell.ops import hot_cold, hot_cold_gate_kernel, twell_ffn_kernel
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
 from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
@@ -105,6 +106,21 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
                     device=dev, rep_ms=rep_ms)
         parts.append(f"H={sized.n_hot} {t:.3f} ms ({t_dense / t:.2f}x)")
     print(f"M={m:6d} l0={l0:5.1f} | fused op by hot-set size: " + " | ".join(parts), flush=True)
+    # The op with the cold gather's variants (twell_ffn_kernel.GATHER_PRELOAD / GATHER_PREFETCH): in the op
+    # the gather follows the hot down GEMM, where session 7's gain of the gather alone did not show.
+    parts = []
+    default_gather = (twell_ffn_kernel.GATHER_PRELOAD, twell_ffn_kernel.GATHER_PREFETCH)
+    try:
+        for preload, prefetch in ((True, False), (False, True)):
+            twell_ffn_kernel.GATHER_PRELOAD, twell_ffn_kernel.GATHER_PREFETCH = preload, prefetch
+            out_v = hot_cold.launch_hot_cold_ffn(x, fused_plan, *weights, tile=tile, capacity=cap)[0]
+            t = time_ms(lambda: hot_cold.launch_hot_cold_ffn(x, fused_plan, *weights, tile=tile, capacity=cap),
+                        device=dev, rep_ms=rep_ms)
+            parts.append(f"{'prefetch' if prefetch else 'preload'} {t:.3f} ms ({t_dense / t:.2f}x, rel "
+                         f"{rel_error(out_v, fused_out):.1e})")
+    finally:
+        twell_ffn_kernel.GATHER_PRELOAD, twell_ffn_kernel.GATHER_PREFETCH = default_gather
+    print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | fused op, gather variants: " + " | ".join(parts), flush=True)
 
 
 def main() -> None:
