@@ -15,6 +15,8 @@ under TRITON_INTERPRET=1 is the smoke test.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import torch
 import torch.nn.functional as F
 
@@ -34,10 +36,10 @@ TILE, CAP = 128, 16
 #: (bench_results/h200/hot_cold_gate_probe*_session8.log).  Now: two programs per SM, whose epilogues
 #: can overlap each other's mainloop (BM 64 on 4 warps, 2 stages: two fit by registers and shared
 #: memory), against the same configuration at one per SM.
-#: Hot-set sizes timed with the fused gate, as multiples of the probe's own (rounded to 64 units).
-HOT_SIZES = (0.5, 1.5, 2.0)
 CONFIGS = [((128, 64, 3, 8), False, False, 1), ((64, 64, 2, 4), False, False, 2),
            ((64, 64, 2, 4), False, False, 1), ((64, 64, 3, 4), False, False, 1)]
+#: Hot-set sizes timed with the fused gate, as multiples of the probe's own (rounded to 64 units).
+HOT_SIZES = (0.5, 1.5, 2.0)
 
 
 def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, cap: int, configs: list,
@@ -66,14 +68,10 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     want = three()
     parts = [f"three kernels {time_ms(three, device=dev, rep_ms=rep_ms):.3f} ms "
              f"(GEMM alone {time_ms(lambda: F.linear(x, plan.w_gemm), device=dev, rep_ms=rep_ms):.3f})"]
-    knobs = ("_GPU_CONFIG", "FUSED_PREFIX_DOT", "FUSED_FLATTEN", "FUSED_PROGRAMS_PER_SM")
-    default = tuple(getattr(hot_cold_gate_kernel, k) for k in knobs)
-    try:
-        for variant in configs:
-            for k, v in zip(knobs, variant, strict=True):
-                setattr(hot_cold_gate_kernel, k, v)
-            cfg, prefix_dot, flatten, per_sm = variant
-            name = f"fused {cfg} {'dot' if prefix_dot else 'scan'}{' flat' if flatten else ''} x{per_sm}/SM"
+    for cfg, prefix_dot, flatten, per_sm in configs:
+        name = f"fused {cfg} {'dot' if prefix_dot else 'scan'}{' flat' if flatten else ''} x{per_sm}/SM"
+        with mock.patch.multiple(hot_cold_gate_kernel, _GPU_CONFIG=cfg, FUSED_PREFIX_DOT=prefix_dot,
+                                 FUSED_FLATTEN=flatten, FUSED_PROGRAMS_PER_SM=per_sm):
             try:
                 got = fused()
                 same = sum(int(torch.equal(got[i], want[i])) for i in (1, 4))
@@ -81,19 +79,15 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
                 parts.append(f"{name} {t:.3f} ms (counts equal {same}/2, h rel {rel_error(got[0], want[0]):.1e})")
             except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
                 parts.append(f"{name}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
-    finally:
-        for k, v in zip(knobs, default, strict=True):
-            setattr(hot_cold_gate_kernel, k, v)
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | " + " | ".join(parts), flush=True)
-    weights = (wg, wu, wdt)
-    unfused_out = hot_cold.launch_hot_cold_ffn(x, plan, *weights, tile=tile, capacity=cap)[0]
-    fused_out = hot_cold.launch_hot_cold_ffn(x, fused_plan, *weights, tile=tile, capacity=cap)[0]
+    def op(a_plan) -> torch.Tensor:
+        return hot_cold.launch_hot_cold_ffn(x, a_plan, wg, wu, wdt, tile=tile, capacity=cap)[0]
+
+    unfused_out, fused_out = op(plan), op(fused_plan)
     t_dense = time_ms(lambda: F.linear(torch.relu(F.linear(x, wg)) * F.linear(x, wu), wd), device=dev,
                       rep_ms=rep_ms)
-    t_unfused = time_ms(lambda: hot_cold.launch_hot_cold_ffn(x, plan, *weights, tile=tile, capacity=cap),
-                        device=dev, rep_ms=rep_ms)
-    t_fused = time_ms(lambda: hot_cold.launch_hot_cold_ffn(x, fused_plan, *weights, tile=tile, capacity=cap),
-                      device=dev, rep_ms=rep_ms)
+    t_unfused = time_ms(lambda: op(plan), device=dev, rep_ms=rep_ms)
+    t_fused = time_ms(lambda: op(fused_plan), device=dev, rep_ms=rep_ms)
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | op: dense {t_dense:.3f} ms, hot/cold {t_unfused:.3f} "
           f"({t_dense / t_unfused:.2f}x), with the fused gate {t_fused:.3f} ({t_dense / t_fused:.2f}x); fused vs "
           f"unfused rel {rel_error(fused_out, unfused_out):.1e}", flush=True)
@@ -102,24 +96,18 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     parts = []
     for n in sorted({n_hot, *(round(n_hot * r / 64) * 64 for r in HOT_SIZES)} - {0}):
         sized = build_hot_cold_plan(wg, wu, wd, order[:n], fused_tile=tile)
-        t = time_ms(lambda sized=sized: hot_cold.launch_hot_cold_ffn(x, sized, *weights, tile=tile, capacity=cap),
-                    device=dev, rep_ms=rep_ms)
+        t = time_ms(lambda sized=sized: op(sized), device=dev, rep_ms=rep_ms)
         parts.append(f"H={sized.n_hot} {t:.3f} ms ({t_dense / t:.2f}x)")
     print(f"M={m:6d} l0={l0:5.1f} | fused op by hot-set size: " + " | ".join(parts), flush=True)
     # The op with the cold gather's variants (twell_ffn_kernel.GATHER_PRELOAD / GATHER_PREFETCH): in the op
     # the gather follows the hot down GEMM, where session 7's gain of the gather alone did not show.
     parts = []
-    default_gather = (twell_ffn_kernel.GATHER_PRELOAD, twell_ffn_kernel.GATHER_PREFETCH)
-    try:
-        for preload, prefetch in ((True, False), (False, True)):
-            twell_ffn_kernel.GATHER_PRELOAD, twell_ffn_kernel.GATHER_PREFETCH = preload, prefetch
-            out_v = hot_cold.launch_hot_cold_ffn(x, fused_plan, *weights, tile=tile, capacity=cap)[0]
-            t = time_ms(lambda: hot_cold.launch_hot_cold_ffn(x, fused_plan, *weights, tile=tile, capacity=cap),
-                        device=dev, rep_ms=rep_ms)
-            parts.append(f"{'prefetch' if prefetch else 'preload'} {t:.3f} ms ({t_dense / t:.2f}x, rel "
-                         f"{rel_error(out_v, fused_out):.1e})")
-    finally:
-        twell_ffn_kernel.GATHER_PRELOAD, twell_ffn_kernel.GATHER_PREFETCH = default_gather
+    for preload, prefetch in ((True, False), (False, True)):
+        with mock.patch.multiple(twell_ffn_kernel, GATHER_PRELOAD=preload, GATHER_PREFETCH=prefetch):
+            out_v = op(fused_plan)
+            t = time_ms(lambda: op(fused_plan), device=dev, rep_ms=rep_ms)
+        parts.append(f"{'prefetch' if prefetch else 'preload'} {t:.3f} ms ({t_dense / t:.2f}x, rel "
+                     f"{rel_error(out_v, fused_out):.1e})")
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | fused op, gather variants: " + " | ".join(parts), flush=True)
 
 

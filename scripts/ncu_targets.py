@@ -35,6 +35,7 @@ def hot_cold(dev: torch.device, tiny: bool = False) -> None:
     small problem checked against the dense float32 reference."""
     from twell import ops
     from twell.ops import hot_cold as hc
+    from twell.reference.inference import dense_gated_ffn
     from twell.tolerances import REL_TOL, rel_error
 
     x, wg, wu, wd = _problem(dev, tiny)
@@ -43,13 +44,9 @@ def hot_cold(dev: torch.device, tiny: bool = False) -> None:
     plan = ops.build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
     out, _ = hc.launch_hot_cold_ffn(x, plan, wg, wu, wd.t().contiguous(), tile=tile, capacity=cap)
     if tiny:
-        ref = _dense(x.float(), wg.float(), wu.float(), wd.float())
+        ref = dense_gated_ffn(x.float(), wg.float(), wu.float(), wd.float(), precision="fp32")
         err = rel_error(out, ref)
         print(f"M={x.shape[0]} hot/cold with the fused gate: rel {err:.1e} ok {err <= REL_TOL[out.dtype]}")
-
-
-def _dense(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.relu(F.linear(x, wg)) * F.linear(x, wu), wd)
 
 
 def legacy(dev: torch.device) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_ops_cold_unit_ids import used_slots
 from test_ops_hot_cold import CASES as HOT_COLD_CASES
 from test_ops_hot_cold import _plan, _run
 from test_ops_kernels import CASES, make_problem
@@ -103,7 +104,7 @@ def test_unused_slots_are_never_read_into_the_result(unit_ids, device):
     g = p["x"] @ p["w_gate"].T
     unit_map = torch.randperm(f, generator=torch.Generator().manual_seed(3)).to(torch.int32).to(device)
     v, i, c = launch_pack_twell(g, tile, cap, unit_map=unit_map if unit_ids else None)
-    used = torch.arange(cap, device=device)[None, None, :] < c.clamp(max=cap)[:, :, None]
+    used = used_slots((v, i, c), cap)
     assert bool((~used).any()) and bool(used.any())
     v_bad = torch.where(used, v, torch.full_like(v, float("nan")))
     i_bad = torch.where(used, i, torch.full_like(i, 30000 if unit_ids else 31))

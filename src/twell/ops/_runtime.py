@@ -48,11 +48,11 @@ def next_pow2(n: int) -> int:
 
 
 def tma_capable(device: torch.device) -> bool:
-    """Whether Triton's TMA tensor descriptors run on ``device``: CUDA of compute capability >= 9.0
-    (Hopper on), or the interpreter on the CPU."""
-    if device.type == "cuda":
-        return _capability(torch.cuda.current_device() if device.index is None else device.index)[0] >= 9
-    return interpreting()
+    """Whether ``device`` is a CUDA device whose Triton kernels can use TMA tensor descriptors (compute
+    capability >= 9.0, Hopper on).  Off CUDA the interpreter runs them; callers decide for those."""
+    if device.type != "cuda":
+        return False
+    return _capability(torch.cuda.current_device() if device.index is None else device.index)[0] >= 9
 
 
 @functools.cache

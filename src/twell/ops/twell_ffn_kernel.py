@@ -94,6 +94,12 @@ def _unit_rows(live, unit, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED: tl.constexpr
 
 
 @triton.jit
+def _rows_contribution(a, live, wu, wd, x, dtype: tl.constexpr, GATED: tl.constexpr, ROUND_HIDDEN: tl.constexpr):
+    """sum_j h_j * Wd[:, j] over SB units whose rows ``wu``, ``wd`` (fp32, from :func:`_unit_rows`) are loaded."""
+    return tl.sum(_hidden(a, live, wu, x, dtype, GATED, ROUND_HIDDEN)[:, None] * wd, axis=0)
+
+
+@triton.jit
 def _picked_entries(k, total, pos, row_vals, row_idx, flat, unit_map_ptr, TILE: tl.constexpr, CAP: tl.constexpr,
                     HAS_MAP: tl.constexpr, IDX_IS_UNIT: tl.constexpr):
     """Entries ``k`` of a row's list from its preloaded container: (gate values fp32, weight rows, live)."""
@@ -199,7 +205,7 @@ def _twell_ffn_row_kernel(
             a_n, unit_n, live_n = _picked_entries(k0 + SB + tl.arange(0, SB), total, pos, row_vals, row_idx, flat,
                                                   unit_map_ptr, TILE, CAP, HAS_MAP, IDX_IS_UNIT)
             wu_n, wd_n = _unit_rows(live_n, unit_n, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
-            out += tl.sum(_hidden(a_p, live_p, wu_p, x, dtype, GATED, ROUND_HIDDEN)[:, None] * wd_p, axis=0)
+            out += _rows_contribution(a_p, live_p, wu_p, wd_p, x, dtype, GATED, ROUND_HIDDEN)
             a_p, live_p, wu_p, wd_p = a_n, live_n, wu_n, wd_n
     else:
         for k0 in range(0, total, SB):
@@ -209,7 +215,7 @@ def _twell_ffn_row_kernel(
                                                 HAS_MAP, IDX_IS_UNIT)
                 # the step's Wu and Wd rows requested together (the shipped path asks for Wd after u)
                 wu_s, wd_s = _unit_rows(k_ok, unit, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
-                out += tl.sum(_hidden(a, k_ok, wu_s, x, dtype, GATED, ROUND_HIDDEN)[:, None] * wd_s, axis=0)
+                out += _rows_contribution(a, k_ok, wu_s, wd_s, x, dtype, GATED, ROUND_HIDDEN)
             else:
                 k_ok = k < total
                 t_k, rank = _tile_of_entry(k, incl, excl, tiles)
