@@ -57,8 +57,9 @@ FUSED_PREFIX_DOT = False
 FUSED_FLATTEN = False
 #: Programs launched per SM.  With 1 (the shipped value) each SM runs one program whose epilogue (1.14 ms
 #: of the 6.04 at M=131072) leaves the tensor cores idle; 2 needs a configuration two of which fit on an
-#: SM: by ptxas and Triton's shared-memory figure, BM 64 on 4 warps with 2 stages (255 registers x 128
-#: threads, 82 KB) does, BM 128 on 8 warps (255 x 256 threads, the whole register file) does not.  The
+#: SM: by ptxas and Triton's shared-memory figure (bench_results/sm90_offline/session8_*.log), BM 64 on
+#: 4 warps with 2 stages (255 registers x 128 threads, 82 KB) does, BM 128 on 8 warps (255 x 256 threads,
+#: the whole register file) does not.  The
 #: price is a B tile per 64 rows instead of 128 (1.67x the shared-memory fill per FLOP).  Unmeasured;
 #: scripts/hot_cold_gate_probe.py times it.
 FUSED_PROGRAMS_PER_SM = 1

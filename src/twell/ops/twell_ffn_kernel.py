@@ -31,7 +31,8 @@ from .gate_kernel import relu_keep_nan, round_to
 #: ([n_tiles, CAP] values and indices, 2.5 KB at the hot/cold split's 40 cold tiles x 16 slots) with its
 #: counts, takes a step's entries from registers, and requests a step's Wu and Wd rows together.  The
 #: kernel is latency-bound (2 tokens per SM by registers; at M=131072, l0=28 the cold gather's 2.15 ms is
-#: ~4 us per token on its SM, H200), and the shipped path's SASS (nvdisasm of the sm_90a build) waits, per
+#: ~4 us per token on its SM, H200), and the shipped path's SASS (nvdisasm of the sm_90a build,
+#: bench_results/sm90_offline/session8_row_gather_and_fused_gate.log) waits, per
 #: step, on three dependent round trips: the step's slots (found from the counts), its Wu rows, then its
 #: Wd rows, requested only after u's reduction.  A token of ~7 cold pairs in two steps of 4 waits on 7
 #: round trips; with the preload on 3 (counts and container, then each step's rows).  Prediction: the
