@@ -4,14 +4,12 @@ entry, failing and skipped points (the GPU sweep itself is run by hand on an H20
 from __future__ import annotations
 
 import json
-import statistics
 
 import pytest
 import torch
 
 import twell.bench.train_ffn as tf
 from twell import cli
-from twell.bench.timing import INTERLEAVED_ROUNDS
 from twell.nn.train_dispatch import TrainDispatchPolicy
 from twell.reference.training import gated_ffn_l1
 from twell.tolerances import REL_TOL, REL_TOL_GRAD
@@ -44,11 +42,11 @@ def test_point_with_the_real_sparse_op_is_checked_and_auto_goes_sparse_when_forc
     assert r["l0"] == r["sparse_l0"] == r["gate_l0"] == r["ref_l0"] > 0
     assert r["auto_path"] == "sparse" and r["ok"] is True
     assert r["sparse_speedup"] == pytest.approx(r["dense_ms"] / r["sparse_ms"])
-    for path in ("dense", "sparse", "auto"):  # fast paths: the rounds behind the median are kept with it
-        if "rounds" in r[f"{path}_timing"]:
-            assert len(r[f"{path}_rounds_ms"]) == INTERLEAVED_ROUNDS
+    for path in ("dense", "sparse", "auto"):  # fast paths: the groups' medians are kept with the median
+        if "interleaved" in r[f"{path}_timing"]:
+            assert len(r[f"{path}_rounds_ms"]) == tf.TIMING_ROUNDS
         if f"{path}_rounds_ms" in r:
-            assert r[f"{path}_ms"] == statistics.median(r[f"{path}_rounds_ms"])
+            assert min(r[f"{path}_rounds_ms"]) <= r[f"{path}_ms"] <= max(r[f"{path}_rounds_ms"])
     assert "dense_rounds_ms" in r
     assert r["dense_mem_mb"] is None  # no memory statistics off CUDA
 

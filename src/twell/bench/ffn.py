@@ -1,7 +1,7 @@
 """``twell bench ffn``: the inference FFN sweep, dense vs TwELL, over token counts and densities.
 
 Per point it times (median of many reps, same process, same inputs; the dense chain, the hot/cold
-split and the two modules interleaved in three rounds, see ``time_ms_interleaved``): the dense PyTorch FFN with
+split and the two modules interleaved call by call, see ``time_ms_interleaved``): the dense PyTorch FFN with
 separate linears, the cuBLAS gate GEMM alone (the floor: the sparse FFN cannot beat it), the TwELL
 gate kernel alone, the whole TwELL FFN, the hot/cold split, ``SparseGatedMLP`` with the default
 dispatch and the dense FFN module (``DenseReluGatedMLP``: a module's per-call overhead is part of what

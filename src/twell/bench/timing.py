@@ -27,30 +27,100 @@ def time_ms(fn: Callable[[], object], *, device: torch.device, warmup_ms: float 
     return statistics.median(samples)
 
 
-#: Rounds of :func:`time_ms_interleaved`.  Five since session 8: with three, the small-M points of the
-#: 2048x5632 sweep (0.04-0.08 ms a call, launch-bound) had two disturbed rounds of three at times (the
-#: same dense work read 0.041-0.081 ms, bench_results/h200/ffn_sweep_session8.json: *_rounds_ms).
+#: Rounds of :func:`time_ms_interleaved`: its samples are reported in this many consecutive groups (the
+#: ``*_rounds_ms`` fields of the benchmarks), each group's median kept, so that a disturbed stretch shows.
 INTERLEAVED_ROUNDS = 5
+
+#: Most alternation cycles :func:`time_ms_interleaved` runs (a 0.05 ms call with the L2 flush before it
+#: costs ~0.15 ms, so 100 ms of timing is ~600 cycles at 4 callables).
+MAX_CYCLES = 2000
+
+#: Bytes written before every timed call on CUDA to flush the L2 cache (50-60 MB on H100/H200), as
+#: ``triton.testing.do_bench`` does, so that every callable starts from cold weights alike.
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+_now = time.perf_counter  # the host clock of time_ms_interleaved (a module global, so tests can drive it)
 
 
 def time_ms_interleaved(
     fns: dict[str, Callable[[], object]], *, device: torch.device, warmup_ms: float = 25.0, rep_ms: float = 100.0,
     rounds: int = INTERLEAVED_ROUNDS, samples_out: dict[str, list[float]] | None = None,
 ) -> dict[str, float]:
-    """Median ms per call of each callable, timed in ``rounds`` interleaved rounds (each callable once per
-    round, ``rep_ms / rounds`` each; the median over its rounds), so that a drift of the GPU's clocks or
-    of the host's speed lands on every callable alike.  Timed one after the other, the module paths of
-    ``twell bench ffn`` at M <= 256 and 10 % density read 0.53-0.61x of dense while the plain dense
-    module timed right after them read as slow (bench_results/h200/ffn_small_m_session4.log).
-    ``samples_out``, when given, receives each callable's per-round times (what the median came from)."""
-    n = rounds if len(fns) > 1 else 1
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(n):
-        for name, fn in fns.items():
-            samples[name].append(time_ms(fn, device=device, warmup_ms=warmup_ms, rep_ms=rep_ms / n))
+    """Median ms per call of each callable, the callables alternating call by call (A B C, B C A, C A B,
+    ...) so that a drift of the GPU's clocks or of the host's speed lands on every callable alike.
+
+    Until session 8 the callables took turns in five rounds of ``rep_ms / 5`` each; at M=256 / 5 % the
+    module path, which runs the very same dense kernels as the plain dense FFN there, read 0.79-0.81x of it
+    because three of the five rounds were disturbed and the disturbance fell unevenly between the
+    callables (bench_results/h200/ffn_small_m_session8.json: dense 0.053-0.066 ms, the module 0.052-0.088).
+    Call by call, a disturbance longer than one cycle (4 calls, < 1 ms at small M) hits all of them.
+
+    Each callable gets about ``rep_ms`` of timed calls (the slowest one sets the number of cycles, at least
+    ``rounds``, at most :data:`MAX_CYCLES`).  On CUDA every call is timed by its own pair of events after
+    an L2 flush (what ``triton.testing.do_bench`` does), so a call's time is its device time; elsewhere by
+    the host clock.  ``samples_out``, when given, receives each callable's medians over ``rounds``
+    consecutive groups of cycles (what the spread of the timing was)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    names = list(fns)
+    if not names:
+        return {}
+    est = {name: _warm_up_ms(fns[name], device=device, warmup_ms=warmup_ms) for name in names}
+    cycles = int(min(MAX_CYCLES, max(rounds, rep_ms / max(max(est.values()), 1e-3))))
+    samples = _alternate(fns, names, cycles, device)
     if samples_out is not None:
-        samples_out.update(samples)
+        samples_out.update({name: _group_medians(s, min(rounds, cycles)) for name, s in samples.items()})
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def _warm_up_ms(fn: Callable[[], object], *, device: torch.device, warmup_ms: float) -> float:
+    """Call ``fn`` for about ``warmup_ms`` (at least twice); return its mean ms per call over the last
+    calls, the estimate that sizes the timed loop."""
+    fn()  # first call: compilation, autotuning, allocations
+    synchronize(device)
+    calls, t0 = 0, _now()
+    while True:
+        fn()
+        calls += 1
+        synchronize(device)
+        elapsed = (_now() - t0) * 1e3
+        if elapsed >= warmup_ms and calls >= 2:
+            return elapsed / calls
+
+
+def _alternate(fns: dict[str, Callable[[], object]], names: list[str], cycles: int,
+               device: torch.device) -> dict[str, list[float]]:
+    """``cycles`` cycles of one call of each callable, the order rotated by one every cycle; ms per call."""
+    n = len(names)
+    order = [[names[(c + k) % n] for k in range(n)] for c in range(cycles)]
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    if device.type == "cuda":
+        flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+        events = []
+        for cycle in order:
+            for name in cycle:
+                flush.zero_()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fns[name]()
+                end.record()
+                events.append((name, start, end))
+        synchronize(device)
+        for name, start, end in events:
+            samples[name].append(float(start.elapsed_time(end)))
+        return samples
+    for cycle in order:
+        for name in cycle:
+            t0 = _now()
+            fns[name]()
+            samples[name].append((_now() - t0) * 1e3)
+    return samples
+
+
+def _group_medians(values: list[float], groups: int) -> list[float]:
+    """Medians of ``groups`` consecutive, near-equal slices of ``values`` (in order)."""
+    bounds = [round(i * len(values) / groups) for i in range(groups + 1)]
+    return [statistics.median(values[bounds[i]:bounds[i + 1]]) for i in range(groups)]
 
 
 def synchronize(device: torch.device) -> None:

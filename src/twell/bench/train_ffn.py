@@ -76,7 +76,7 @@ L1_GRAD_SCALE = 0.5
 #: A forward+backward slower than this (ms) is timed from single calls, not do_bench (which would run
 #: it ~8 times); at M=131072 the dense path takes ~40 ms, so only slow sparse points take this branch.
 SLOW_CALL_MS = 250.0
-#: Interleaved timing rounds per point (see :func:`_time_paths`).
+#: Groups the interleaved per-call times of a point are reported in (``*_rounds_ms``, see :func:`_time_paths`).
 TIMING_ROUNDS = 3
 
 Result = dict[str, torch.Tensor | None]
@@ -185,24 +185,23 @@ def _bitwise_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 def _time_paths(timed: dict[str, tuple[Step, float]], row: dict, cfg: TrainFfnSweep, device: torch.device) -> None:
     """``row[name + "_ms"]`` (median ms per call) and ``row[name + "_timing"]`` for every measured path.
 
-    The fast paths are timed in :data:`TIMING_ROUNDS` interleaved rounds (dense, then each other path,
-    then dense again, ...; ``rep_ms / TIMING_ROUNDS`` each) and each gets the median of its rounds, so
-    that a drift of the GPU's clocks over the point (the power-limited H200 warms up under the float64
-    reference and the paths before) lands on every path alike: timed one after the other, the last path
-    could read slow against the first (in bench_results/h200/train_ffn_hotcold_sweep*.json, timed one
-    after the other, the switch's dense path, last, read 0.82-0.93x of dense, first, though it adds only
-    an l0 count: interleaving tells such drift from real cost).  Calls slower than
-    :data:`SLOW_CALL_MS` are timed from a few single calls instead (do_bench would run them ~8 times).
+    The fast paths are timed interleaved call by call (:func:`time_ms_interleaved`; the per-call times
+    also kept as the medians of :data:`TIMING_ROUNDS` consecutive groups), so that a drift of the GPU's
+    clocks over the point (the power-limited H200 warms up under the float64 reference and the paths
+    before) lands on every path alike: timed one after the other, the last path could read slow against
+    the first (in bench_results/h200/train_ffn_hotcold_sweep*.json, timed one after the other, the
+    switch's dense path, last, read 0.82-0.93x of dense, first, though it adds only an l0 count).
+    Calls slower than :data:`SLOW_CALL_MS` are timed from a few single calls instead.
     """
     fast = {name: fn for name, (fn, call_ms) in timed.items() if call_ms <= SLOW_CALL_MS}
     n_rounds = TIMING_ROUNDS if len(fast) > 1 else 1
-    how = "do_bench" if device.type == "cuda" else "median"
+    how = "CUDA events after an L2 flush" if device.type == "cuda" else "host clock"
     per_round: dict[str, list[float]] = {}
     for name, ms in time_ms_interleaved(fast, device=device, warmup_ms=cfg.warmup_ms, rep_ms=cfg.rep_ms,
                                         rounds=TIMING_ROUNDS, samples_out=per_round).items():
         row[f"{name}_ms"] = ms
         row[f"{name}_rounds_ms"] = per_round[name]
-        row[f"{name}_timing"] = how if n_rounds == 1 else f"{how}, median of {n_rounds} interleaved rounds"
+        row[f"{name}_timing"] = how if n_rounds == 1 else f"{how}, calls interleaved with {len(fast) - 1} other paths"
     for name, (fn, call_ms) in timed.items():
         if name in fast:
             continue

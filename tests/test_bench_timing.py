@@ -1,0 +1,77 @@
+"""``time_ms_interleaved``: the callables alternate call by call, so a disturbed stretch lands on all of them.
+
+Driven by a fake host clock (each callable advances it by its own cost), so nothing here depends on the
+speed of the machine running the tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from twell.bench import timing
+
+CPU = torch.device("cpu")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.ms = 0.0
+
+    def __call__(self) -> float:
+        return self.ms / 1e3
+
+
+def _costed(clock: FakeClock, calls: list[str], name: str, cost_ms: float, disturbed: range):
+    """A callable costing ``cost_ms`` on the fake clock, 5 ms more while its global call index is in
+    ``disturbed`` (a slow stretch of the machine, whoever runs then)."""
+    def fn() -> None:
+        clock.ms += cost_ms + (5.0 if len(calls) in disturbed else 0.0)
+        calls.append(name)
+    return fn
+
+
+def test_alternates_call_by_call_and_a_disturbance_hits_every_callable(monkeypatch):
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(timing, "_now", clock)
+    # warm-up: 3 calls each (first + 2, warmup_ms=0) -> the timed loop starts at global call 9
+    disturbed = range(9 + 30, 9 + 60)  # 10 cycles of 3 calls, in the middle of the timed loop
+    fns = {name: _costed(clock, calls, name, cost, disturbed) for name, cost in (("a", 2.0), ("b", 1.0), ("c", 1.0))}
+    groups: dict[str, list[float]] = {}
+    ms = timing.time_ms_interleaved(fns, device=CPU, warmup_ms=0.0, rep_ms=100.0, rounds=5, samples_out=groups)
+    timed = calls[9:]
+    cycles = len(timed) // 3
+    assert cycles == 50 and len(timed) == 150  # rep_ms / slowest estimate (2 ms)
+    for c in range(3):  # A B C, B C A, C A B, A B C ...
+        assert timed[3 * c:3 * c + 3] == [["a", "b", "c"][(c + k) % 3] for k in range(3)]
+    assert all(timed.count(name) == cycles for name in fns)
+    # the disturbance (20 % of the loop) is on every callable alike: the medians are the undisturbed costs
+    assert ms == pytest.approx({"a": 2.0, "b": 1.0, "c": 1.0})
+    assert {name: len(g) for name, g in groups.items()} == {"a": 5, "b": 5, "c": 5}
+    assert groups["a"][0] == pytest.approx(2.0) and max(groups["a"]) == pytest.approx(7.0)  # the disturbed group shows
+
+
+def test_fewer_cycles_than_rounds_are_not_possible_and_bad_rounds_are_refused(monkeypatch):
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(timing, "_now", clock)
+    fns = {name: _costed(clock, calls, name, cost, range(0)) for name, cost in (("slow", 1000.0), ("fast", 1.0))}
+    groups: dict[str, list[float]] = {}
+    ms = timing.time_ms_interleaved(fns, device=CPU, warmup_ms=0.0, rep_ms=10.0, rounds=4, samples_out=groups)
+    assert calls[6:].count("slow") == 4  # at least `rounds` cycles even when rep_ms is shorter than one call
+    assert ms == pytest.approx({"slow": 1000.0, "fast": 1.0}) and len(groups["fast"]) == 4
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        timing.time_ms_interleaved(fns, device=CPU, rounds=0)
+    assert timing.time_ms_interleaved({}, device=CPU) == {}
+
+
+def test_cycles_are_capped(monkeypatch):
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(timing, "_now", clock)
+    monkeypatch.setattr(timing, "MAX_CYCLES", 7)
+    ms = timing.time_ms_interleaved({"x": _costed(clock, calls, "x", 0.5, range(0))}, device=CPU,
+                                    warmup_ms=0.0, rep_ms=1000.0, rounds=3)
+    assert calls[3:].count("x") == 7 and ms == pytest.approx({"x": 0.5})
+
+
+def test_group_medians_cover_every_sample_in_order():
+    assert timing._group_medians([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], 3) == [1.5, 4.0, 6.5]
+    assert timing._group_medians([4.0], 1) == [4.0]
