@@ -15,7 +15,7 @@ OUT=${OUT:-out}
 RUN="$OUT/run"
 mkdir -p "$RUN"
 STAGES=${STAGES:-"tests ffn train-ffn model"}
-# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe gemmprobe fusedgate ncu overhead (the
+# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), tune (twell tune-dispatch, ARGS_TUNE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe gemmprobe fusedgate ncu overhead (the
 # diagnostics).
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv
@@ -40,6 +40,7 @@ for stage in $STAGES; do
   case $stage in
     tests) run_stage tests 150 python3 -m pytest tests -q -m gpu -p no:cacheprovider ${ARGS_TESTS:-} ;;
     ffn) run_stage ffn 240 python3 -m twell.cli bench ffn --out "$RUN" --stem ffn ${ARGS_FFN:-} ;;
+    tune) run_stage tune 300 python3 -m twell.cli tune-dispatch --out "$RUN" ${ARGS_TUNE:---shape 2048x5632} ;;
     ffn-large) run_stage ffn-large 240 python3 -m twell.cli bench ffn --out "$RUN" --stem ffn_large ${ARGS_FFN_LARGE:-} ;;
     train-ffn) run_stage train-ffn 240 python3 -m twell.cli bench train-ffn --out "$RUN" --stem train_ffn ${ARGS_TRAIN_FFN:-} ;;
     model) run_stage model 240 python3 -m twell.cli bench model --out "$RUN" ${ARGS_MODEL:-} ;;

@@ -1,4 +1,4 @@
-"""The ``twell`` command: ``bench``, ``info``, ``demo``, ``train`` and ``generate``."""
+"""The ``twell`` command: ``bench``, ``info``, ``demo``, ``train``, ``generate`` and ``tune-dispatch``."""
 
 from __future__ import annotations
 
@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         from .generate_cli import main as generate_main
 
         return generate_main(argv[1:])
+    if argv[:1] == ["tune-dispatch"]:  # likewise
+        from .bench.tune_dispatch import main as tune_main
+
+        return tune_main(argv[1:])
     parser = argparse.ArgumentParser(prog="twell", description="Sparse-activation FFNs on GPUs (TwELL format).")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="benchmarks: ffn, train-ffn, model (twell bench ffn --help)")
@@ -115,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-progress", action="store_true")
     train_p = sub.add_parser("train", help="train a ReLU-gated model with the L1 recipe (torchrun for DDP)")
     _add_train_args(train_p)
-    # listed for --help; main() hands "twell generate ..." to twell.generate_cli before parsing
+    # listed for --help; main() hands "twell generate ..." / "twell tune-dispatch ..." on before parsing
     sub.add_parser("generate", help="greedy generation from a local model directory (twell generate --help)")
+    sub.add_parser("tune-dispatch", help="measure where the sparse layer beats dense on this GPU for a layer shape "
+                   "and write a dispatch policy file (twell tune-dispatch --help)")
     args = parser.parse_args(argv)
     if args.command == "bench":
         import importlib

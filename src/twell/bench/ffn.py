@@ -30,7 +30,7 @@ from ..reference.inference import dense_gated_ffn
 from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from ..tolerances import REL_TOL, rel_error
 from .environment import environment
-from .results import plot_speedup, write_results
+from .results import plot_speedup, record_row, write_results
 from .timing import time_ms, time_ms_interleaved
 
 DEFAULT_MS = (1, 16, 256, 1024, 4096, 16384, 131072)
@@ -183,12 +183,7 @@ def run_sweep(cfg: FfnSweep, device: torch.device, log=print, on_row=None) -> li
             except torch.OutOfMemoryError:
                 row = {"d": d, "f": f, "m": m, "density_pct": dens, "error": "out of memory"}
             row.update(cfg.tags)
-            rows.append(row)
-            log(format_row(row))
-            if on_row is not None:  # results survive a run cut short by a time limit
-                on_row(rows)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            record_row(rows, row, format_row(row), log=log, on_row=on_row, device=device)
         del problem
     return rows
 

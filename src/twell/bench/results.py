@@ -6,6 +6,19 @@ import csv
 import json
 from pathlib import Path
 
+import torch
+
+
+def record_row(rows: list[dict], row: dict, text: str, *, log, on_row, device: torch.device) -> None:
+    """Append a sweep's new ``row``, log its ``text``, hand the rows so far to ``on_row`` (so that results
+    survive a run cut short by a time limit) and give the point's cached device memory back."""
+    rows.append(row)
+    log(text)
+    if on_row is not None:
+        on_row(rows)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
 
 def write_results(rows: list[dict], meta: dict, out_dir: Path, stem: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)

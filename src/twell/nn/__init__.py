@@ -1,6 +1,7 @@
 """``torch.nn`` layers built on the TwELL ops: the sparse ReLU-gated MLP and its dispatch policy."""
 
 from .dispatch import DEFAULT_POLICY, H200_BF16_TABLE, DispatchPolicy
+from .dispatch_file import load_policy, save_policy
 from .mlp import DenseReluGatedMLP, SparseGatedMLP, static_dispatch
 from .norm import FusedRMSNorm, fuse_rms_norms, unfuse_rms_norms
 
@@ -12,6 +13,8 @@ __all__ = [
     "FusedRMSNorm",
     "SparseGatedMLP",
     "fuse_rms_norms",
+    "load_policy",
+    "save_policy",
     "static_dispatch",
     "unfuse_rms_norms",
 ]

@@ -1,0 +1,214 @@
+"""``twell tune-dispatch``: where the sparse layer beats the dense one on this GPU, as a dispatch policy file.
+
+The shipped :data:`twell.nn.DEFAULT_POLICY` holds tables measured on an H200 for two layer shapes (2048 x
+5632 and 4096 x 14336); any other GPU, dtype or shape gets the dense path until it is measured.  This
+command measures it: for one layer shape it times :class:`~twell.nn.SparseGatedMLP` held on its sparse
+path against the dense module (the same weights, ``DenseReluGatedMLP``), call by call interleaved, over
+token counts and densities of the realistic synthetic activations (:mod:`twell.synthetic`), checks every
+sparse output against an fp32 reference, and derives the table with :func:`twell.nn.dispatch_tuning.
+derive_table`.  It writes ``<stem>.json`` / ``.csv`` (every point) and ``<stem>_policy.json``, which
+:func:`twell.nn.load_policy` reads::
+
+    twell tune-dispatch --shape 4096x11008 --out tuned
+    # then, in Python:
+    twell.models.set_dispatch_policy(model, twell.nn.load_policy("tuned/dispatch_4096x11008_policy.json"))
+
+``--from`` re-derives the policy from an earlier run's ``<stem>.json`` (another ``--min-speedup``) without
+timing anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..nn import DispatchPolicy, SparseGatedMLP
+from ..nn.dispatch_file import save_policy
+from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_table
+from ..reference.inference import dense_gated_ffn
+from ..synthetic import SparsityProfile, synthetic_ffn_problem
+from ..tolerances import REL_TOL, rel_error
+from .environment import environment
+from .ffn import _rows_for
+from .results import record_row, write_results
+from .timing import time_ms_interleaved
+
+DEFAULT_MS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+DEFAULT_DENSITIES = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0)
+#: Tokens of a point whose outputs are checked against the fp32 reference (the reference of all 131072
+#: tokens at 4096 x 14336 would be a 7.5 GB float32 weight-and-activation detour for no extra coverage).
+CHECK_TOKENS = 4096
+
+
+@dataclass
+class TuneConfig:
+    d: int
+    f: int
+    ms: tuple[int, ...] = DEFAULT_MS
+    densities: tuple[float, ...] = DEFAULT_DENSITIES
+    dtype: torch.dtype = torch.bfloat16
+    backend: str = "auto"
+    rep_ms: float = 100.0
+    seed: int = 0
+
+
+def _l0(x: torch.Tensor, wg: torch.Tensor, chunk: int = 16384) -> float:
+    """Mean number of positive gate values per token (the layer's l0, as SparseGatedMLP counts it)."""
+    total = 0
+    for part in x.split(chunk):
+        total += int((F.linear(part, wg) > 0).sum())
+    return total / max(1, x.shape[0])
+
+
+def measure_point(problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct: float, cfg: TuneConfig,
+                  device: torch.device) -> dict:
+    """One point: the sparse and the dense module on ``x``, timed interleaved; the sparse output checked."""
+    wg, wu, wd = problem["w_gate"], problem["w_up"], problem["w_down"]
+    m = x.shape[0]
+    sparse = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend, policy=DispatchPolicy.always_sparse()).eval()
+    dense = sparse.to_dense().eval()
+    row: dict = {"d": cfg.d, "f": cfg.f, "m": m, "density_pct": density_pct}
+    with torch.no_grad():
+        row["l0"] = _l0(x, wg)
+        row["density"] = row["l0"] / cfg.f
+        out = sparse(x)
+        n = min(m, CHECK_TOKENS)
+        ref = dense_gated_ffn(x[:n].float(), wg.float(), wu.float(), wd.float(), precision="fp32")
+        row["rel_err"] = rel_error(out[:n], ref)
+        row["ok"] = bool(row["rel_err"] <= REL_TOL[cfg.dtype])
+        row["sparse_path"] = sparse._path(m, device.type)  # "sparse" unless the layer refused the policy
+        del out, ref
+        groups: dict[str, list[float]] = {}
+        ms = time_ms_interleaved({"dense": lambda: dense(x), "sparse": lambda: sparse(x)}, device=device,
+                                 rep_ms=cfg.rep_ms, samples_out=groups)
+    for name in ("dense", "sparse"):
+        row[f"{name}_ms"] = ms[name]
+        row[f"{name}_rounds_ms"] = groups[name]
+    row["speedup"] = ms["dense"] / ms["sparse"]
+    return row
+
+
+def run_tuning(cfg: TuneConfig, device: torch.device, log=print, on_row=None) -> list[dict]:
+    """Every (token count, density) point of ``cfg``; rows as :func:`measure_point` returns them."""
+    rows: list[dict] = []
+    for dens in cfg.densities:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(cfg.seed)
+        profile = SparsityProfile(mean_l0=dens / 100 * cfg.f)
+        # at least one whole sequence, so that a call of fewer tokens samples every position, not the
+        # first ones (which fire several times more units: SparsityProfile.early_boost)
+        n_tokens = max(max(cfg.ms), profile.seq_len)
+        problem = synthetic_ffn_problem(n_tokens, cfg.d, cfg.f, profile, generator=gen, dtype=cfg.dtype, device=device)
+        for m in cfg.ms:
+            try:
+                x = _rows_for(problem["x"], m, profile.seq_len, gen)  # random positions below a sequence
+                row = measure_point(problem, x, dens, cfg, device)
+            except torch.OutOfMemoryError:
+                row = {"d": cfg.d, "f": cfg.f, "m": m, "density_pct": dens, "error": "out of memory"}
+            record_row(rows, row, format_row(row), log=log, on_row=on_row, device=device)
+        del problem
+    return rows
+
+
+def format_row(r: dict) -> str:
+    head = f"{r['d']}x{r['f']} M={r['m']:7d} density {r['density_pct']:5.2f}%"
+    if "error" in r:
+        return f"{head}  ERROR {r['error']}"
+    return (f"{head} l0={r['l0']:7.1f} dense {r['dense_ms']:8.3f} ms, sparse ({r['sparse_path']}) "
+            f"{r['sparse_ms']:8.3f} ms: {r['speedup']:5.2f}x  err {r['rel_err']:.1e} {'ok' if r['ok'] else 'WRONG'}")
+
+
+def points_of(rows: list[dict]) -> list[TuningPoint]:
+    """The timed rows as :class:`TuningPoint` (rows with an error count as losses: no win claimed there)."""
+    pts = []
+    for r in rows:
+        if "error" in r:
+            continue
+        pts.append(TuningPoint(tokens=int(r["m"]), density=float(r["density"]), dense_ms=float(r["dense_ms"]),
+                               sparse_ms=float(r["sparse_ms"]), ok=bool(r["ok"] and r.get("sparse_path") == "sparse")))
+    return pts
+
+
+def policy_of(rows: list[dict], *, d: int, f: int, device_type: str, min_speedup: float) -> DispatchPolicy:
+    """The dispatch policy the rows support for a ``d x f`` layer on ``device_type``."""
+    table = derive_table(points_of(rows), min_speedup=min_speedup)
+    return DispatchPolicy(table=table, device_types=(device_type,), shapes=((d, f),))
+
+
+def table_text(policy: DispatchPolicy) -> str:
+    if not policy.table:
+        return "dense at every measured point (the sparse path never won by the margin)"
+    lines = []
+    bounds = [m for m, _ in policy.table[1:]] + [None]
+    for (m, dens), nxt in zip(policy.table, bounds, strict=True):
+        span = f"{m} <= M < {nxt}" if nxt is not None else f"M >= {m}"
+        lines.append(f"  {span}: sparse when density <= {dens * 100:.3g} %" if dens > 0 else f"  {span}: dense")
+    return "\n".join(lines)
+
+
+def _parse_shape(text: str) -> tuple[int, int]:
+    try:
+        d, f = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape must be HIDDENxFFN, e.g. 4096x11008, got {text!r}") from None
+    if d < 1 or f < 1:
+        raise argparse.ArgumentTypeError(f"shape sizes must be >= 1, got {text!r}")
+    return d, f
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="twell tune-dispatch", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", type=_parse_shape, default=None, help="HIDDENxFFN of the layer, e.g. 4096x11008")
+    p.add_argument("--ms", type=int, nargs="+", default=list(DEFAULT_MS), help="token counts per call")
+    p.add_argument("--densities", type=float, nargs="+", default=list(DEFAULT_DENSITIES), help="percent active")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
+    p.add_argument("--rep-ms", type=float, default=100.0, help="timed ms per path and point")
+    p.add_argument("--min-speedup", type=float, default=DEFAULT_MIN_SPEEDUP,
+                   help="a point counts as a sparse win from this speedup over dense (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("twell-tuning"))
+    p.add_argument("--stem", default=None, help="file name stem (default: dispatch_<shape>)")
+    p.add_argument("--from", dest="from_json", type=Path, default=None,
+                   help="derive the policy from this earlier run's JSON instead of timing")
+    a = p.parse_args(argv)
+    if a.min_speedup < 1.0:
+        p.error(f"--min-speedup must be >= 1 (got {a.min_speedup}): sparse is never chosen where it is slower")
+    if a.from_json is not None:
+        data = json.loads(a.from_json.read_text())
+        rows, meta = data["rows"], data["meta"]
+        d, f = meta["shape"]
+        device_type = meta["device_type"]
+    else:
+        if a.shape is None:
+            p.error("--shape is required (unless --from names an earlier run)")
+        if any(m < 1 for m in a.ms) or any(not 0 < x <= 100 for x in a.densities):
+            p.error("--ms must be >= 1 and --densities in (0, 100]")
+        d, f = a.shape
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device_type = device.type
+        cfg = TuneConfig(d=d, f=f, ms=tuple(sorted(set(a.ms))), densities=tuple(sorted(set(a.densities))),
+                         dtype=getattr(torch, a.dtype), backend=a.backend, rep_ms=a.rep_ms, seed=a.seed)
+        meta = environment(device)
+        meta.update({"shape": [d, f], "device_type": device_type, "dtype": a.dtype, "ms": list(cfg.ms),
+                     "densities": list(cfg.densities)})
+        stem = a.stem or f"dispatch_{d}x{f}"
+        rows = run_tuning(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, stem))
+    stem = a.stem or f"dispatch_{d}x{f}"
+    meta["min_speedup"] = a.min_speedup
+    policy = policy_of(rows, d=d, f=f, device_type=device_type, min_speedup=a.min_speedup)
+    paths = write_results(rows, meta, a.out, stem) if a.from_json is None else []
+    measured = {k: meta.get(k) for k in ("device", "torch", "triton", "commit", "date_utc", "dtype", "min_speedup")}
+    measured["points"] = [{k: r.get(k) for k in ("m", "density", "dense_ms", "sparse_ms", "speedup", "ok")}
+                          for r in rows if "error" not in r]
+    paths.append(save_policy(policy, a.out / f"{stem}_policy.json", measured=measured))
+    print(f"\ndispatch for {d}x{f} on {meta.get('device', device_type)} ({meta.get('dtype')}), "
+          f"sparse where it won by >= {a.min_speedup}x:\n{table_text(policy)}")
+    print("wrote " + ", ".join(str(x) for x in paths))
+    return 0 if all(r.get("ok", False) for r in rows if "error" not in r) else 1

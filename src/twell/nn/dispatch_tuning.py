@@ -1,0 +1,100 @@
+"""A dispatch table from timed points: where the sparse layer beat the dense one, by how much, and how safely.
+
+``twell tune-dispatch`` times :class:`~twell.nn.SparseGatedMLP` on the sparse path against the dense
+module over token counts and densities on the user's GPU; :func:`derive_table` turns those points into the
+rows ``(min_tokens, max_density)`` of a :class:`~twell.nn.DispatchPolicy`.  The rules, all conservative:
+
+* a point counts as a win only if its output was correct and sparse was at least ``min_speedup`` times
+  faster than dense (default 1.05: the margin covers timing noise and the token counts between the
+  measured ones, and switching for less is not worth a model's risk);
+* at each measured token count the sparse path is allowed up to the highest measured density below
+  which *every* measured density won (one loss ends the run: no islands of sparse above a dense point);
+* a row applies from its token count up to the next measured one (the table's semantics), so a call
+  between two measured counts gets the lower count's answer; sparse speedups grow with the token count
+  in every sweep so far (bench_results/h200/ffn_sweep_session8.json: 1.53x at 16384 and 1.63x at
+  131072 tokens, 0.5 %), which makes the lower answer the safe one;
+* a token count where nothing won after one where something did gets a row of density 0, which turns
+  the sparse path off there (only an all-zero activation, whose sparse path is trivially exact and
+  fast, still takes it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .dispatch import DispatchTable
+
+__all__ = ["DEFAULT_MIN_SPEEDUP", "TuningPoint", "derive_table"]
+
+#: Sparse must be at least this many times faster than dense at a point to count as a win.
+DEFAULT_MIN_SPEEDUP = 1.05
+
+
+@dataclass(frozen=True)
+class TuningPoint:
+    """One timed point: ``tokens`` per call, activation ``density`` (l0 / F as measured), the two
+    modules' median ms per call, and whether the sparse output matched the reference."""
+
+    tokens: int
+    density: float
+    dense_ms: float
+    sparse_ms: float
+    ok: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 1:
+            raise ValueError(f"tokens must be an int >= 1, got {self.tokens!r}")
+        if not isinstance(self.density, (int, float)) or not 0.0 <= self.density <= 1.0:
+            raise ValueError(f"density must lie in [0, 1] (l0 / intermediate_size), got {self.density!r}")
+        for name in ("dense_ms", "sparse_ms"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"{name} must be a finite time > 0 ms, got {v!r}")
+        if not isinstance(self.ok, bool):
+            raise TypeError(f"ok must be a bool, got {type(self.ok).__name__}")
+
+    @property
+    def speedup(self) -> float:
+        return self.dense_ms / self.sparse_ms
+
+
+def _limit_at(points: list[TuningPoint], min_speedup: float) -> float | None:
+    """The highest density up to which every point (sorted by density) won, or None if the lowest lost."""
+    limit = None
+    for p in points:
+        if not (p.ok and p.speedup >= min_speedup):
+            break
+        limit = p.density
+    return limit
+
+
+def derive_table(points: Iterable[TuningPoint], *, min_speedup: float = DEFAULT_MIN_SPEEDUP) -> DispatchTable:
+    """Rows ``(min_tokens, max_density)`` for a :class:`~twell.nn.DispatchPolicy` from timed points (see the
+    module docstring for the rules).  An empty table (dense everywhere) when sparse never won."""
+    if isinstance(min_speedup, bool) or not isinstance(min_speedup, (int, float)) or not min_speedup >= 1.0:
+        raise ValueError(f"min_speedup must be a number >= 1 (sparse never chosen where it is slower), "
+                         f"got {min_speedup!r}")
+    pts = list(points)
+    if not pts:
+        raise ValueError("no points to derive a dispatch table from")
+    for p in pts:
+        if not isinstance(p, TuningPoint):
+            raise TypeError(f"points must be TuningPoint, got {type(p).__name__}")
+    by_tokens: dict[int, list[TuningPoint]] = {}
+    for p in pts:
+        by_tokens.setdefault(p.tokens, []).append(p)
+    rows: list[tuple[int, float]] = []
+    for tokens in sorted(by_tokens):
+        # by density; at equal densities (repeated runs) a loss first, so that the worse run decides
+        group = sorted(by_tokens[tokens], key=lambda p: (p.density, p.ok and p.speedup >= min_speedup))
+        limit = _limit_at(group, min_speedup)
+        if limit is None:
+            if rows and rows[-1][1] > 0.0:
+                rows.append((tokens, 0.0))
+            continue
+        if rows and rows[-1][1] == limit:
+            continue
+        rows.append((tokens, float(limit)))
+    return tuple(rows)

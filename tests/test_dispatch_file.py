@@ -1,0 +1,63 @@
+"""Dispatch policies as JSON files: round trip, provenance kept, every malformed file refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from twell.models import set_dispatch_policy
+from twell.nn import DispatchPolicy, SparseGatedMLP, load_policy, save_policy
+from twell.nn.dispatch_file import POLICY_FORMAT, policy_from_dict, policy_to_dict
+
+
+def test_round_trip_keeps_every_field_and_the_provenance(tmp_path):
+    policy = DispatchPolicy(table=((4096, 0.005), (16384, 0.05)), device_types=("cuda",), shapes=((4096, 11008),),
+                            decode_max_tokens=1)
+    path = save_policy(policy, tmp_path / "sub" / "p.json", measured={"device": "NVIDIA H200", "points": [1, 2]})
+    assert load_policy(path) == policy
+    assert json.loads(path.read_text())["measured"] == {"device": "NVIDIA H200", "points": [1, 2]}
+    anyshape = DispatchPolicy(table=(), shapes=None, force=True)
+    assert policy_from_dict(policy_to_dict(anyshape)) == anyshape
+
+
+def test_a_loaded_policy_drives_the_layers_of_its_shape(tmp_path):
+    policy = DispatchPolicy(table=((0, 1.0),), device_types=("cpu",), shapes=((32, 64),))
+    path = save_policy(policy, tmp_path / "p.json")
+    model = torch.nn.Sequential(SparseGatedMLP(32, 64), SparseGatedMLP(32, 128))
+    assert set_dispatch_policy(model, load_policy(path)) == 2
+    assert model[0]._use_sparse(8, "cpu") and not model[0]._use_sparse(8, "cuda")
+    assert not model[1]._use_sparse(8, "cpu")  # a shape the file was not measured for: dense
+
+
+@pytest.mark.parametrize("edit, exc, msg", [
+    (lambda d: d.update(format="other"), ValueError, "not a twell dispatch policy"),
+    (lambda d: d.update(version=2), ValueError, "version 2 is not supported"),
+    (lambda d: d.update(tabel=[]), ValueError, "unknown keys \\['tabel'\\]"),
+    (lambda d: d.pop("shapes"), ValueError, "missing keys \\['shapes'\\]"),
+    (lambda d: d.update(device_types="cuda"), TypeError, "device_types must be a list"),
+    (lambda d: d.update(shapes=[[2048]]), TypeError, "each shape must be"),
+    (lambda d: d.update(shapes={"a": 1}), TypeError, "shapes must be null or a list"),
+    (lambda d: d.update(table=[[16384, 0.05], [4096, 0.1]]), ValueError, "strictly increasing min_tokens"),
+    (lambda d: d.update(table=[[16384, 1.5]]), ValueError, "max_density must lie in \\[0, 1\\]"),
+    (lambda d: d.update(force="yes"), TypeError, "force must be a bool"),
+])
+def test_malformed_files_are_refused_with_the_problem_named(tmp_path, edit, exc, msg):
+    data = policy_to_dict(DispatchPolicy(table=((16384, 0.05),), shapes=((2048, 5632),)))
+    edit(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(exc, match=msg):
+        load_policy(path)
+
+
+def test_not_json_or_not_an_object_is_refused(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_policy(path)
+    with pytest.raises(TypeError, match="must be a JSON object"):
+        policy_from_dict([POLICY_FORMAT])
+    with pytest.raises(TypeError, match="must be a twell.nn.DispatchPolicy"):
+        policy_to_dict({"table": []})  # type: ignore[arg-type]

@@ -1,0 +1,58 @@
+"""``derive_table``: the dispatch rows a set of timed points supports, by the conservative rules of its module."""
+
+from __future__ import annotations
+
+import pytest
+
+from twell.nn import DispatchPolicy
+from twell.nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_table
+
+
+def _pt(tokens: int, density: float, speedup: float, ok: bool = True) -> TuningPoint:
+    return TuningPoint(tokens=tokens, density=density, dense_ms=1.0, sparse_ms=1.0 / speedup, ok=ok)
+
+
+def test_rows_follow_the_winning_prefix_of_each_token_count():
+    pts = [
+        _pt(1024, 0.005, 0.90), _pt(1024, 0.01, 0.80),                      # never wins: no row
+        _pt(4096, 0.005, 1.20), _pt(4096, 0.01, 1.02), _pt(4096, 0.02, 1.3),  # 1 % misses the margin
+        _pt(16384, 0.005, 1.5), _pt(16384, 0.01, 1.4), _pt(16384, 0.05, 1.1),
+        _pt(131072, 0.005, 1.6), _pt(131072, 0.01, 1.4), _pt(131072, 0.05, 1.2),  # same limit: merged
+    ]
+    # at 4096 the 2 % win above the 1 % miss is not taken (no islands of sparse above a dense point)
+    assert derive_table(pts) == ((4096, 0.005), (16384, 0.05))
+    assert derive_table(pts, min_speedup=1.0) == ((4096, 0.02), (16384, 0.05))  # without the margin 1 % counts
+
+
+def test_a_wrong_output_is_a_loss_and_a_later_loss_turns_sparse_off():
+    pts = [_pt(4096, 0.005, 1.3), _pt(16384, 0.005, 1.5, ok=False), _pt(65536, 0.005, 1.6)]
+    assert derive_table(pts) == ((4096, 0.005), (16384, 0.0), (65536, 0.005))
+    policy = DispatchPolicy(table=derive_table(pts), shapes=None)
+    assert policy.use_sparse(8192, 0.004) and not policy.use_sparse(16384, 0.004)
+    assert not policy.use_sparse(2048, 0.001)  # below the first row: dense
+    assert policy.use_sparse(16384, 0.0)  # an all-zero activation only (documented)
+
+
+def test_repeated_runs_the_worse_decides_and_order_does_not_matter():
+    pts = [_pt(8192, 0.01, 1.4), _pt(8192, 0.005, 1.3), _pt(8192, 0.01, 1.01)]
+    assert derive_table(pts) == ((8192, 0.005),)
+    assert derive_table(list(reversed(pts))) == ((8192, 0.005),)
+
+
+def test_nothing_won_gives_an_empty_table_and_bad_input_is_refused():
+    assert derive_table([_pt(4096, 0.01, 0.7)]) == ()
+    assert DEFAULT_MIN_SPEEDUP >= 1.0
+    with pytest.raises(ValueError, match="min_speedup must be a number >= 1"):
+        derive_table([_pt(4096, 0.01, 1.2)], min_speedup=0.9)
+    with pytest.raises(ValueError, match="no points"):
+        derive_table([])
+    with pytest.raises(TypeError, match="TuningPoint"):
+        derive_table([(4096, 0.01, 1.0, 0.5)])  # type: ignore[list-item]
+    for kwargs, msg in (({"tokens": 0}, "tokens must be an int >= 1"), ({"density": 1.5}, "density must lie"),
+                        ({"sparse_ms": 0.0}, "sparse_ms must be a finite time"),
+                        ({"dense_ms": float("nan")}, "dense_ms must be a finite time")):
+        args = {"tokens": 16, "density": 0.01, "dense_ms": 1.0, "sparse_ms": 1.0, **kwargs}
+        with pytest.raises(ValueError, match=msg):
+            TuningPoint(**args)
+    with pytest.raises(TypeError, match="ok must be a bool"):
+        TuningPoint(tokens=16, density=0.01, dense_ms=1.0, sparse_ms=1.0, ok=1)  # type: ignore[arg-type]

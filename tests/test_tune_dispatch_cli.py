@@ -1,0 +1,56 @@
+"""``twell tune-dispatch`` end to end on a tiny CPU layer, and ``--from`` on a recorded run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from twell import cli
+from twell.nn import DispatchPolicy, load_policy
+
+
+def test_tuning_a_tiny_layer_writes_checked_points_and_a_loadable_policy(tmp_path, capsys):
+    code = cli.main(["tune-dispatch", "--shape", "64x256", "--ms", "8", "40", "--densities", "5", "--dtype", "float32",
+                     "--rep-ms", "1", "--out", str(tmp_path)])
+    assert code == 0
+    run = json.loads((tmp_path / "dispatch_64x256.json").read_text())
+    assert run["meta"]["shape"] == [64, 256] and run["meta"]["device_type"] == "cpu"
+    assert [r["m"] for r in run["rows"]] == [8, 40]
+    for r in run["rows"]:
+        assert r["ok"] and r["rel_err"] < 1e-5 and r["sparse_path"] == "sparse"
+        assert r["dense_ms"] > 0 and r["sparse_ms"] > 0
+        assert r["speedup"] == pytest.approx(r["dense_ms"] / r["sparse_ms"])
+        assert r["density"] == pytest.approx(r["l0"] / 256) and r["l0"] > 0
+        assert min(r["dense_rounds_ms"]) <= r["dense_ms"] <= max(r["dense_rounds_ms"])
+    policy = load_policy(tmp_path / "dispatch_64x256_policy.json")
+    assert policy.shapes == ((64, 256),) and policy.device_types == ("cpu",) and not policy.force
+    out = capsys.readouterr().out
+    assert "dispatch for 64x256 on cpu" in out
+
+
+def test_from_rederives_a_recorded_run_with_another_margin(tmp_path, capsys):
+    rows = [{"d": 2048, "f": 5632, "m": m, "density": dens, "dense_ms": 1.0, "sparse_ms": 1.0 / s, "ok": True,
+             "sparse_path": "sparse"} for m, dens, s in ((4096, 0.005, 1.03), (16384, 0.005, 1.5), (16384, 0.01, 1.3),
+                                                         (16384, 0.05, 1.04))]
+    rows.append({"d": 2048, "f": 5632, "m": 131072, "density_pct": 0.5, "error": "out of memory"})
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"meta": {"shape": [2048, 5632], "device_type": "cuda", "device": "NVIDIA H200",
+                                        "dtype": "bfloat16"}, "rows": rows}))
+    assert cli.main(["tune-dispatch", "--from", str(run), "--out", str(tmp_path), "--stem", "a"]) == 0
+    assert load_policy(tmp_path / "a_policy.json") == DispatchPolicy(table=((16384, 0.01),), shapes=((2048, 5632),))
+    assert "16384 <= M" not in capsys.readouterr().out  # one row: "M >= 16384"
+    assert cli.main(["tune-dispatch", "--from", str(run), "--out", str(tmp_path), "--stem", "b",
+                     "--min-speedup", "1.0"]) == 0
+    assert load_policy(tmp_path / "b_policy.json").table == ((4096, 0.005), (16384, 0.05))
+    out = capsys.readouterr().out
+    assert "4096 <= M < 16384: sparse when density <= 0.5 %" in out and "M >= 16384: sparse when density <= 5 %" in out
+
+
+def test_bad_arguments_are_refused_with_the_accepted_form(capsys):
+    for argv, msg in ((["--ms", "8"], "--shape is required"), (["--shape", "64by256"], "shape must be HIDDENxFFN"),
+                      (["--shape", "64x256", "--min-speedup", "0.9"], "--min-speedup must be >= 1"),
+                      (["--shape", "64x256", "--densities", "0"], "--densities in \\(0, 100\\]")):
+        with pytest.raises(SystemExit):
+            cli.main(["tune-dispatch", *argv])
+        assert msg.replace("\\", "") in capsys.readouterr().err
