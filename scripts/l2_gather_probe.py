@@ -3,7 +3,7 @@
 The hot/cold split's cold gather (twell_ffn_kernel, M=131072, l0=28: 7.09 cold pairs per token, 5056 cold
 units) took 2.15 ms (bench_results/h200/cold_pack_gather_probe_session7.log).  Per token it reads one Wu
 and one Wd row (4 KB each at d=2048, bf16) per cold pair, its x row (4 KB), its fp32 init row (8 KB) and
-writes its output row (4 KB): ~10 GB, i.e. 4.7 TB/s.  Whether that is near what the memory system gives
+writes its output row (4 KB): 74.5 KB per token, 9.76 GB in all, i.e. 4.5 TB/s.  Whether that is near what the memory system gives
 for such a pattern, or the kernel's ~200 instructions per pair and warp (SASS, docs/performance.md) hold it
 back, decides what to build next; this probe measures the pattern without the arithmetic.
 
