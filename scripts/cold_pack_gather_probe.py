@@ -24,6 +24,7 @@ from twell.bench.timing import time_ms
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+from twell.tolerances import REL_TOL, rel_error
 
 TILE, CAP = 128, 16
 #: (SB, warps, preload, prefetch) of the row-gather kernel: the shipped (4, 4, off, off) first.  Session 7
@@ -34,6 +35,12 @@ TILE, CAP = 128, 16
 #: 227 / 148 / 127 with the prefetch at SB 2 / SB 1 / SB 2 on 8 warps.
 GATHER_VARIANTS = ((4, 4, False, False), (4, 4, True, False), (2, 4, True, True), (1, 4, True, True),
                    (2, 8, True, True))
+#: The block tensor-core kernel (twell_ffn_kernel.GATHER_TENSOR_CORES: 16 tokens x 16 pair slots per
+#: program, the rows it cannot take through the shipped row kernel), as ``(num_warps, num_stages)``; ptxas
+#: (sm_90a, bench_results/sm90_offline/session9_row_gather_loop_instructions.log): 4 warps / 3 stages 234
+#: registers and 76 KB shared (2 programs per SM), 2 stages 213 / 43 KB, 8 warps 158 (1).  Its fp32 sums
+#: are grouped differently from the row kernel's: compared within the bf16 tolerance, not bit for bit.
+TC_VARIANTS = ((4, 3), (4, 2), (8, 3))
 
 
 def same_pairs(columns: tuple, ids: tuple, unit_map: torch.Tensor) -> bool:
@@ -70,6 +77,15 @@ def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: to
         want = got if want is None else want
         name = f"SB {sb} / {warps} warps{' preload' if preload else ''}{' prefetch' if prefetch else ''}"
         parts.append(f"{name} {t:.3f} ms ({t * 1e6 / max(pairs, 1):.2f} ns/pair, same {bool(torch.equal(got, want))})")
+    for warps, stages in TC_VARIANTS:
+        def tc_gather(warps: int = warps, stages: int = stages) -> torch.Tensor:
+            return launch_twell_ffn(x, v, i, c, None, None, wg, wu, wdt, n_cols=unit_map.numel(), tile=TILE,
+                                    round_hidden=True, out=out, unit_map=unit_map, init=init, idx_is_unit=idx_is_unit,
+                                    tensor_cores=True, tc_config=(warps, stages))
+        t = time_ms(tc_gather, device=dev, rep_ms=rep_ms)
+        err = rel_error(tc_gather(), want)
+        parts.append(f"tensor cores {warps} warps / {stages} stages {t:.3f} ms ({t * 1e6 / max(pairs, 1):.2f} ns/pair, "
+                     f"rel {err:.1e}, close {err <= REL_TOL[x.dtype]})")
     return f"{pairs / m:.2f} pairs/token: " + " | ".join(parts), want
 
 

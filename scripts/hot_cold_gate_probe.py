@@ -8,7 +8,7 @@ frequent on a 4096-token sample): the three kernels' time, the fused kernel's pe
 product or scan), whether its counts equal the three kernels' (they may differ where a gate value sits
 within rounding of 0: the GEMMs sum in different orders), then the whole op both ways with its error
 against the unfused op, the fused op by hot-set size, and the fused op with the cold gather's preload /
-prefetch variants (``twell_ffn_kernel``).  Medians of ``twell.bench.timing.time_ms``.
+prefetch / tensor-core variants (``twell_ffn_kernel``).  Medians of ``twell.bench.timing.time_ms``.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/hot_cold_gate_probe.py``; ``--device cpu --tiny``
 under TRITON_INTERPRET=1 is the smoke test.
 """
@@ -99,15 +99,16 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
         t = time_ms(lambda sized=sized: op(sized), device=dev, rep_ms=rep_ms)
         parts.append(f"H={sized.n_hot} {t:.3f} ms ({t_dense / t:.2f}x)")
     print(f"M={m:6d} l0={l0:5.1f} | fused op by hot-set size: " + " | ".join(parts), flush=True)
-    # The op with the cold gather's variants (twell_ffn_kernel.GATHER_PRELOAD / GATHER_PREFETCH): in the op
-    # the gather follows the hot down GEMM, where session 7's gain of the gather alone did not show.
+    # The op with the cold gather's variants (twell_ffn_kernel.GATHER_PRELOAD / GATHER_PREFETCH /
+    # GATHER_TENSOR_CORES): in the op the gather follows the hot down GEMM, where session 7's gain of the
+    # gather alone did not show.
     parts = []
-    for preload, prefetch in ((True, False), (False, True)):
-        with mock.patch.multiple(twell_ffn_kernel, GATHER_PRELOAD=preload, GATHER_PREFETCH=prefetch):
+    for name, knobs in (("preload", dict(GATHER_PRELOAD=True)), ("prefetch", dict(GATHER_PREFETCH=True)),
+                        ("tensor cores", dict(GATHER_TENSOR_CORES=True))):
+        with mock.patch.multiple(twell_ffn_kernel, **knobs):
             out_v = op(fused_plan)
             t = time_ms(lambda: op(fused_plan), device=dev, rep_ms=rep_ms)
-        parts.append(f"{'prefetch' if prefetch else 'preload'} {t:.3f} ms ({t_dense / t:.2f}x, rel "
-                     f"{rel_error(out_v, fused_out):.1e})")
+        parts.append(f"{name} {t:.3f} ms ({t_dense / t:.2f}x, rel {rel_error(out_v, fused_out):.1e})")
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | fused op, gather variants: " + " | ".join(parts), flush=True)
 
 

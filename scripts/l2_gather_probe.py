@@ -3,9 +3,10 @@
 The hot/cold split's cold gather (twell_ffn_kernel, M=131072, l0=28: 7.09 cold pairs per token, 5056 cold
 units) took 2.15 ms (bench_results/h200/cold_pack_gather_probe_session7.log).  Per token it reads one Wu
 and one Wd row (4 KB each at d=2048, bf16) per cold pair, its x row (4 KB), its fp32 init row (8 KB) and
-writes its output row (4 KB): 74.5 KB per token, 9.76 GB in all, i.e. 4.5 TB/s.  Whether that is near what the memory system gives
-for such a pattern, or the kernel's ~200 instructions per pair and warp (SASS, docs/performance.md) hold it
-back, decides what to build next; this probe measures the pattern without the arithmetic.
+writes its output row (4 KB): 74.5 KB per token, 9.76 GB in all, i.e. 4.5 TB/s.  Whether that is near
+what the memory system gives for such a pattern, or the kernel's ~200 instructions per pair and warp
+(SASS, docs/performance.md) hold it back, decides what to build next; this probe measures the pattern
+without the arithmetic.
 
 Per table size (the cold set's 2 x 5056 rows = 41 MB, a quarter of it, and 2 x 40,000 rows = 328 MB, which
 cannot stay in the 50-60 MB L2) and per (SB rows per step, warps): a Triton kernel whose program sums, for

@@ -58,7 +58,8 @@ def test_no_kernel_uses_local_memory(compiled):
     assert set(compiled) == {
         "gate_epilogue0", "gate_epilogue2", "pack", "pack_ids", "ffn_gated1_spill0_split0",
         "ffn_gated0_spill1_split0", "ffn_gated1_spill0_split1", "ffn_gated1_spill0_split1_ids",
-        "ffn_gated1_spill0_split1_ids_preload", "ffn_gated1_spill0_split1_ids_preload_prefetch_sb2", "hot_hidden",
+        "ffn_gated1_spill0_split1_ids_preload", "ffn_gated1_spill0_split1_ids_preload_prefetch_sb2",
+        "ffn_gated1_spill0_split1_ids_skip_tc", "ffn_tc_block", "hot_hidden",
         "pack_bitmap", "bitmap_ffn", "block_union", "union_up", "union_down", "train_pack_rows",
         "train_forward_rows", "train_backward_rows", "train_unit_grads", "decode_hidden_bm16",
         "decode_hidden_bm16_gate_in", "decode_down_bm16", "decode_hidden_bm64", "decode_hidden_bm64_gate_in",

@@ -31,14 +31,19 @@ def _jit(fn):
     return fn
 
 
-def _compile(fn, signature: dict, constexprs: dict, target: GPUTarget, **options) -> str:
+def _compile(fn, signature: dict, constexprs: dict, target: GPUTarget, *, divisible: tuple[str, ...] = (),
+             **options) -> str:
     """PTX of ``fn``, specialised as a launch specialises it: pointers 16-byte aligned (PyTorch allocations
     are), which changes layouts and once let a scan-lowering assertion through that the unaligned
-    build did not hit (the bitmap FFN kernel, first H200 run)."""
+    build did not hit (the bitmap FFN kernel, first H200 run); the integer arguments named in
+    ``divisible`` multiples of 16, as Triton specialises them at a launch where they are (d = 2048 and
+    its row strides: without it the block tensor-core kernel's gathered weight tiles are not vectorised
+    and ptxas spills 2,020 B at 255 registers, with it 234 registers and none)."""
     sig = dict(signature)
     sig.update({k: "constexpr" for k in constexprs})
     jit = _jit(fn)
-    attrs = {(jit.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*")}
+    attrs = {(jit.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
+             if t.startswith("*") or n in divisible}
     src = triton.compiler.ASTSource(fn=jit, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=target, options=options).asm["ptx"]
 
@@ -134,6 +139,22 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         ptx = _compile(_twell_ffn_row_kernel, ffn_sig, consts, target, num_warps=4)
         results[f"ffn_gated{int(gated)}_spill{int(spill)}_split{int(split)}" + ("_ids" if ids else "")
                 + ("_preload" if preload else "") + (f"_prefetch_sb{sb}" if prefetch else "")] = _stats(ptx, arch)
+    # the row kernel leaving the block tensor-core kernel's rows alone, and that kernel (hot/cold split's cold
+    # gather: unit ids, fp32 init rows; 4 warps, 3 stages as launched by default)
+    consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "D_PAD": 2048, "SB": 4, "GATED": True, "HAS_SPILL": False,
+              "ROUND_HIDDEN": True, "HAS_MAP": True, "HAS_INIT": True, "IDX_IS_UNIT": True, "PRELOAD": False,
+              "PREFETCH": False, "SKIP_TC_ROWS": True, "SPR_": 16}
+    results["ffn_gated1_spill0_split1_ids_skip_tc"] = _stats(
+        _compile(_twell_ffn_row_kernel, ffn_sig, consts, target, num_warps=4), arch)
+    from .twell_ffn_tc_kernel import _twell_ffn_tc_kernel
+
+    tc_sig = {n: "*bf16" for n in ("x_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr")}
+    tc_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "unit_map_ptr": "*i32", "init_ptr": "*fp32", "M": "i32",
+                   "D": "i32", "n_tiles": "i32", "stride_xm": "i32", "stride_om": "i32", "stride_im": "i32"})
+    consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "BT_": 16, "SPR_": 16, "BK_": 64, "BD_": 64, "GATED": True,
+              "HAS_MAP": True, "HAS_INIT": True, "IDX_IS_UNIT": True, "EVEN_D": True, "DOT_FP32": False}
+    results["ffn_tc_block"] = _stats(_compile(_twell_ffn_tc_kernel, tc_sig, consts, target, num_warps=4, num_stages=3,
+                                              divisible=("D", "stride_xm", "stride_om", "stride_im")), arch)
     from .hot_cold import _hot_hidden_kernel
 
     ptx = _compile(_hot_hidden_kernel, {"gu_ptr": "*bf16", "h_ptr": "*bf16", "cnt_ptr": "*i32", "M": "i32", "H": "i32",

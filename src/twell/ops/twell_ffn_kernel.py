@@ -26,6 +26,7 @@ import triton.language as tl
 
 from ._runtime import next_pow2
 from .gate_kernel import relu_keep_nan, round_to
+from .twell_ffn_tc_kernel import SPR, launch_twell_ffn_tc, row_takes_tc, tc_eligible
 
 #: Default of ``launch_twell_ffn``'s ``preload``: each program loads its row's whole TwELL container
 #: ([n_tiles, CAP] values and indices, 2.5 KB at the hot/cold split's 40 cold tiles x 16 slots) with its
@@ -47,6 +48,13 @@ GATHER_PRELOAD = False
 #: pairs also wait on ~3.  Triton 3.6 does not pipeline this loop by itself (``tl.range(...,
 #: num_stages=2)`` leaves the PTX without cp.async).  Off until measured.
 GATHER_PREFETCH = False
+#: Default of ``launch_twell_ffn``'s ``tensor_cores``: the rows the block tensor-core kernel takes
+#: (:mod:`twell.ops.twell_ffn_tc_kernel`) go through it.  The row kernel's loop issues ~216 instructions
+#: per warp and pair slot, 27 of them FFMA, the rest bf16 -> fp32 conversion, slot search and addressing
+#: (bench_results/sm90_offline/session9_row_gather_loop_instructions.log); ~40 % of the SM's issue slots
+#: at the measured 2.15 ms.  Off until measured (scripts/cold_pack_gather_probe.py), and worth it only if
+#: scripts/l2_gather_probe.py shows the same gathers without arithmetic well below 2.15 ms.
+GATHER_TENSOR_CORES = False
 
 
 @triton.jit
@@ -169,24 +177,33 @@ def _twell_ffn_row_kernel(
     IDX_IS_UNIT: tl.constexpr = False,
     PRELOAD: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
+    SKIP_TC_ROWS: tl.constexpr = False,
+    SPR_: tl.constexpr = 16,
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = val_ptr.dtype.element_ty
+    tiles = tl.arange(0, NT_PAD)
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
+    keep = True
+    if SKIP_TC_ROWS:  # the tensor-core kernel wrote this row: read and write nothing (masked by keep)
+        taken = row_takes_tc(tl.load(cnt_ptr + row * n_tiles + tiles, mask=tiles < n_tiles, other=0), CAP, SPR_)
+        keep = taken == 0
+        d_ok = d_ok & keep
     x, out = _row_input_and_acc(x_ptr, init_ptr, row, stride_xm, stride_im, offs_d, d_ok, D_PAD, HAS_INIT)
 
-    tiles = tl.arange(0, NT_PAD)
     if PRELOAD or PREFETCH:
         # the row's whole container (every slot, used or not: [n_tiles, CAP] values and indices, contiguous)
         # in the same round trip as its counts, so a step's entries come from registers, not a load that
         # waits on the counts (see launch_twell_ffn's ``preload``)
         flat = tl.reshape(tiles[:, None] * CAP + tl.arange(0, CAP)[None, :], (NT_PAD * CAP,))
         flat_ok = flat < n_tiles * CAP
-        row_vals = tl.load(val_ptr + row * n_tiles * CAP + flat, mask=flat_ok, other=0.0).to(tl.float32)
-        row_idx = tl.load(idx_ptr + row * n_tiles * CAP + flat, mask=flat_ok, other=0).to(tl.int32)
+        row_vals = tl.load(val_ptr + row * n_tiles * CAP + flat, mask=flat_ok & keep, other=0.0).to(tl.float32)
+        row_idx = tl.load(idx_ptr + row * n_tiles * CAP + flat, mask=flat_ok & keep, other=0).to(tl.int32)
     cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=tiles < n_tiles, other=0)
     ell = tl.where(cnt <= CAP, cnt, 0)  # overflowing tiles are handled densely below
+    if SKIP_TC_ROWS:
+        ell = tl.where(keep, ell, 0)  # such a row has no overflowing tile either: nothing runs below
     incl = tl.cumsum(ell, axis=0)
     excl = incl - ell
     total = tl.sum(ell, axis=0)
@@ -282,6 +299,8 @@ def launch_twell_ffn(
     idx_is_unit: bool = False,
     preload: bool | None = None,
     prefetch: bool | None = None,
+    tensor_cores: bool | None = None,
+    tc_config: tuple[int, int] = (4, 3),
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -295,6 +314,10 @@ def launch_twell_ffn(
     ``preload`` (None: :data:`GATHER_PRELOAD`): each program reads its row's whole container up front
     (same results, bit for bit; fewer dependent round trips per step).  ``prefetch`` (None:
     :data:`GATHER_PREFETCH`): the preload, and each step's weight rows requested one step ahead.
+    ``tensor_cores`` (None: :data:`GATHER_TENSOR_CORES`): rows without an overflowing tile and with at
+    most ``twell_ffn_tc_kernel.SPR`` pairs go through :mod:`twell.ops.twell_ffn_tc_kernel` (bf16 / fp16
+    with ``round_hidden`` only; elsewhere the row kernel does all), the row kernel then skipping them;
+    ``tc_config``: that kernel's ``(num_warps, num_stages)``.
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -311,6 +334,10 @@ def launch_twell_ffn(
         if prefetch:  # two steps' rows in registers: SB 4 with the prefetch spills 172 B (ptxas), SB 2 none
             sb = max(1, sb // 2)
     has_spill = spill_values is not None
+    skip_tc_rows = (GATHER_TENSOR_CORES if tensor_cores is None else tensor_cores) and tc_eligible(x, round_hidden)
+    if skip_tc_rows:
+        launch_twell_ffn_tc(x, values, indices, counts, w_up, w_down_t, tile=tile, out=out, unit_map=unit_map,
+                            init=init, idx_is_unit=idx_is_unit, num_warps=tc_config[0], num_stages=tc_config[1])
     dummy = values  # any pointer for unused arguments (their loads are compiled out)
     _twell_ffn_row_kernel[(m,)](
         x,
@@ -344,6 +371,8 @@ def launch_twell_ffn(
         IDX_IS_UNIT=idx_is_unit,
         PRELOAD=preload,
         PREFETCH=prefetch,
+        SKIP_TC_ROWS=skip_tc_rows,
+        SPR_=SPR,
         num_warps=num_warps or 4,
     )
     return out
