@@ -44,12 +44,14 @@ def test_gated_row_gather_same_bits(case, dtype, device, monkeypatch):
     assert torch.equal(on, off)
 
 
-@pytest.mark.parametrize("d", [32, 192])  # 192: whole 64-column steps, yet not a power of two
-def test_blocks_mixing_rows_it_takes_and_rows_over_spr_pairs(d, device, monkeypatch):
+@pytest.mark.parametrize("d, f, tile", [(32, 256, 32), (192, 256, 32), (32, 1280, 16)],
+                         ids=["d32", "d192", "80-tiles"])  # 192: whole 64-column steps, not a power of two;
+def test_blocks_mixing_rows_it_takes_and_rows_over_spr_pairs(d, f, tile, device, monkeypatch):  # 80 tiles: 3 steps
     """37 rows (two full blocks of 16 and a partial one), capacity = tile (no overflow): rows of ~SPR pairs
     and more (the row kernel's) next to empty and sparse rows (the tensor-core kernel's)."""
-    m, f, tile = 37, 256, 32
+    m = 37
     p = make_problem(m, d, f, frac_pos=0.03, seed=3, dtype=torch.bfloat16, device=device)
+    p["x"][:, 0] = 1.0 if f == 256 else 1.5  # the bias channel (negative gate weights): ~1-17 pairs a row
     p["x"][1] = 0.0  # empty row
     p["x"][[4, 20, 33], 0] = -3.0  # the bias channel (negative gate weights) pushes these rows' gates up
     per_row = (p["x"] @ p["w_gate"].T > 0).sum(1)

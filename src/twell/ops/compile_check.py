@@ -151,8 +151,8 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
     tc_sig = {n: "*bf16" for n in ("x_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr")}
     tc_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "unit_map_ptr": "*i32", "init_ptr": "*fp32", "M": "i32",
                    "D": "i32", "n_tiles": "i32", "stride_xm": "i32", "stride_om": "i32", "stride_im": "i32"})
-    consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "BT_": 16, "SPR_": 16, "BK_": 64, "BD_": 64, "GATED": True,
-              "HAS_MAP": True, "HAS_INIT": True, "IDX_IS_UNIT": True, "EVEN_D": True, "DOT_FP32": False}
+    consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "BT_": 16, "SPR_": 16, "TJ": 32, "BK_": 64, "BD_": 64,
+              "GATED": True, "HAS_MAP": True, "HAS_INIT": True, "IDX_IS_UNIT": True, "EVEN_D": True, "DOT_FP32": False}
     results["ffn_tc_block"] = _stats(_compile(_twell_ffn_tc_kernel, tc_sig, consts, target, num_warps=4, num_stages=3,
                                               divisible=("D", "stride_xm", "stride_om", "stride_im")), arch)
     from .hot_cold import _hot_hidden_kernel

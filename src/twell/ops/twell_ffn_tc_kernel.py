@@ -39,6 +39,10 @@ BT = 16
 #: Pair slots per token: a cold row of the hot/cold split at l0=28 holds 7.1 on average
 #: (bench_results/h200/cold_pack_gather_probe_session7.log); rows with more go to the row kernel.
 SPR = 16
+#: Tiles per step of the pass that finds each slot's tile (an [S, TJ_TILES] comparison a step).  SASS per
+#: warp and block at the cold split's 40 tiles (ptxas / nvdisasm sm_90a, 4 warps): one tile a step 79
+#: instructions x 40, 8 tiles 339 x 5, 16 tiles 800 x 3, 32 tiles 816 x 2; all 64 at once spilled 184 B.
+TJ_TILES = 32
 #: d per step of the up product (its [BK, S] Wu tile: 32 KB of bf16 at S = 256) and of the down product.
 BK = 64
 BD = 64
@@ -60,11 +64,17 @@ def _per_slot(v, BT_: tl.constexpr, SPR_: tl.constexpr):
 
 
 @triton.jit
+def _per_slot_rows(v, BT_: tl.constexpr, SPR_: tl.constexpr, W: tl.constexpr):
+    """[BT_, W] per-token rows repeated for each of the token's SPR_ slots: [BT_ * SPR_, W]."""
+    return tl.reshape(tl.broadcast_to(v[:, None, :], (BT_, SPR_, W)), (BT_ * SPR_, W))
+
+
+@triton.jit
 def _twell_ffn_tc_kernel(
     x_ptr, wu_ptr, wdt_ptr, out_ptr, val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, init_ptr,
     M, D, n_tiles, stride_xm, stride_om, stride_im,
     TILE: tl.constexpr, CAP: tl.constexpr, NT_PAD: tl.constexpr,
-    BT_: tl.constexpr, SPR_: tl.constexpr, BK_: tl.constexpr, BD_: tl.constexpr,
+    BT_: tl.constexpr, SPR_: tl.constexpr, TJ: tl.constexpr, BK_: tl.constexpr, BD_: tl.constexpr,
     GATED: tl.constexpr, HAS_MAP: tl.constexpr, HAS_INIT: tl.constexpr, IDX_IS_UNIT: tl.constexpr,
     EVEN_D: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
@@ -75,24 +85,26 @@ def _twell_ffn_tc_kernel(
     cnt = tl.load(cnt_ptr + rows[:, None] * n_tiles + tiles[None, :],
                   mask=(rows < M)[:, None] & (tiles < n_tiles)[None, :], other=0)
     mine = row_takes_tc(cnt, CAP, SPR_) & (rows < M)  # the rows this program reads and writes
-    ell = tl.where(mine[:, None], cnt, 0)
 
     # slot s = token s // SPR_, its k-th pair: its tile t_k = the number of the token's tiles whose
-    # inclusive prefix count is <= k, and its rank = k minus the pairs of those tiles (one pass over the
-    # tiles, [S] registers: a [S, NT_PAD] comparison spilled 184 B at 255 registers, ptxas sm_90a)
+    # inclusive prefix count is <= k, and its rank = k minus the pairs of those tiles; TJ tiles a step
+    # (see TJ_TILES)
     S: tl.constexpr = BT_ * SPR_
     s = tl.arange(0, S)
     owner = s // SPR_
     k = s % SPR_
+    jj = tl.arange(0, TJ)
     run = tl.zeros((BT_,), dtype=tl.int32)
     t_k = tl.zeros((S,), dtype=tl.int32)
     before_k = tl.zeros((S,), dtype=tl.int32)
-    for j in range(0, n_tiles):
-        c_j = tl.sum(tl.where(tiles[None, :] == j, ell, 0), axis=1)
-        run += c_j
-        done = _per_slot(run, BT_, SPR_) <= k  # tile j lies wholly before the slot's pair
-        t_k += done.to(tl.int32)
-        before_k += tl.where(done, _per_slot(c_j, BT_, SPR_), 0)
+    for j0 in range(0, n_tiles, TJ):
+        c = tl.load(cnt_ptr + rows[:, None] * n_tiles + (j0 + jj)[None, :],
+                    mask=mine[:, None] & (j0 + jj < n_tiles)[None, :], other=0)
+        inc = tl.cumsum(c, axis=1) + run[:, None]
+        run += tl.sum(c, axis=1)
+        done = _per_slot_rows(inc, BT_, SPR_, TJ) <= k[:, None]  # tile wholly before the slot's pair
+        t_k += tl.sum(done.to(tl.int32), axis=1)
+        before_k += tl.sum(tl.where(done, _per_slot_rows(c, BT_, SPR_, TJ), 0), axis=1)
     live = k < _per_slot(run, BT_, SPR_)
     slot = (_per_slot(rows, BT_, SPR_) * n_tiles + t_k) * CAP + (k - before_k)
     a = tl.load(val_ptr + slot, mask=live, other=0.0).to(tl.float32)
@@ -182,7 +194,7 @@ def launch_twell_ffn_tc(
         unit_map if unit_map is not None else counts, init if init is not None else dummy,
         m, d, n_tiles, x.stride(0), out.stride(0), init.stride(0) if init is not None else 0,
         TILE=tile, CAP=values.shape[2], NT_PAD=next_pow2(n_tiles), BT_=BT, SPR_=SPR,
-        BK_=bk, BD_=bd, GATED=w_up is not None, HAS_MAP=unit_map is not None,
+        TJ=min(TJ_TILES, next_pow2(n_tiles)), BK_=bk, BD_=bd, GATED=w_up is not None, HAS_MAP=unit_map is not None,
         HAS_INIT=init is not None, IDX_IS_UNIT=idx_is_unit, EVEN_D=d % bk == 0 and d % bd == 0,
         DOT_FP32=interpreting(),  # the interpreter multiplies bf16 operands' raw bits (Triton 3.6)
         num_warps=num_warps, num_stages=num_stages,
