@@ -31,8 +31,8 @@ def time_ms(fn: Callable[[], object], *, device: torch.device, warmup_ms: float 
 #: ``*_rounds_ms`` fields of the benchmarks), each group's median kept, so that a disturbed stretch shows.
 INTERLEAVED_ROUNDS = 5
 
-#: Most alternation cycles :func:`time_ms_interleaved` runs (a 0.05 ms call with the L2 flush before it
-#: costs ~0.15 ms, so 100 ms of timing is ~600 cycles at 4 callables).
+#: Most alternation cycles :func:`time_ms_interleaved` runs: a bound on the events it records (two per
+#: call) when the callables are tiny, e.g. on the CPU test problems.
 MAX_CYCLES = 2000
 
 #: Bytes written before every timed call on CUDA to flush the L2 cache (50-60 MB on H100/H200), as
