@@ -47,7 +47,13 @@ def test_from_rederives_a_recorded_run_with_another_margin(tmp_path, capsys):
     assert "4096 <= M < 16384: sparse when density <= 0.5 %" in out and "M >= 16384: sparse when density <= 5 %" in out
 
 
-def test_bad_arguments_are_refused_with_the_accepted_form(capsys):
+def test_bad_arguments_are_refused_with_the_accepted_form(capsys, tmp_path):
+    bad = tmp_path / "other.json"
+    bad.write_text(json.dumps({"meta": {}, "rows": []}))
+    for path in (bad, tmp_path / "missing.json"):
+        with pytest.raises(SystemExit):
+            cli.main(["tune-dispatch", "--from", str(path)])
+        assert "not a twell tune-dispatch run" in capsys.readouterr().err
     for argv, msg in ((["--ms", "8"], "--shape is required"), (["--shape", "64by256"], "shape must be HIDDENxFFN"),
                       (["--shape", "64x256", "--min-speedup", "0.9"], "--min-speedup must be >= 1"),
                       (["--shape", "64x256", "--densities", "0"], "--densities in \\(0, 100\\]")):

@@ -181,10 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.min_speedup < 1.0:
         p.error(f"--min-speedup must be >= 1 (got {a.min_speedup}): sparse is never chosen where it is slower")
     if a.from_json is not None:
-        data = json.loads(a.from_json.read_text())
-        rows, meta = data["rows"], data["meta"]
-        d, f = meta["shape"]
-        device_type = meta["device_type"]
+        try:
+            data = json.loads(a.from_json.read_text())
+            rows, meta = data["rows"], data["meta"]
+            (d, f), device_type = meta["shape"], meta["device_type"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            p.error(f"--from {a.from_json}: not a twell tune-dispatch run ({type(exc).__name__}: {exc}); it must be "
+                    "the <stem>.json an earlier run wrote, with rows and meta.shape / meta.device_type")
     else:
         if a.shape is None:
             p.error("--shape is required (unless --from names an earlier run)")
