@@ -1,9 +1,10 @@
 """The row-gather FFN with its per-token products on tensor cores (``twell_ffn_tc_kernel``,
 ``launch_twell_ffn(tensor_cores=True)``, ``twell_ffn_kernel.GATHER_TENSOR_CORES``) against the row kernel
 alone: the same bits on exact-grid inputs (every product and sum exact, so the summation order cannot
-show) on every path -- gated and ReLU FFN, blocks of 16 rows with rows over ``SPR`` pairs and with
-overflowing tiles left to the row kernel, unit map and unit ids with fp32 init rows, NaN, empty rows --
-and the inputs it does not take (fp32, the "fp32" hidden rounding) left to the row kernel whole.
+show) on every path -- gated and ReLU FFN, blocks of 16 rows with rows over ``ROW_MAX`` pairs, blocks
+over ``SLOTS`` pairs and overflowing tiles left to the row kernel, unit map and unit ids with fp32 init
+rows, NaN, empty rows -- and the inputs it does not take (fp32, the "fp32" hidden rounding) left to the
+row kernel whole.
 
 Triton under TRITON_INTERPRET=1 on the CPU (CI), natively on the GPU.
 """
@@ -22,7 +23,7 @@ from twell.format.twell import TwellTensor, pack_twell
 from twell.ops import hot_cold, twell_ffn_kernel
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
-from twell.ops.twell_ffn_tc_kernel import SPR, tc_eligible
+from twell.ops.twell_ffn_tc_kernel import BT, ROW_MAX, SLOTS, tc_eligible
 from twell.tolerances import REL_TOL, rel_error
 
 
@@ -44,18 +45,35 @@ def test_gated_row_gather_same_bits(case, dtype, device, monkeypatch):
     assert torch.equal(on, off)
 
 
+def taken_rows(counts: torch.Tensor, cap: int) -> torch.Tensor:
+    """The rows the tensor-core kernel takes (``block_rows_taken``), computed here from its definition."""
+    c = counts.cpu().long()
+    eligible = (c <= cap).all(1) & (c.sum(1) <= ROW_MAX)
+    total = torch.where(eligible, c.sum(1), 0)
+    taken = torch.zeros(c.shape[0], dtype=torch.bool)
+    for b0 in range(0, c.shape[0], BT):
+        cum = total[b0:b0 + BT].cumsum(0)
+        taken[b0:b0 + BT] = eligible[b0:b0 + BT] & (cum <= SLOTS)
+    return taken
+
+
 @pytest.mark.parametrize("d, f, tile", [(32, 256, 32), (192, 256, 32), (32, 1280, 16)],
                          ids=["d32", "d192", "80-tiles"])  # 192: whole 64-column steps, not a power of two;
-def test_blocks_mixing_rows_it_takes_and_rows_over_spr_pairs(d, f, tile, device, monkeypatch):  # 80 tiles: 3 steps
-    """37 rows (two full blocks of 16 and a partial one), capacity = tile (no overflow): rows of ~SPR pairs
-    and more (the row kernel's) next to empty and sparse rows (the tensor-core kernel's)."""
+def test_blocks_mixing_rows_it_takes_and_rows_it_leaves(d, f, tile, device, monkeypatch):  # 80 tiles: 3 steps
+    """37 rows (two full blocks of 16 and a partial one), capacity = tile (no overflow): rows over ROW_MAX
+    pairs and a block over SLOTS pairs (the row kernel's) next to empty and sparse rows (the tensor-core
+    kernel's)."""
     m = 37
     p = make_problem(m, d, f, frac_pos=0.03, seed=3, dtype=torch.bfloat16, device=device)
     p["x"][:, 0] = 1.0 if f == 256 else 1.5  # the bias channel (negative gate weights): ~1-17 pairs a row
     p["x"][1] = 0.0  # empty row
-    p["x"][[4, 20, 33], 0] = -3.0  # the bias channel (negative gate weights) pushes these rows' gates up
-    per_row = (p["x"] @ p["w_gate"].T > 0).sum(1)
-    assert int(per_row.max()) > SPR and int((per_row <= SPR).sum()) > m // 2
+    p["x"][[4, 33], 0] = -3.0  # every unit fires: over ROW_MAX
+    p["x"][16:32, 0] = 0.8 if f == 256 else 1.2  # a block of 12-50 pairs a row: together over SLOTS
+    g = p["x"] @ p["w_gate"].T
+    counts = torch.stack([(g[:, j:j + tile] > 0).sum(1) for j in range(0, f, tile)], 1)
+    taken = taken_rows(counts, tile)
+    assert bool(taken.any()) and bool((~taken).any())
+    assert int(counts[4].sum()) > ROW_MAX and int(counts[16:32].sum()) > SLOTS and bool(taken[16:32].any())
     off, on = _both(monkeypatch, lambda: ops.sparse_gated_ffn(
         p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=tile, capacity=tile, backend="triton", method="row-gather"))
     assert torch.equal(on, off) and torch.count_nonzero(on[1]) == 0
@@ -125,18 +143,19 @@ def test_gpu_hot_cold_real_shape(monkeypatch):
 
 
 def test_tc_kernel_writes_exactly_the_rows_it_takes(device):
-    """Alone, the tensor-core kernel writes the rows without an overflowing tile and with at most SPR pairs
-    (equal to the row kernel's), and leaves every other row as it was (here: poisoned with NaN)."""
+    """Alone, the tensor-core kernel writes the rows ``block_rows_taken`` accepts (equal to the row kernel's)
+    and leaves every other row as it was (here: poisoned with NaN)."""
     from twell.ops.twell_ffn_tc_kernel import launch_twell_ffn_tc
 
-    m, d, f, tile, cap = 21, 32, 256, 32, 32
+    m, d, f, tile, cap = 37, 32, 256, 32, 32
     p = make_problem(m, d, f, frac_pos=0.03, seed=3, dtype=torch.bfloat16, device=device)
-    p["x"][[2, 17], 0] = -3.0  # many pairs
+    p["x"][[2, 17], 0] = -3.0  # over ROW_MAX
+    p["x"][16:32, 0] = 0.8  # the second block over SLOTS from some row on
     v, i, c = launch_pack_twell(p["x"] @ p["w_gate"].T, tile, cap)
     c = c.clone()
     c[5, 0] = cap + 1  # one overflowing tile (the row kernel recomputes it)
-    taken = (c <= cap).all(1) & (c.clamp(max=cap).sum(1) <= SPR)
-    assert int(taken.sum()) > m // 2 and bool((~taken).any())
+    taken = taken_rows(c, cap).to(c.device)
+    assert int(taken.sum()) > m // 2 and bool((~taken[16:32]).any()) and bool(taken[16:32].any())
     wdt = p["w_down"].t().contiguous()
     out = torch.full((m, d), float("nan"), dtype=torch.bfloat16, device=device)
     launch_twell_ffn_tc(p["x"], v, i, c, p["w_up"], wdt, tile=tile, out=out)
@@ -144,3 +163,6 @@ def test_tc_kernel_writes_exactly_the_rows_it_takes(device):
                             round_hidden=True, out=torch.empty_like(out), tensor_cores=False)
     assert torch.equal(out[taken], want[taken])
     assert bool(torch.isnan(out[~taken]).all())
+    both = launch_twell_ffn(p["x"], v, i, c, None, None, p["w_gate"], p["w_up"], wdt, n_cols=f, tile=tile,
+                            round_hidden=True, out=torch.full_like(out, float("nan")), tensor_cores=True)
+    assert torch.equal(both, want)  # the row kernel fills in exactly the rest

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ._runtime import next_pow2
 from .gate_kernel import relu_keep_nan, round_to
-from .twell_ffn_tc_kernel import SPR, launch_twell_ffn_tc, row_takes_tc, tc_eligible
+from .twell_ffn_tc_kernel import BT, ROW_MAX, SLOTS, block_rows_taken, launch_twell_ffn_tc, tc_eligible
 
 #: Default of ``launch_twell_ffn``'s ``preload``: each program loads its row's whole TwELL container
 #: ([n_tiles, CAP] values and indices, 2.5 KB at the hot/cold split's 40 cold tiles x 16 slots) with its
@@ -178,7 +178,9 @@ def _twell_ffn_row_kernel(
     PRELOAD: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
     SKIP_TC_ROWS: tl.constexpr = False,
-    SPR_: tl.constexpr = 16,
+    BT_: tl.constexpr = 16,
+    SLOTS_: tl.constexpr = 256,
+    ROW_MAX_: tl.constexpr = 64,
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = val_ptr.dtype.element_ty
@@ -187,8 +189,13 @@ def _twell_ffn_row_kernel(
     d_ok = offs_d < D
     keep = True
     if SKIP_TC_ROWS:  # the tensor-core kernel wrote this row: read and write nothing (masked by keep)
-        taken = row_takes_tc(tl.load(cnt_ptr + row * n_tiles + tiles, mask=tiles < n_tiles, other=0), CAP, SPR_)
-        keep = taken == 0
+        b = tl.arange(0, BT_)
+        rows_b = (row // BT_) * BT_ + b  # the row's block, decided as that kernel decides it
+        in_batch = rows_b < tl.num_programs(0)  # one program per row
+        cnt_b = tl.load(cnt_ptr + rows_b[:, None] * n_tiles + tiles[None, :],
+                        mask=in_batch[:, None] & (tiles < n_tiles)[None, :], other=0)
+        taken, _ = block_rows_taken(cnt_b, in_batch, CAP, SLOTS_, ROW_MAX_)
+        keep = tl.sum(tl.where(b == row % BT_, taken.to(tl.int32), 0), axis=0) == 0
         d_ok = d_ok & keep
     x, out = _row_input_and_acc(x_ptr, init_ptr, row, stride_xm, stride_im, offs_d, d_ok, D_PAD, HAS_INIT)
 
@@ -315,8 +322,9 @@ def launch_twell_ffn(
     (same results, bit for bit; fewer dependent round trips per step).  ``prefetch`` (None:
     :data:`GATHER_PREFETCH`): the preload, and each step's weight rows requested one step ahead.
     ``tensor_cores`` (None: :data:`GATHER_TENSOR_CORES`): rows without an overflowing tile and with at
-    most ``twell_ffn_tc_kernel.SPR`` pairs go through :mod:`twell.ops.twell_ffn_tc_kernel` (bf16 / fp16
-    with ``round_hidden`` only; elsewhere the row kernel does all), the row kernel then skipping them;
+    most 64 pairs, while their block of 16 holds at most 256, go through
+    :mod:`twell.ops.twell_ffn_tc_kernel` (bf16 / fp16 with ``round_hidden`` only; elsewhere the row
+    kernel does all), the row kernel then skipping them;
     ``tc_config``: that kernel's ``(num_warps, num_stages)``.
     """
     m, d = x.shape
@@ -372,7 +380,9 @@ def launch_twell_ffn(
         PRELOAD=preload,
         PREFETCH=prefetch,
         SKIP_TC_ROWS=skip_tc_rows,
-        SPR_=SPR,
+        BT_=BT,
+        SLOTS_=SLOTS,
+        ROW_MAX_=ROW_MAX,
         num_warps=num_warps or 4,
     )
     return out

@@ -9,8 +9,8 @@ is ~40 % of the SM's issue slots.  A per-token tensor-core version (x in one col
 operand) was built and discarded before measuring: its SASS issued ~5,200 instructions per warp and
 token against the row kernel's ~2,000, the 16-wide token dimension of every product being 15/16 waste.
 
-Here a program takes BT tokens, each with up to SPR pair slots (S = BT x SPR slots in all, a token's
-pairs in slots [t SPR, t SPR + count)), and computes
+Here a program takes BT tokens and S pair slots, the tokens' pairs laid out in order (token 0's
+first), and computes
 
     U [BT, S] = X [BT, d] @ Wu[unit(s)]^T [d, S]          (tensor cores, over d in BK chunks)
     H [t, s]  = round(a_s round(U[t, s])) where slot s is token t's, else 0
@@ -20,9 +20,9 @@ Each live slot's weight rows are read once; the products a token does not need (
 H's zeros) cost tensor-core cycles only.  Accumulation is fp32, the output rounded once (the row kernel's
 contract; the summation order differs, so results can differ in the last bit of the final rounding).
 
-Rows the kernel takes: no overflowing row-tile and at most SPR pairs (:func:`row_takes_tc`); the
-launcher runs the row kernel on the others (``launch_twell_ffn(..., tensor_cores=True)``), which skips
-exactly these.
+Rows the kernel takes (:func:`block_rows_taken`): rows without an overflowing row-tile and with at most
+ROW_MAX pairs, in order, while their block's pairs fit in the S slots; the launcher runs the row kernel
+on the others (``launch_twell_ffn(..., tensor_cores=True)``), which skips exactly these.
 """
 
 from __future__ import annotations
@@ -36,37 +36,38 @@ from .gate_kernel import dot_acc, round_to
 
 #: Tokens per program (the M side of both products: the smallest ``tl.dot`` operand side).
 BT = 16
-#: Pair slots per token: a cold row of the hot/cold split at l0=28 holds 7.1 on average
-#: (bench_results/h200/cold_pack_gather_probe_session7.log); rows with more go to the row kernel.
-SPR = 16
-#: Tiles per step of the pass that finds each slot's tile (an [S, TJ_TILES] comparison a step).  SASS per
-#: warp and block at the cold split's 40 tiles (ptxas / nvdisasm sm_90a, 4 warps): one tile a step 79
-#: instructions x 40, 8 tiles 339 x 5, 16 tiles 800 x 3, 32 tiles 816 x 2; all 64 at once spilled 184 B.
+#: Pair slots per program, shared by its tokens in order.  A cold row of the hot/cold split holds 6.95
+#: pairs on average at l0=28 and 8.60 at l0=56, but 9.7 % / 13.6 % of the rows hold more than 16, with
+#: 40.9 % / 48.2 % of the pairs (synthetic, 8192 tokens, on the CPU: bench_results/sm90_offline/
+#: session9_row_gather_loop_instructions.log, part 4): 16 fixed slots per token would have left those to
+#: the row kernel; 256 shared slots take a block whole unless its 16 rows hold more.
+SLOTS = 256
+#: Most pairs of a row the kernel takes: one long row would crowd its block's later rows out, and the
+#: row kernel spreads its per-token work over more pairs there.  2.5 % of the cold rows hold more than 32
+#: at l0=28 (same sample).
+ROW_MAX = 64
+#: Tiles per step of the pass that finds each slot's tile (an [SLOTS, TJ_TILES] comparison a step).  SASS
+#: per warp and block at the cold split's 40 tiles, in an earlier form with 16 slots per token (ptxas /
+#: nvdisasm sm_90a, 4 warps): one tile a step 79 instructions x 40, 8 tiles 339 x 5, 16 tiles 800 x 3,
+#: 32 tiles 816 x 2; now 789 x 2 (bench_results/sm90_offline/session9_row_gather_loop_instructions.log).
 TJ_TILES = 32
-#: d per step of the up product (its [BK, S] Wu tile: 32 KB of bf16 at S = 256) and of the down product.
+#: d per step of the up product (its [BK, SLOTS] Wu tile: 32 KB of bf16) and of the down product.
 BK = 64
 BD = 64
 
 
 @triton.jit
-def row_takes_tc(cnt, CAP: tl.constexpr, SPR_: tl.constexpr):
-    """Whether rows with per-tile counts ``cnt`` ([..., NT_PAD], reduced over the last axis) go through the
-    tensor-core kernel: no tile over its capacity and at most SPR_ pairs."""
-    over = tl.sum((cnt > CAP).to(tl.int32), axis=-1)
-    total = tl.sum(tl.where(cnt <= CAP, cnt, 0), axis=-1)
-    return (over == 0) & (total <= SPR_)
-
-
-@triton.jit
-def _per_slot(v, BT_: tl.constexpr, SPR_: tl.constexpr):
-    """[BT_] per-token values repeated for each of the token's SPR_ slots: [BT_ * SPR_]."""
-    return tl.reshape(tl.broadcast_to(v[:, None], (BT_, SPR_)), (BT_ * SPR_,))
-
-
-@triton.jit
-def _per_slot_rows(v, BT_: tl.constexpr, SPR_: tl.constexpr, W: tl.constexpr):
-    """[BT_, W] per-token rows repeated for each of the token's SPR_ slots: [BT_ * SPR_, W]."""
-    return tl.reshape(tl.broadcast_to(v[:, None, :], (BT_, SPR_, W)), (BT_ * SPR_, W))
+def block_rows_taken(cnt, valid, CAP: tl.constexpr, S: tl.constexpr, ROW_MAX: tl.constexpr):
+    """Which rows of a block (``cnt`` [BT, NT_PAD] per-tile counts, ``valid`` [BT] rows inside the batch) the
+    tensor-core kernel takes, and their pair counts: rows without an overflowing tile and with at most
+    ROW_MAX pairs, in order, while the block's pairs so far fit in S slots (both kernels decide with this,
+    the row kernel skipping these).  ROW_MAX keeps one long row from crowding its block's later rows out."""
+    over = tl.sum((cnt > CAP).to(tl.int32), axis=1)
+    total = tl.sum(tl.where(cnt <= CAP, cnt, 0), axis=1)
+    eligible = valid & (over == 0) & (total <= ROW_MAX)
+    total = tl.where(eligible, total, 0)
+    taken = eligible & (tl.cumsum(total, axis=0) <= S)
+    return taken, tl.where(taken, total, 0)
 
 
 @triton.jit
@@ -74,7 +75,8 @@ def _twell_ffn_tc_kernel(
     x_ptr, wu_ptr, wdt_ptr, out_ptr, val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, init_ptr,
     M, D, n_tiles, stride_xm, stride_om, stride_im,
     TILE: tl.constexpr, CAP: tl.constexpr, NT_PAD: tl.constexpr,
-    BT_: tl.constexpr, SPR_: tl.constexpr, TJ: tl.constexpr, BK_: tl.constexpr, BD_: tl.constexpr,
+    BT_: tl.constexpr, S: tl.constexpr, ROW_MAX_: tl.constexpr, TJ: tl.constexpr, BK_: tl.constexpr,
+    BD_: tl.constexpr,
     GATED: tl.constexpr, HAS_MAP: tl.constexpr, HAS_INIT: tl.constexpr, IDX_IS_UNIT: tl.constexpr,
     EVEN_D: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
@@ -84,15 +86,19 @@ def _twell_ffn_tc_kernel(
     tiles = tl.arange(0, NT_PAD)
     cnt = tl.load(cnt_ptr + rows[:, None] * n_tiles + tiles[None, :],
                   mask=(rows < M)[:, None] & (tiles < n_tiles)[None, :], other=0)
-    mine = row_takes_tc(cnt, CAP, SPR_) & (rows < M)  # the rows this program reads and writes
+    mine, pairs = block_rows_taken(cnt, rows < M, CAP, S, ROW_MAX_)  # the rows this program reads and writes
 
-    # slot s = token s // SPR_, its k-th pair: its tile t_k = the number of the token's tiles whose
-    # inclusive prefix count is <= k, and its rank = k minus the pairs of those tiles; TJ tiles a step
-    # (see TJ_TILES)
-    S: tl.constexpr = BT_ * SPR_
+    # slot s: its token (the first whose inclusive pair count exceeds s), its rank k among the token's pairs,
+    # then its tile t_k (the number of the token's tiles whose inclusive prefix count is <= k) and its rank
+    # in that tile.  Per-token rows are moved to slots by a one-hot [S, BT] product on tensor cores (exact:
+    # small integers in fp16).
     s = tl.arange(0, S)
-    owner = s // SPR_
-    k = s % SPR_
+    incl_tok = tl.cumsum(pairs, axis=0)
+    live = s < tl.sum(pairs, axis=0)
+    owner = tl.sum((incl_tok[None, :] <= s[:, None]).to(tl.int32), axis=1)
+    onehot = owner[:, None] == t[None, :]  # [S, BT]
+    k = s - tl.sum(tl.where(onehot, (incl_tok - pairs)[None, :], 0), axis=1)
+    onehot16 = onehot.to(tl.float16)
     jj = tl.arange(0, TJ)
     run = tl.zeros((BT_,), dtype=tl.int32)
     t_k = tl.zeros((S,), dtype=tl.int32)
@@ -102,11 +108,13 @@ def _twell_ffn_tc_kernel(
                     mask=mine[:, None] & (j0 + jj < n_tiles)[None, :], other=0)
         inc = tl.cumsum(c, axis=1) + run[:, None]
         run += tl.sum(c, axis=1)
-        done = _per_slot_rows(inc, BT_, SPR_, TJ) <= k[:, None]  # tile wholly before the slot's pair
+        inc_s = dot_acc(onehot16, inc.to(tl.float16), tl.zeros((S, TJ), dtype=tl.float32), DOT_FP32).to(tl.int32)
+        c_s = dot_acc(onehot16, c.to(tl.float16), tl.zeros((S, TJ), dtype=tl.float32), DOT_FP32).to(tl.int32)
+        done = inc_s <= k[:, None]  # tile wholly before the slot's pair
         t_k += tl.sum(done.to(tl.int32), axis=1)
-        before_k += tl.sum(tl.where(done, _per_slot_rows(c, BT_, SPR_, TJ), 0), axis=1)
-    live = k < _per_slot(run, BT_, SPR_)
-    slot = (_per_slot(rows, BT_, SPR_) * n_tiles + t_k) * CAP + (k - before_k)
+        before_k += tl.sum(tl.where(done, c_s, 0), axis=1)
+    row_s = tl.program_id(0).to(tl.int64) * BT_ + owner
+    slot = (row_s * n_tiles + t_k) * CAP + (k - before_k)
     a = tl.load(val_ptr + slot, mask=live, other=0.0).to(tl.float32)
     unit = tl.load(idx_ptr + slot, mask=live, other=0).to(tl.int32)
     if not IDX_IS_UNIT:
@@ -114,7 +122,7 @@ def _twell_ffn_tc_kernel(
         if HAS_MAP:
             unit = tl.load(unit_map_ptr + unit, mask=live, other=0)
     unit = unit.to(tl.int64)
-    own = (owner[None, :] == t[:, None]) & live[None, :]  # [BT_, S]: slot s is token t's
+    own = tl.trans(onehot) & live[None, :]  # [BT, S]: slot s is token t's
 
     if GATED:
         kk = tl.arange(0, BK_)
@@ -179,7 +187,7 @@ def launch_twell_ffn_tc(
     num_warps: int = 4,
     num_stages: int = 3,
 ) -> torch.Tensor:
-    """Launch the tensor-core kernel over every block of BT rows; it writes the rows :func:`row_takes_tc`
+    """Launch the tensor-core kernel over every block of BT rows; it writes the rows :func:`block_rows_taken`
     accepts and leaves the others to the row kernel (``launch_twell_ffn(..., tensor_cores=True)``).
     Inputs validated and contiguous, as for ``launch_twell_ffn``."""
     m, d = x.shape
@@ -193,9 +201,10 @@ def launch_twell_ffn_tc(
         x, w_up if w_up is not None else dummy, w_down_t, out, values, indices, counts,
         unit_map if unit_map is not None else counts, init if init is not None else dummy,
         m, d, n_tiles, x.stride(0), out.stride(0), init.stride(0) if init is not None else 0,
-        TILE=tile, CAP=values.shape[2], NT_PAD=next_pow2(n_tiles), BT_=BT, SPR_=SPR,
-        TJ=min(TJ_TILES, next_pow2(n_tiles)), BK_=bk, BD_=bd, GATED=w_up is not None, HAS_MAP=unit_map is not None,
-        HAS_INIT=init is not None, IDX_IS_UNIT=idx_is_unit, EVEN_D=d % bk == 0 and d % bd == 0,
+        TILE=tile, CAP=values.shape[2], NT_PAD=next_pow2(n_tiles), BT_=BT, S=SLOTS, ROW_MAX_=ROW_MAX,
+        TJ=max(16, min(TJ_TILES, next_pow2(n_tiles))), BK_=bk, BD_=bd, GATED=w_up is not None,
+        HAS_MAP=unit_map is not None, HAS_INIT=init is not None, IDX_IS_UNIT=idx_is_unit,
+        EVEN_D=d % bk == 0 and d % bd == 0,
         DOT_FP32=interpreting(),  # the interpreter multiplies bf16 operands' raw bits (Triton 3.6)
         num_warps=num_warps, num_stages=num_stages,
     )
