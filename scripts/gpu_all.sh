@@ -50,10 +50,10 @@ for stage in $STAGES; do
     decodeprobe) run_stage decodeprobe 90 python3 scripts/decode_probe.py ${ARGS_DECODEPROBE:-} ;;
     decodestep) run_stage decodestep 150 python3 scripts/decode_step_profile.py ${ARGS_DECODESTEP:-} ;;
     launchcost) run_stage launchcost 90 python3 scripts/launch_overhead.py ;;
-    coldprobe) run_stage coldprobe 150 python3 scripts/cold_pack_gather_probe.py ;;
+    coldprobe) run_stage coldprobe 240 python3 scripts/cold_pack_gather_probe.py ;;
     l2probe) run_stage l2probe 120 python3 scripts/l2_gather_probe.py ;;
     gemmprobe) run_stage gemmprobe 150 python3 scripts/triton_gemm_probe.py ;;
-    fusedgate) run_stage fusedgate 260 python3 scripts/hot_cold_gate_probe.py ;;
+    fusedgate) run_stage fusedgate 300 python3 scripts/hot_cold_gate_probe.py ;;
     ncu) run_stage ncu 240 ncu --clock-control none -k "regex:${NCU_KERNELS:-_hot_cold_gate|_twell_ffn_row}" -c 2 \
            --section SpeedOfLight --section WarpStateStats --section Occupancy --section SourceCounters \
            python3 scripts/ncu_targets.py ${ARGS_NCU:-} ;;
