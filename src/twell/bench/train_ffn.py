@@ -73,8 +73,9 @@ SPARSE_IMPLS = ("v1", "hot-cold", "both")
 CHECKED = ("out", "l1", "dx", "dwg", "dwu", "dwd")
 #: ``grad_l1 = L1_GRAD_SCALE * M`` (module docstring).
 L1_GRAD_SCALE = 0.5
-#: A forward+backward slower than this (ms) is timed from single calls, not do_bench (which would run
-#: it ~8 times); at M=131072 the dense path takes ~40 ms, so only slow sparse points take this branch.
+#: A forward+backward slower than this (ms) is timed from single calls, not the interleaved timing (which
+#: runs each path at least 3 + TIMING_ROUNDS times); at M=131072 the dense path takes ~40 ms, so only
+#: slow sparse points take this branch.
 SLOW_CALL_MS = 250.0
 #: Groups the interleaved per-call times of a point are reported in (``*_rounds_ms``, see :func:`_time_paths`).
 TIMING_ROUNDS = 3
