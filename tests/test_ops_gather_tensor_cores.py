@@ -143,8 +143,8 @@ def test_gpu_hot_cold_real_shape(monkeypatch):
 
 
 def test_tc_kernel_writes_exactly_the_rows_it_takes(device):
-    """Alone, the tensor-core kernel writes the rows ``block_rows_taken`` accepts (equal to the row kernel's)
-    and leaves every other row as it was (here: poisoned with NaN)."""
+    """Alone, the tensor-core kernel writes the rows ``block_rows_taken`` accepts (equal to the row kernel's),
+    flags exactly those, and leaves every other row as it was (here: poisoned with NaN)."""
     from twell.ops.twell_ffn_tc_kernel import launch_twell_ffn_tc
 
     m, d, f, tile, cap = 37, 32, 256, 32, 32
@@ -158,7 +158,8 @@ def test_tc_kernel_writes_exactly_the_rows_it_takes(device):
     assert int(taken.sum()) > m // 2 and bool((~taken[16:32]).any()) and bool(taken[16:32].any())
     wdt = p["w_down"].t().contiguous()
     out = torch.full((m, d), float("nan"), dtype=torch.bfloat16, device=device)
-    launch_twell_ffn_tc(p["x"], v, i, c, p["w_up"], wdt, tile=tile, out=out)
+    flags = launch_twell_ffn_tc(p["x"], v, i, c, p["w_up"], wdt, tile=tile, out=out)
+    assert torch.equal(flags.bool(), taken)  # what the row kernel then skips
     want = launch_twell_ffn(p["x"], v, i, c, None, None, p["w_gate"], p["w_up"], wdt, n_cols=f, tile=tile,
                             round_hidden=True, out=torch.empty_like(out), tensor_cores=False)
     assert torch.equal(out[taken], want[taken])

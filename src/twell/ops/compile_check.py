@@ -126,8 +126,8 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         results[name] = _stats(ptx, arch)
     ffn_sig = {n: "*bf16" for n in ("x_ptr", "wg_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr", "spill_ptr")}
     ffn_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "spill_slot_ptr": "*i32", "unit_map_ptr": "*i32",
-                    "init_ptr": "*fp32", "F": "i32", "D": "i32", "n_tiles": "i32", "stride_xm": "i32",
-                    "stride_om": "i32", "stride_im": "i32"})
+                    "init_ptr": "*fp32", "taken_ptr": "*i8", "F": "i32", "D": "i32", "n_tiles": "i32",
+                    "stride_xm": "i32", "stride_om": "i32", "stride_im": "i32"})
     # (gated, spill, split, unit ids, preload, prefetch, SB): SB 2 with the prefetch holds two steps' rows
     for gated, spill, split, ids, preload, prefetch, sb in (
             (True, False, False, False, False, False, 4), (False, True, False, False, False, False, 4),
@@ -143,15 +143,15 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
     # gather: unit ids, fp32 init rows; 4 warps, 3 stages as launched by default)
     consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "D_PAD": 2048, "SB": 4, "GATED": True, "HAS_SPILL": False,
               "ROUND_HIDDEN": True, "HAS_MAP": True, "HAS_INIT": True, "IDX_IS_UNIT": True, "PRELOAD": False,
-              "PREFETCH": False, "SKIP_TC_ROWS": True, "BT_": 16, "SLOTS_": 256,
-              "ROW_MAX_": 64}
+              "PREFETCH": False, "SKIP_TC_ROWS": True}
     results["ffn_gated1_spill0_split1_ids_skip_tc"] = _stats(
         _compile(_twell_ffn_row_kernel, ffn_sig, consts, target, num_warps=4), arch)
     from .twell_ffn_tc_kernel import _twell_ffn_tc_kernel
 
     tc_sig = {n: "*bf16" for n in ("x_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr")}
-    tc_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "unit_map_ptr": "*i32", "init_ptr": "*fp32", "M": "i32",
-                   "D": "i32", "n_tiles": "i32", "stride_xm": "i32", "stride_om": "i32", "stride_im": "i32"})
+    tc_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "unit_map_ptr": "*i32", "init_ptr": "*fp32",
+                   "taken_ptr": "*i8", "M": "i32", "D": "i32", "n_tiles": "i32", "stride_xm": "i32", "stride_om": "i32",
+                   "stride_im": "i32"})
     consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "BT_": 16, "S": 256, "ROW_MAX_": 64, "TJ": 32, "BK_": 64,
               "BD_": 64, "GATED": True, "HAS_MAP": True, "HAS_INIT": True, "IDX_IS_UNIT": True, "EVEN_D": True,
               "DOT_FP32": False}

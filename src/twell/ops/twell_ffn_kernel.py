@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ._runtime import next_pow2
 from .gate_kernel import relu_keep_nan, round_to
-from .twell_ffn_tc_kernel import BT, ROW_MAX, SLOTS, block_rows_taken, launch_twell_ffn_tc, tc_eligible
+from .twell_ffn_tc_kernel import launch_twell_ffn_tc, tc_eligible
 
 #: Default of ``launch_twell_ffn``'s ``preload``: each program loads its row's whole TwELL container
 #: ([n_tiles, CAP] values and indices, 2.5 KB at the hot/cold split's 40 cold tiles x 16 slots) with its
@@ -158,6 +158,7 @@ def _twell_ffn_row_kernel(
     spill_ptr,
     unit_map_ptr,
     init_ptr,
+    taken_ptr,
     F,
     D,
     n_tiles,
@@ -178,9 +179,6 @@ def _twell_ffn_row_kernel(
     PRELOAD: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
     SKIP_TC_ROWS: tl.constexpr = False,
-    BT_: tl.constexpr = 16,
-    SLOTS_: tl.constexpr = 256,
-    ROW_MAX_: tl.constexpr = 64,
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = val_ptr.dtype.element_ty
@@ -188,14 +186,8 @@ def _twell_ffn_row_kernel(
     offs_d = tl.arange(0, D_PAD)
     d_ok = offs_d < D
     keep = True
-    if SKIP_TC_ROWS:  # the tensor-core kernel wrote this row: read and write nothing (masked by keep)
-        b = tl.arange(0, BT_)
-        rows_b = (row // BT_) * BT_ + b  # the row's block, decided as that kernel decides it
-        in_batch = rows_b < tl.num_programs(0)  # one program per row
-        cnt_b = tl.load(cnt_ptr + rows_b[:, None] * n_tiles + tiles[None, :],
-                        mask=in_batch[:, None] & (tiles < n_tiles)[None, :], other=0)
-        taken, _ = block_rows_taken(cnt_b, in_batch, CAP, SLOTS_, ROW_MAX_)
-        keep = tl.sum(tl.where(b == row % BT_, taken.to(tl.int32), 0), axis=0) == 0
+    if SKIP_TC_ROWS:  # the tensor-core kernel wrote this row (its flag): read and write nothing (keep masks)
+        keep = tl.load(taken_ptr + row) == 0
         d_ok = d_ok & keep
     x, out = _row_input_and_acc(x_ptr, init_ptr, row, stride_xm, stride_im, offs_d, d_ok, D_PAD, HAS_INIT)
 
@@ -343,9 +335,11 @@ def launch_twell_ffn(
             sb = max(1, sb // 2)
     has_spill = spill_values is not None
     skip_tc_rows = (GATHER_TENSOR_CORES if tensor_cores is None else tensor_cores) and tc_eligible(x, round_hidden)
+    taken = None
     if skip_tc_rows:
-        launch_twell_ffn_tc(x, values, indices, counts, w_up, w_down_t, tile=tile, out=out, unit_map=unit_map,
-                            init=init, idx_is_unit=idx_is_unit, num_warps=tc_config[0], num_stages=tc_config[1])
+        taken = launch_twell_ffn_tc(x, values, indices, counts, w_up, w_down_t, tile=tile, out=out, unit_map=unit_map,
+                                    init=init, idx_is_unit=idx_is_unit, num_warps=tc_config[0],
+                                    num_stages=tc_config[1])
     dummy = values  # any pointer for unused arguments (their loads are compiled out)
     _twell_ffn_row_kernel[(m,)](
         x,
@@ -360,6 +354,7 @@ def launch_twell_ffn(
         spill_values if has_spill else dummy,
         unit_map if unit_map is not None else counts,
         init if init is not None else dummy,
+        taken if taken is not None else counts,
         n_cols,
         d,
         n_tiles,
@@ -380,9 +375,6 @@ def launch_twell_ffn(
         PRELOAD=preload,
         PREFETCH=prefetch,
         SKIP_TC_ROWS=skip_tc_rows,
-        BT_=BT,
-        SLOTS_=SLOTS,
-        ROW_MAX_=ROW_MAX,
         num_warps=num_warps or 4,
     )
     return out

@@ -22,7 +22,8 @@ contract; the summation order differs, so results can differ in the last bit of 
 
 Rows the kernel takes (:func:`block_rows_taken`): rows without an overflowing row-tile and with at most
 ROW_MAX pairs, in order, while their block's pairs fit in the S slots; the launcher runs the row kernel
-on the others (``launch_twell_ffn(..., tensor_cores=True)``), which skips exactly these.
+on the others (``launch_twell_ffn(..., tensor_cores=True)``), which skips exactly these by the flags this
+kernel writes.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ BD = 64
 def block_rows_taken(cnt, valid, CAP: tl.constexpr, S: tl.constexpr, ROW_MAX: tl.constexpr):
     """Which rows of a block (``cnt`` [BT, NT_PAD] per-tile counts, ``valid`` [BT] rows inside the batch) the
     tensor-core kernel takes, and their pair counts: rows without an overflowing tile and with at most
-    ROW_MAX pairs, in order, while the block's pairs so far fit in S slots (both kernels decide with this,
-    the row kernel skipping these).  ROW_MAX keeps one long row from crowding its block's later rows out."""
+    ROW_MAX pairs, in order, while the block's pairs so far fit in S slots.  ROW_MAX keeps one long row
+    from crowding its block's later rows out."""
     over = tl.sum((cnt > CAP).to(tl.int32), axis=1)
     total = tl.sum(tl.where(cnt <= CAP, cnt, 0), axis=1)
     eligible = valid & (over == 0) & (total <= ROW_MAX)
@@ -72,7 +73,7 @@ def block_rows_taken(cnt, valid, CAP: tl.constexpr, S: tl.constexpr, ROW_MAX: tl
 
 @triton.jit
 def _twell_ffn_tc_kernel(
-    x_ptr, wu_ptr, wdt_ptr, out_ptr, val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, init_ptr,
+    x_ptr, wu_ptr, wdt_ptr, out_ptr, val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, init_ptr, taken_ptr,
     M, D, n_tiles, stride_xm, stride_om, stride_im,
     TILE: tl.constexpr, CAP: tl.constexpr, NT_PAD: tl.constexpr,
     BT_: tl.constexpr, S: tl.constexpr, ROW_MAX_: tl.constexpr, TJ: tl.constexpr, BK_: tl.constexpr,
@@ -87,6 +88,7 @@ def _twell_ffn_tc_kernel(
     cnt = tl.load(cnt_ptr + rows[:, None] * n_tiles + tiles[None, :],
                   mask=(rows < M)[:, None] & (tiles < n_tiles)[None, :], other=0)
     mine, pairs = block_rows_taken(cnt, rows < M, CAP, S, ROW_MAX_)  # the rows this program reads and writes
+    tl.store(taken_ptr + rows, mine.to(tl.int8), mask=rows < M)  # for the row kernel, which does the rest
 
     # slot s: its token (the first whose inclusive pair count exceeds s), its rank k among the token's pairs,
     # then its tile t_k (the number of the token's tiles whose inclusive prefix count is <= k) and its rank
@@ -189,17 +191,19 @@ def launch_twell_ffn_tc(
 ) -> torch.Tensor:
     """Launch the tensor-core kernel over every block of BT rows; it writes the rows :func:`block_rows_taken`
     accepts and leaves the others to the row kernel (``launch_twell_ffn(..., tensor_cores=True)``).
-    Inputs validated and contiguous, as for ``launch_twell_ffn``."""
+    Inputs validated and contiguous, as for ``launch_twell_ffn``.  Returns which rows it wrote (int8 [M],
+    1 = written), the row kernel's ``taken`` flags."""
     m, d = x.shape
+    taken = torch.empty(m, dtype=torch.int8, device=x.device)
     if m == 0:
-        return out
+        return taken
     n_tiles = counts.shape[1]
     d_pad = next_pow2(d)
     bk, bd = min(BK, d_pad), min(BD, d_pad)
     dummy = values
     _twell_ffn_tc_kernel[(triton.cdiv(m, BT),)](
         x, w_up if w_up is not None else dummy, w_down_t, out, values, indices, counts,
-        unit_map if unit_map is not None else counts, init if init is not None else dummy,
+        unit_map if unit_map is not None else counts, init if init is not None else dummy, taken,
         m, d, n_tiles, x.stride(0), out.stride(0), init.stride(0) if init is not None else 0,
         TILE=tile, CAP=values.shape[2], NT_PAD=next_pow2(n_tiles), BT_=BT, S=SLOTS, ROW_MAX_=ROW_MAX,
         TJ=max(16, min(TJ_TILES, next_pow2(n_tiles))), BK_=bk, BD_=bd, GATED=w_up is not None,
@@ -208,4 +212,4 @@ def launch_twell_ffn_tc(
         DOT_FP32=interpreting(),  # the interpreter multiplies bf16 operands' raw bits (Triton 3.6)
         num_warps=num_warps, num_stages=num_stages,
     )
-    return out
+    return taken
