@@ -360,6 +360,14 @@ def test_revert_without_record_gives_dense_relu_mlp() -> None:
     assert again.original_activations == {"relu"}
 
 
+def test_top_level_apply_and_revert_are_the_models_ones() -> None:
+    import twell
+
+    assert twell.apply is tm.apply and twell.revert is tm.revert
+    with pytest.raises(AttributeError, match="no attribute 'aply'"):
+        twell.aply  # noqa: B018
+
+
 def test_apply_refuses_silu_and_leaves_model_untouched() -> None:
     model = _hf_model("llama", "silu")
     with pytest.raises(ValueError, match=r"'silu' in 2 module\(s\).*allow_silu=True"):
