@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from ..nn import DispatchPolicy, SparseGatedMLP
 from ..nn.dispatch_file import save_policy
 from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_table
+from ..ops.active_count import mean_active_per_token
 from ..reference.inference import dense_gated_ffn
 from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from ..tolerances import REL_TOL, rel_error
@@ -57,14 +58,6 @@ class TuneConfig:
     seed: int = 0
 
 
-def _l0(x: torch.Tensor, wg: torch.Tensor, chunk: int = 16384) -> float:
-    """Mean number of positive gate values per token: the layer's l0 (the synthetic inputs have no NaN)."""
-    total = 0
-    for part in x.split(chunk):
-        total += int((F.linear(part, wg) > 0).sum())
-    return total / max(1, x.shape[0])
-
-
 def measure_point(problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct: float, cfg: TuneConfig,
                   device: torch.device) -> dict:
     """One point: the sparse and the dense module on ``x``, timed interleaved; the sparse output checked."""
@@ -74,7 +67,7 @@ def measure_point(problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct
     dense = sparse.to_dense().eval()
     row: dict = {"d": cfg.d, "f": cfg.f, "m": m, "density_pct": density_pct}
     with torch.no_grad():
-        row["l0"] = _l0(x, wg)
+        row["l0"] = float(mean_active_per_token(torch.relu(F.linear(x, wg))))  # the layer's own l0 measure
         row["density"] = row["l0"] / cfg.f
         out = sparse(x)
         n = min(m, CHECK_TOKENS)
@@ -201,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         meta = environment(device)
         meta.update({"shape": [d, f], "device_type": device_type, "dtype": a.dtype, "ms": list(cfg.ms),
                      "densities": list(cfg.densities)})
-        stem = a.stem or f"dispatch_{d}x{f}"
-        rows = run_tuning(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, stem))
     stem = a.stem or f"dispatch_{d}x{f}"
+    if a.from_json is None:
+        rows = run_tuning(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, stem))
     meta["min_speedup"] = a.min_speedup
     policy = policy_of(rows, d=d, f=f, device_type=device_type, min_speedup=a.min_speedup)
     paths = write_results(rows, meta, a.out, stem) if a.from_json is None else []

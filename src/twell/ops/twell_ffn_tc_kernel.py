@@ -106,6 +106,7 @@ def _twell_ffn_tc_kernel(
     t_k = tl.zeros((S,), dtype=tl.int32)
     before_k = tl.zeros((S,), dtype=tl.int32)
     for j0 in range(0, n_tiles, TJ):
+        # the counts again, TJ tiles a step, from L1 (the [BT, NT_PAD] tile above cannot be sliced by j0)
         c = tl.load(cnt_ptr + rows[:, None] * n_tiles + (j0 + jj)[None, :],
                     mask=mine[:, None] & (j0 + jj < n_tiles)[None, :], other=0)
         inc = tl.cumsum(c, axis=1) + run[:, None]
