@@ -263,6 +263,24 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
                   "PREFIX_DOT": FUSED_PREFIX_DOT, "DOT_FP32": False, "FLATTEN": FUSED_FLATTEN}
         ptx = _compile(_hot_cold_gate_kernel, sig, consts, target, num_warps=warps, num_stages=stages)
         results[f"hot_cold_gate_t{tile}"] = _stats(ptx, arch, wgmma=True)
+    from .cold_down_kernel import _GPU_CONFIG as _DOWN_CONFIG
+    from .cold_down_kernel import LIST, _cold_list_kernel, _down_cold_kernel
+
+    bm, bn, bk, stages, warps, steps = _DOWN_CONFIG
+    sig = {"h_desc": f"tensordesc<bf16[{bm}, {bk}]>", "wd_desc": f"tensordesc<bf16[{bk}, {bn}]>",
+           "list_h_ptr": "*bf16", "list_id_ptr": "*i32", "list_len_ptr": "*i32", "wdt_ptr": "*bf16",
+           "out_ptr": "*bf16", "init_ptr": "*fp32", "M": "i32", "D": "i32", "H": "i32"}
+    consts = {"BM": bm, "BN": bn, "BK": bk, "LIST": LIST, "STEPS": steps, "GROUP_M": 8, "DOT_FP32": False}
+    ptx = _compile(_down_cold_kernel, sig, consts, target, divisible=("M", "D", "H"), num_warps=warps,
+                   num_stages=stages)
+    results["down_cold"] = _stats(ptx, arch, wgmma=True)
+    sig = {"x_ptr": "*bf16", "wu_ptr": "*bf16", "val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32",
+           "unit_map_ptr": "*i32", "list_h_ptr": "*bf16", "list_id_ptr": "*i32", "list_len_ptr": "*i32",
+           "taken_ptr": "*i8", "D": "i32", "n_tiles": "i32", "stride_xm": "i32"}
+    consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "D_PAD": 2048, "SB": 4, "LIST": LIST, "HAS_MAP": True,
+              "IDX_IS_UNIT": True}
+    ptx = _compile(_cold_list_kernel, sig, consts, target, divisible=("D", "stride_xm"), num_warps=4)
+    results["cold_list"] = _stats(ptx, arch)
     return results
 
 

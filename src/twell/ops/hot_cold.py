@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from .bitmap_kernels import launch_bitmap_ffn, launch_pack_bitmap
+from .cold_down_kernel import down_cold_supported, launch_down_cold
 from .gate_kernel import launch_pack_twell, relu_keep_nan, round_to
 from .hot_cold_gate_kernel import launch_hot_cold_gate
 from .hot_cold_plan import HotColdPlan
@@ -74,6 +75,9 @@ def _hot_hidden_kernel(
 #: map load per tile, so there the gather's gain comes without the pack's cost.
 #: A wider F (ids beyond int16) keeps the column indices and the map lookup.
 COLD_UNIT_IDS = True
+#: The TwELL cold pairs added in the epilogue of a Triton hot down GEMM (``twell.ops.cold_down_kernel``)
+#: instead of a cuBLAS down GEMM's fp32 output read back by the row-gather kernel.  Off until measured.
+COLD_IN_DOWN_GEMM = False
 
 
 def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
@@ -147,8 +151,15 @@ def launch_hot_cold_ffn(
             cold = launch_pack_bitmap(g_cold, tile)
         else:
             cold = launch_pack_twell(g_cold, tile, capacity, unit_map=plan.cold if unit_ids else None)
-    init = _hot_partial(h_hot, plan.w_down_hot_t) if n_hot and m else None
     out = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    if COLD_IN_DOWN_GEMM and cold_format == "twell" and n_cold and m and down_cold_supported(x, n_hot):
+        init, taken = launch_down_cold(x, h_hot, plan.w_down_hot_t, *cold, w_up, w_down_t, tile=tile,
+                                       unit_map=plan.cold, idx_is_unit=unit_ids, out=out)
+        # the tokens without a cold list (an overflowing tile, or more than cold_down_kernel.LIST pairs)
+        launch_twell_ffn(x, *cold, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile, round_hidden=True,
+                         out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids, taken=taken)
+        return out, torch.cat([cold[-1], hot_counts], 1)
+    init = _hot_partial(h_hot, plan.w_down_hot_t) if n_hot and m else None
     if n_cold == 0:  # every unit hot: the output is the hot partial sum alone
         if init is not None:
             out.copy_(init)

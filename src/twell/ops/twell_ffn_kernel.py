@@ -300,6 +300,7 @@ def launch_twell_ffn(
     prefetch: bool | None = None,
     tensor_cores: bool | None = None,
     tc_config: tuple[int, int] = (4, 3),
+    taken: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -318,6 +319,8 @@ def launch_twell_ffn(
     :mod:`twell.ops.twell_ffn_tc_kernel` (bf16 / fp16 with ``round_hidden`` only; elsewhere the row
     kernel does all), the row kernel then skipping them;
     ``tc_config``: that kernel's ``(num_warps, num_stages)``.
+    ``taken`` (int8 [M]; then the tensor-core gather is not used): rows flagged 1 were written by another kernel
+    (:mod:`twell.ops.cold_down_kernel`); the row kernel reads and writes nothing for them.
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -334,9 +337,13 @@ def launch_twell_ffn(
         if prefetch:  # two steps' rows in registers: SB 4 with the prefetch spills 172 B (ptxas), SB 2 none
             sb = max(1, sb // 2)
     has_spill = spill_values is not None
-    skip_tc_rows = (GATHER_TENSOR_CORES if tensor_cores is None else tensor_cores) and tc_eligible(x, round_hidden)
-    taken = None
-    if skip_tc_rows:
+    if taken is not None and tensor_cores:
+        raise ValueError("launch_twell_ffn: `taken` (rows done by another kernel) and the tensor-core gather "
+                         "both pick rows to skip; pass one of them")
+    use_tc = taken is None and (GATHER_TENSOR_CORES if tensor_cores is None else tensor_cores) and tc_eligible(
+        x, round_hidden)
+    skip_tc_rows = use_tc or taken is not None
+    if use_tc:
         taken = launch_twell_ffn_tc(x, values, indices, counts, w_up, w_down_t, tile=tile, out=out, unit_map=unit_map,
                                     init=init, idx_is_unit=idx_is_unit, num_warps=tc_config[0],
                                     num_stages=tc_config[1])

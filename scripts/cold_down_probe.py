@@ -1,0 +1,113 @@
+"""GPU time of the hot/cold split's tail with the cold pairs in the hot down GEMM's epilogue
+(``twell.ops.cold_down_kernel``, ``hot_cold.COLD_IN_DOWN_GEMM``) against the shipped tail (cuBLAS down GEMM
+with an fp32 output, then the row-gather kernel reading it back), and the whole op both ways.
+
+Per (M, l0) on the synthetic problems of ``twell bench ffn`` (d=2048, F=5632, the fused gate's plan with the
+H most frequent units hot, TILE 128, CAP 16): the shipped tail; the new tail per down-GEMM configuration
+(``cold_down_kernel._GPU_CONFIG`` = BM, BN, BK, stages, warps, list steps per epilogue step) with its error
+against the shipped tail; the list kernel alone; how many tokens were left to the row-gather kernel; then
+dense and the op with the new tail off and on.  Medians of ``twell.bench.timing.time_ms``.
+
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/cold_down_probe.py``; ``--device cpu --tiny`` under
+TRITON_INTERPRET=1 is the smoke test.
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+
+from twell.bench.probe import probe_args
+from twell.bench.timing import time_ms
+from twell.ops import cold_down_kernel, hot_cold
+from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
+from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
+from twell.ops.twell_ffn_kernel import launch_twell_ffn
+from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+from twell.tolerances import rel_error
+
+#: Down-GEMM configurations (BM, BN, BK, stages, warps, STEPS), the default first.  ptxas (sm_90a): 173,
+#: 254, 171, 255 (64 x 128 on 4 warps) registers, none spilled.
+CONFIGS = [(128, 64, 64, 3, 8, 4), (128, 128, 64, 3, 8, 2), (128, 64, 64, 3, 8, 2), (64, 128, 64, 3, 4, 2)]
+
+
+def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, cap: int, configs: list,
+                dev: torch.device, rep_ms: float) -> None:
+    gen = torch.Generator(device=dev).manual_seed(0)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    del p
+    wdt = wd.t().contiguous()
+    hot = torch.argsort(unit_frequency(x, wg), descending=True)[:n_hot_units]
+    plan = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
+    n_hot, n_cold = plan.n_hot, f - plan.n_hot
+    unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15
+    h_hot, _, *cold = launch_hot_cold_gate(x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile, capacity=cap,
+                                           unit_ids=unit_ids)
+    out = torch.empty_like(x)
+
+    def shipped_tail() -> torch.Tensor:
+        init = torch.mm(h_hot, plan.w_down_hot_t, out_dtype=torch.float32) if dev.type == "cuda" else \
+            h_hot.float() @ plan.w_down_hot_t.float()
+        return launch_twell_ffn(x, *cold, None, None, wg, wu, wdt, n_cols=n_cold, tile=tile, round_hidden=True,
+                                out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids)
+
+    def new_tail() -> torch.Tensor:
+        init, taken = cold_down_kernel.launch_down_cold(x, h_hot, plan.w_down_hot_t, *cold, wu, wdt, tile=tile,
+                                                        unit_map=plan.cold, idx_is_unit=unit_ids, out=out)
+        return launch_twell_ffn(x, *cold, None, None, wg, wu, wdt, n_cols=n_cold, tile=tile, round_hidden=True,
+                                out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids, taken=taken)
+
+    want = shipped_tail().clone()
+    pairs = float(cold[2].clamp(max=cap).sum()) / m
+    parts = [f"shipped tail {time_ms(shipped_tail, device=dev, rep_ms=rep_ms):.3f} ms"]
+    for cfg in configs:
+        with mock.patch.object(cold_down_kernel, "_GPU_CONFIG", cfg):
+            try:
+                out.fill_(float("nan"))
+                err = rel_error(new_tail(), want)
+                t = time_ms(new_tail, device=dev, rep_ms=rep_ms)
+                parts.append(f"new {cfg} {t:.3f} ms (rel {err:.1e})")
+            except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
+                parts.append(f"new {cfg}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
+    _, taken = cold_down_kernel.launch_down_cold(x, h_hot, plan.w_down_hot_t, *cold, wu, wdt, tile=tile,
+                                                 unit_map=plan.cold, idx_is_unit=unit_ids, out=out)
+    left = int((taken == 0).sum())
+    t_both = time_ms(lambda: cold_down_kernel.launch_down_cold(x, h_hot, plan.w_down_hot_t, *cold, wu, wdt, tile=tile,
+                                                               unit_map=plan.cold, idx_is_unit=unit_ids, out=out),
+                     device=dev, rep_ms=rep_ms)
+    print(f"M={m:6d} l0={l0:5.1f} H={n_hot} ({pairs:.2f} cold pairs/token, {left} tokens left to the row kernel) | "
+          + " | ".join(parts) + f" | list + down kernels alone {t_both:.3f} ms", flush=True)
+
+    def op() -> torch.Tensor:
+        return hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=tile, capacity=cap)[0]
+
+    t_dense = time_ms(lambda: F.linear(torch.relu(F.linear(x, wg)) * F.linear(x, wu), wd), device=dev, rep_ms=rep_ms)
+    with mock.patch.object(hot_cold, "COLD_IN_DOWN_GEMM", False):
+        off = op().clone()
+        t_off = time_ms(op, device=dev, rep_ms=rep_ms)
+    with mock.patch.object(hot_cold, "COLD_IN_DOWN_GEMM", True):
+        on = op()
+        t_on = time_ms(op, device=dev, rep_ms=rep_ms)
+    print(f"M={m:6d} l0={l0:5.1f} | op: dense {t_dense:.3f} ms, shipped {t_off:.3f} ({t_dense / t_off:.2f}x), cold in "
+          f"the down GEMM {t_on:.3f} ({t_dense / t_on:.2f}x); rel {rel_error(on, off):.1e}", flush=True)
+
+
+def main() -> None:
+    dev, tiny = probe_args(__doc__)
+    d, f, points, hot_n, configs, rep_ms = 2048, 5632, ((16384, 28.0), (131072, 28.0), (131072, 56.0)), \
+        {28.0: 576, 56.0: 1344}, CONFIGS, 100.0
+    tile, cap = 128, 16
+    if tiny:
+        d, f, points, hot_n, rep_ms, tile, cap = 64, 700, ((40, 6.0),), {6.0: 64}, 1.0, 32, 4
+        configs = [(16, 16, 16, 1, 4, 2)]
+    for m, l0 in points:
+        probe_point(m, l0, d, f, hot_n[l0], tile, cap, configs, dev, rep_ms)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
