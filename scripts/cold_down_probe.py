@@ -28,9 +28,11 @@ from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import rel_error
 
-#: Down-GEMM configurations (BM, BN, BK, stages, warps, STEPS), the default first.  ptxas (sm_90a): 173,
-#: 254, 171, 255 (64 x 128 on 4 warps) registers, none spilled.
-CONFIGS = [(128, 64, 64, 3, 8, 4), (128, 128, 64, 3, 8, 2), (128, 64, 64, 3, 8, 2), (64, 128, 64, 3, 4, 2)]
+#: Down-GEMM configurations (BM, BN, BK, stages, warps, STEPS), the default first.  Session 10's first
+#: run (H200, bench_results/h200/cold_down_probe_session10_v1.log; each step's ids, then its rows): 64 x 128
+#: on 4 warps best, 4.516 ms for the two kernels and the row kernel at M=131072, l0=28 against 2.609 for
+#: the shipped tail.  Now with the next step's ids prefetched; ptxas (sm_90a): 161, 241, 208, 240 registers.
+CONFIGS = [(64, 64, 64, 3, 4, 2), (64, 64, 64, 3, 4, 4), (128, 64, 64, 3, 8, 2), (128, 64, 64, 3, 8, 4)]
 
 
 def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, cap: int, configs: list,
@@ -78,8 +80,13 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     t_both = time_ms(lambda: cold_down_kernel.launch_down_cold(x, h_hot, plan.w_down_hot_t, *cold, wu, wdt, tile=tile,
                                                                unit_map=plan.cold, idx_is_unit=unit_ids, out=out),
                      device=dev, rep_ms=rep_ms)
+    t_list = time_ms(lambda: cold_down_kernel.launch_cold_list(x, *cold, wu, tile=tile, unit_map=plan.cold,
+                                                               idx_is_unit=unit_ids), device=dev, rep_ms=rep_ms)
+    t_hot = time_ms(lambda: torch.mm(h_hot, plan.w_down_hot_t, out_dtype=torch.float32), device=dev,
+                    rep_ms=rep_ms) if dev.type == "cuda" else float("nan")
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} ({pairs:.2f} cold pairs/token, {left} tokens left to the row kernel) | "
-          + " | ".join(parts) + f" | list + down kernels alone {t_both:.3f} ms", flush=True)
+          + " | ".join(parts) + f" | list + down kernels alone {t_both:.3f} ms, list kernel alone {t_list:.3f} ms, "
+          f"cuBLAS hot down GEMM alone {t_hot:.3f} ms", flush=True)
 
     def op() -> torch.Tensor:
         return hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=tile, capacity=cap)[0]

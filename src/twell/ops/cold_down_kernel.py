@@ -44,10 +44,10 @@ from .twell_ffn_kernel import _tile_of_entry
 #: (cold_pack_gather_probe_session10.log), so 32 leaves only the rare outliers.
 LIST = 32
 #: ``(BM, BN, BK, stages, warps, STEPS)`` of the down GEMM on the GPU (STEPS: list positions gathered per
-#: step of its epilogue); the interpreter runs small tiles.  ptxas (sm_90a, session 10): 128 x 64 on 8
-#: warps with 4 steps 173 registers, no spill (one program per SM; 128 x 128 with 2 steps 254, with 4
-#: spills 136 B).  Unmeasured: scripts/cold_down_probe.py times the candidates.
-_GPU_CONFIG = (128, 64, 64, 3, 8, 4)
+#: step of its epilogue); the interpreter runs small tiles.  ptxas (sm_90a, session 10, next step's ids
+#: prefetched): 64 x 64 on 4 warps with 2 steps 161 registers (3 programs per SM), with 4 steps 241; 128 x
+#: 64 on 8 warps 208 / 240; 64 x 128 on 4 warps spills.  Unmeasured: scripts/cold_down_probe.py.
+_GPU_CONFIG = (64, 64, 64, 3, 4, 2)
 _INTERPRET_CONFIG = (16, 16, 16, 1, 4, 2)
 
 
@@ -103,28 +103,35 @@ def _down_cold_kernel(
     """Output tile [BM, BN]: the hot down GEMM, then the BM tokens' listed cold pairs, rounded once; the
     fp32 hot partial to ``init`` for tokens without a list."""
     pid_m, pid_n = tile_coords(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(D, BN), GROUP_M)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(0, H, BK):
-        acc = dot_acc(h_desc.load([pid_m * BM, k0]), wd_desc.load([k0, pid_n * BN]), acc, DOT_FP32)
     rows = pid_m * BM + tl.arange(0, BM)
     cols = pid_n * BN + tl.arange(0, BN)
     rows64 = rows.to(tl.int64)
     m_ok = rows < M
     n_ok = cols < D
+    # The epilogue is latency-bound (session 10, H200: reading each step's ids, then its rows, the two
+    # kernels took 4.5-5.6 ms at M=131072, l0=28, against 2.6 for the shipped tail), so each step waits on
+    # one round trip: its rows, with the next step's ids requested alongside (the first step's before the
+    # GEMM, so that they arrive under it).  Holding the tile's whole lists instead took 229-255 registers.
     n_list = tl.load(list_len_ptr + rows64, mask=m_ok, other=-1)
+    steps = tl.arange(0, STEPS)
+    live = steps[None, :] < n_list[:, None]
+    h = tl.load(list_h_ptr + rows64[:, None] * LIST + steps[None, :], mask=live, other=0.0)
+    unit = tl.load(list_id_ptr + rows64[:, None] * LIST + steps[None, :], mask=live, other=0)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        acc = dot_acc(h_desc.load([pid_m * BM, k0]), wd_desc.load([k0, pid_n * BN]), acc, DOT_FP32)
     # the cold sum in its own accumulator, in the gathered rows' layout: added to the tensor-core one in
     # place, each step's [BM, BN] rows went through shared memory into the MMA layout (ttgir, sm_90a)
     cold = tl.zeros((BM, BN), dtype=tl.float32)
-    steps = tl.arange(0, STEPS)
     for s0 in range(0, tl.max(n_list, axis=0), STEPS):
-        # STEPS list positions at once: their ids in one round trip, then all their rows in flight together
-        s = s0 + steps[None, :]
-        live = s < n_list[:, None]
-        h = tl.load(list_h_ptr + rows64[:, None] * LIST + s, mask=live, other=0.0).to(tl.float32)
-        unit = tl.load(list_id_ptr + rows64[:, None] * LIST + s, mask=live, other=0).to(tl.int64)
-        w = tl.load(wdt_ptr + unit[:, :, None] * D + cols[None, None, :],
+        w = tl.load(wdt_ptr + unit.to(tl.int64)[:, :, None] * D + cols[None, None, :],
                     mask=live[:, :, None] & n_ok[None, None, :], other=0.0)
-        cold += tl.sum(h[:, :, None] * w.to(tl.float32), axis=1)
+        h_now = h.to(tl.float32)
+        nxt = s0 + STEPS + steps[None, :]
+        live = nxt < n_list[:, None]
+        h = tl.load(list_h_ptr + rows64[:, None] * LIST + nxt, mask=live, other=0.0)
+        unit = tl.load(list_id_ptr + rows64[:, None] * LIST + nxt, mask=live, other=0)
+        cold += tl.sum(h_now[:, :, None] * w.to(tl.float32), axis=1)
     acc += cold
     offs = rows64[:, None] * D + cols[None, :]
     ok = m_ok[:, None] & n_ok[None, :]
@@ -141,6 +148,38 @@ def down_cold_supported(x: torch.Tensor, n_hot: int) -> bool:
             and x.dtype in (torch.bfloat16, torch.float16))
 
 
+def launch_cold_list(
+    x: torch.Tensor,
+    values: torch.Tensor,
+    indices: torch.Tensor,
+    counts: torch.Tensor,
+    w_up: torch.Tensor,
+    *,
+    tile: int,
+    unit_map: torch.Tensor | None,
+    idx_is_unit: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(list_h [M, LIST], list_id [M, LIST] int32, list_len [M] int32, taken [M] int8)``: each token's cold
+    pairs as (h, weight row), in its TwELL list's order; length -1 and taken 0 for a token with an
+    overflowing tile or more than LIST pairs (only the first ``list_len`` entries of a row are written)."""
+    m, d = x.shape
+    n_tiles, cap = counts.shape[1], values.shape[2]
+    dev = x.device
+    list_h = torch.empty((m, LIST), dtype=x.dtype, device=dev)
+    list_id = torch.empty((m, LIST), dtype=torch.int32, device=dev)
+    list_len = torch.empty((m,), dtype=torch.int32, device=dev)
+    taken = torch.empty((m,), dtype=torch.int8, device=dev)
+    if m:
+        d_pad = next_pow2(d)
+        _cold_list_kernel[(m,)](
+            x, w_up, values, indices, counts, unit_map if unit_map is not None else counts, list_h, list_id,
+            list_len, taken, d, n_tiles, x.stride(0),
+            TILE=tile, CAP=cap, NT_PAD=next_pow2(n_tiles), D_PAD=d_pad, SB=max(1, min(4, 8192 // d_pad)),
+            LIST=LIST, HAS_MAP=unit_map is not None, IDX_IS_UNIT=idx_is_unit, num_warps=4,
+        )
+    return list_h, list_id, list_len, taken
+
+
 def launch_down_cold(
     x: torch.Tensor,
     h_hot: torch.Tensor,
@@ -155,36 +194,24 @@ def launch_down_cold(
     unit_map: torch.Tensor | None,
     idx_is_unit: bool,
     out: torch.Tensor,
-) -> tuple[torch.Tensor | None, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Write ``out`` for every token whose cold pairs can be listed; return ``(init, taken)``: the fp32 hot
     partial sums (written only for the other tokens) and the int8 per-token flag (1: done here) that the
     row-gather kernel's ``taken`` skips.  Inputs validated and contiguous, :func:`down_cold_supported`."""
     m, d = x.shape
-    n_hot = h_hot.shape[1]
-    n_tiles, cap = counts.shape[1], values.shape[2]
-    dev = x.device
-    list_h = torch.empty((m, LIST), dtype=x.dtype, device=dev)
-    list_id = torch.empty((m, LIST), dtype=torch.int32, device=dev)
-    list_len = torch.empty((m,), dtype=torch.int32, device=dev)
-    taken = torch.empty((m,), dtype=torch.int8, device=dev)
+    list_h, list_id, list_len, taken = launch_cold_list(x, values, indices, counts, w_up, tile=tile,
+                                                        unit_map=unit_map, idx_is_unit=idx_is_unit)
     # only the unlisted tokens' rows are written: the allocator's block costs nothing more
-    init = torch.empty((m, d), dtype=torch.float32, device=dev)
+    init = torch.empty((m, d), dtype=torch.float32, device=x.device)
     if m == 0:
         return init, taken
-    d_pad = next_pow2(d)
-    _cold_list_kernel[(m,)](
-        x, w_up, values, indices, counts, unit_map if unit_map is not None else counts, list_h, list_id, list_len,
-        taken, d, n_tiles, x.stride(0),
-        TILE=tile, CAP=cap, NT_PAD=next_pow2(n_tiles), D_PAD=d_pad, SB=max(1, min(4, 8192 // d_pad)), LIST=LIST,
-        HAS_MAP=unit_map is not None, IDX_IS_UNIT=idx_is_unit, num_warps=4,
-    )
     bm, bn, bk, stages, warps, steps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
     h_hot, w_down_hot_t = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (h_hot, w_down_hot_t))
     h_desc = TensorDescriptor.from_tensor(h_hot, [bm, bk])
     wd_desc = TensorDescriptor.from_tensor(w_down_hot_t, [bk, bn])
     grid = (triton.cdiv(m, bm) * triton.cdiv(d, bn),)
     _down_cold_kernel[grid](
-        h_desc, wd_desc, list_h, list_id, list_len, w_down_t, out, init, m, d, n_hot,
+        h_desc, wd_desc, list_h, list_id, list_len, w_down_t, out, init, m, d, h_hot.shape[1],
         BM=bm, BN=bn, BK=bk, LIST=LIST, STEPS=steps, GROUP_M=8, DOT_FP32=interpreting() or x.dtype == torch.float32,
         num_stages=stages, num_warps=warps,
     )
