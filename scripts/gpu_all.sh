@@ -15,7 +15,7 @@ OUT=${OUT:-out}
 RUN="$OUT/run"
 mkdir -p "$RUN"
 STAGES=${STAGES:-"tests ffn train-ffn model"}
-# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), tune (twell tune-dispatch, ARGS_TUNE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe l2probe colddown gemmprobe fusedgate ncu overhead (the
+# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), tune (twell tune-dispatch, ARGS_TUNE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe l2probe colddown timing gemmprobe fusedgate ncu overhead (the
 # diagnostics).
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv
@@ -53,6 +53,7 @@ for stage in $STAGES; do
     coldprobe) run_stage coldprobe 240 python3 scripts/cold_pack_gather_probe.py ;;
     l2probe) run_stage l2probe 120 python3 scripts/l2_gather_probe.py ;;
     colddown) run_stage colddown 200 python3 scripts/cold_down_probe.py ;;
+    timing) run_stage timing 200 python3 scripts/timing_probe.py ;;
     gemmprobe) run_stage gemmprobe 150 python3 scripts/triton_gemm_probe.py ;;
     fusedgate) run_stage fusedgate 300 python3 scripts/hot_cold_gate_probe.py ;;
     ncu) run_stage ncu 240 ncu --clock-control none -k "regex:${NCU_KERNELS:-_hot_cold_gate|_twell_ffn_row}" -c 2 \

@@ -52,6 +52,9 @@ class FfnSweep:
     #: rows ``(min_tokens, max_density)`` of a candidate dispatch table for the module column (any layer
     #: shape, CUDA only, like the default); None: the default policy.
     dispatch_table: tuple[tuple[int, float], ...] | None = None
+    #: ``time_ms_interleaved``'s ``hold_ms``: the device held before each interleaved call's start event, so
+    #: that a host-bound callable in the cycle does not put host time into the others' intervals.
+    hold_ms: float = 0.0
 
 
 def _dense_ffn(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
@@ -128,7 +131,7 @@ def run_point(
             "hotcold": lambda: ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, backend=cfg.backend),
             "dispatch": lambda: mlp(x),
             "dense_module": lambda: dense_mlp(x),
-        }, device=device, rep_ms=cfg.rep_ms, samples_out=per_round)
+        }, device=device, rep_ms=cfg.rep_ms, samples_out=per_round, hold_ms=cfg.hold_ms)
     for name, ms in timed.items():
         row[f"{name}_ms"] = ms
         row[f"{name}_rounds_ms"] = per_round[name]
@@ -215,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
     p.add_argument("--rep-ms", type=float, default=100.0)
+    p.add_argument("--hold-ms", type=float, default=0.0,
+                   help="device hold before each interleaved call's start event (CUDA), so that host time of a "
+                        "host-bound path in the cycle stays out of the other paths' intervals")
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     p.add_argument("--stem", default="ffn")
     p.add_argument("--dispatch-table", type=_parse_table, default=None, metavar="M:DENSITY,...",
@@ -237,10 +243,11 @@ def main(argv: list[str] | None = None) -> int:
         backend=a.backend,
         rep_ms=a.rep_ms,
         dispatch_table=a.dispatch_table,
+        hold_ms=a.hold_ms,
     )
     meta = environment(device)
     meta["sweep"] = {"ms": cfg.ms, "densities": cfg.densities, "shapes": cfg.shapes, "dtype": a.dtype,
-                     "fused_gate": a.fused_gate,
+                     "fused_gate": a.fused_gate, "hold_ms": a.hold_ms,
                      "dispatch_table": "default" if a.dispatch_table is None else a.dispatch_table}
     rows = run_sweep(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, a.stem))
     paths = write_results(rows, meta, a.out, a.stem)

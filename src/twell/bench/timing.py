@@ -39,12 +39,17 @@ MAX_CYCLES = 2000
 #: ``triton.testing.do_bench`` does, so that every callable starts from cold weights alike.
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 
+#: SM clock cycles per millisecond that :func:`time_ms_interleaved`'s ``hold_ms`` converts with
+#: (``torch.cuda._sleep`` spins for a number of cycles): the H200's top SM clock, 1980 MHz, so a hold is
+#: at least as long as asked.
+SLEEP_CYCLES_PER_MS = 1.98e6
+
 _now = time.perf_counter  # the host clock of time_ms_interleaved (a module global, so tests can drive it)
 
 
 def time_ms_interleaved(
     fns: dict[str, Callable[[], object]], *, device: torch.device, warmup_ms: float = 25.0, rep_ms: float = 100.0,
-    rounds: int = INTERLEAVED_ROUNDS, samples_out: dict[str, list[float]] | None = None,
+    rounds: int = INTERLEAVED_ROUNDS, samples_out: dict[str, list[float]] | None = None, hold_ms: float = 0.0,
 ) -> dict[str, float]:
     """Median ms per call of each callable, the callables alternating call by call (A B C, B C A, C A B,
     ...) so that a drift of the GPU's clocks or of the host's speed lands on every callable alike.
@@ -59,7 +64,12 @@ def time_ms_interleaved(
     ``rounds``, at most :data:`MAX_CYCLES`).  On CUDA every call is timed by its own pair of events after
     an L2 flush (what ``triton.testing.do_bench`` does), so a call's time is its device time; elsewhere by
     the host clock.  ``samples_out``, when given, receives each callable's medians over ``rounds``
-    consecutive groups of cycles (what the spread of the timing was)."""
+    consecutive groups of cycles (what the spread of the timing was).
+
+    ``hold_ms`` (CUDA): the device spins that long after each flush, before the call's start event, so
+    that the host has queued the call's kernels by the time the event is reached: a call's interval then
+    holds its device time only, not host time during which the device waited for its kernels (which it
+    does when some callable in the cycle is host-bound)."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     names = list(fns)
@@ -67,7 +77,9 @@ def time_ms_interleaved(
         return {}
     est = {name: _warm_up_ms(fns[name], device=device, warmup_ms=warmup_ms) for name in names}
     cycles = int(min(MAX_CYCLES, max(rounds, rep_ms / max(max(est.values()), 1e-3))))
-    samples = _alternate(fns, names, cycles, device)
+    if hold_ms < 0:
+        raise ValueError(f"hold_ms must be >= 0, got {hold_ms}")
+    samples = _alternate(fns, names, cycles, device, hold_ms)
     if samples_out is not None:
         samples_out.update({name: _group_medians(s, min(rounds, cycles)) for name, s in samples.items()})
     return {name: statistics.median(s) for name, s in samples.items()}
@@ -89,7 +101,7 @@ def _warm_up_ms(fn: Callable[[], object], *, device: torch.device, warmup_ms: fl
 
 
 def _alternate(fns: dict[str, Callable[[], object]], names: list[str], cycles: int,
-               device: torch.device) -> dict[str, list[float]]:
+               device: torch.device, hold_ms: float = 0.0) -> dict[str, list[float]]:
     """``cycles`` cycles of one call of each callable, the order rotated by one every cycle; ms per call."""
     n = len(names)
     order = [[names[(c + k) % n] for k in range(n)] for c in range(cycles)]
@@ -100,6 +112,8 @@ def _alternate(fns: dict[str, Callable[[], object]], names: list[str], cycles: i
         for cycle in order:
             for name in cycle:
                 flush.zero_()
+                if hold_ms:
+                    torch.cuda._sleep(int(hold_ms * SLEEP_CYCLES_PER_MS))
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fns[name]()
