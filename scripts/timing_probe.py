@@ -50,7 +50,8 @@ def probe_point(m: int, dens: float, d: int, f: int, dev: torch.device, rep_ms: 
             "dense_module": lambda: dense_mlp(x),
         }
         alone = {name: time_ms(fn, device=dev, rep_ms=rep_ms) for name, fn in fns.items()}
-        lines = [("do_bench alone", alone), ("interleaved", time_ms_interleaved(fns, device=dev, rep_ms=rep_ms))]
+        lines = [("do_bench alone", alone),
+                 ("interleaved", time_ms_interleaved(fns, device=dev, rep_ms=rep_ms, hold_ms=0.0))]
         for hold in HOLD_MS:
             held = time_ms_interleaved(fns, device=dev, rep_ms=rep_ms, hold_ms=hold if dev.type == "cuda" else 0.0)
             lines.append((f"interleaved, hold {hold} ms", held))

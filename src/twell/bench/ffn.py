@@ -31,7 +31,7 @@ from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from ..tolerances import REL_TOL, rel_error
 from .environment import environment
 from .results import plot_speedup, record_row, write_results
-from .timing import time_ms, time_ms_interleaved
+from .timing import DEFAULT_HOLD_MS, time_ms, time_ms_interleaved
 
 DEFAULT_MS = (1, 16, 256, 1024, 4096, 16384, 131072)
 DEFAULT_DENSITIES = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -54,7 +54,7 @@ class FfnSweep:
     dispatch_table: tuple[tuple[int, float], ...] | None = None
     #: ``time_ms_interleaved``'s ``hold_ms``: the device held before each interleaved call's start event, so
     #: that a host-bound callable in the cycle does not put host time into the others' intervals.
-    hold_ms: float = 0.0
+    hold_ms: float = DEFAULT_HOLD_MS
 
 
 def _dense_ffn(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
     p.add_argument("--rep-ms", type=float, default=100.0)
-    p.add_argument("--hold-ms", type=float, default=0.0,
+    p.add_argument("--hold-ms", type=float, default=DEFAULT_HOLD_MS,
                    help="device hold before each interleaved call's start event (CUDA), so that host time of a "
                         "host-bound path in the cycle stays out of the other paths' intervals")
     p.add_argument("--out", type=Path, default=Path("bench-results"))

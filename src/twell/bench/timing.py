@@ -44,12 +44,21 @@ L2_FLUSH_BYTES = 256 * 1024 * 1024
 #: at least as long as asked.
 SLEEP_CYCLES_PER_MS = 1.98e6
 
+#: Default ``hold_ms`` of :func:`time_ms_interleaved` on CUDA.  Measured (H200, session 10,
+#: bench_results/h200/timing_probe_session10.log): without a hold, at M=1024, 5 % the dispatched module,
+#: which runs the dense module's very kernels there, read 0.82x of it because the hot/cold op in the same
+#: cycle is host-bound (0.385 ms a call by do_bench, 0.126 ms of device time) and the device waited at
+#: every start event; with 0.5 ms or 2 ms held it read 1.00x and 0.99x.  2 ms covers the slowest host
+#: side seen (~0.4 ms) with room.
+DEFAULT_HOLD_MS = 2.0
+
 _now = time.perf_counter  # the host clock of time_ms_interleaved (a module global, so tests can drive it)
 
 
 def time_ms_interleaved(
     fns: dict[str, Callable[[], object]], *, device: torch.device, warmup_ms: float = 25.0, rep_ms: float = 100.0,
-    rounds: int = INTERLEAVED_ROUNDS, samples_out: dict[str, list[float]] | None = None, hold_ms: float = 0.0,
+    rounds: int = INTERLEAVED_ROUNDS, samples_out: dict[str, list[float]] | None = None,
+    hold_ms: float = DEFAULT_HOLD_MS,
 ) -> dict[str, float]:
     """Median ms per call of each callable, the callables alternating call by call (A B C, B C A, C A B,
     ...) so that a drift of the GPU's clocks or of the host's speed lands on every callable alike.
@@ -69,7 +78,8 @@ def time_ms_interleaved(
     ``hold_ms`` (CUDA): the device spins that long after each flush, before the call's start event, so
     that the host has queued the call's kernels by the time the event is reached: a call's interval then
     holds its device time only, not host time during which the device waited for its kernels (which it
-    does when some callable in the cycle is host-bound)."""
+    does when some callable in the cycle is host-bound; :data:`DEFAULT_HOLD_MS`).  Host time per call is
+    then not in these figures: ``back_to_back_ms`` and scripts/module_overhead.py measure it."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     names = list(fns)

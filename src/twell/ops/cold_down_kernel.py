@@ -25,7 +25,17 @@ order differs (the hot part in the GEMM's order, the cold pairs one after anothe
 Prediction (session 10, before any GPU run; M=131072, l0=28, H200): the cold gather 2.15 ms and the
 cuBLAS down GEMM 0.46 ms become ~0.6-0.8 ms (x and ~7 Wu rows per token, latency-bound as the row kernel
 but with half its registers) plus ~0.6-0.9 ms (the GEMM and 3.8 GB of Wd^T segments from L2), the op
-8.58 -> ~7.6-8.0 ms.  Off until measured (``hot_cold.COLD_IN_DOWN_GEMM``).
+8.58 -> ~7.6-8.0 ms.
+
+Measured (H200, session 10, bench_results/h200/cold_down_probe_session10_v{1,2}.log): far slower.  At
+M=131072, l0=28 the tail took 4.339 ms at best (64 x 64 tiles on 4 warps, 2 list steps a step, the next
+step's ids prefetched) against 2.605 ms for the shipped one; the list kernel alone 1.105 ms, the down
+GEMM with its epilogue ~2.67 ms where cuBLAS's down GEMM alone takes 0.523, and the row kernel's pass
+over every token for the 3,335 left to it ~0.57 ms.  The op: 10.053 vs 8.576 ms (1.38x vs 1.61x of
+dense).  The miss: the epilogue's gathers are serial round trips per tile (ids, then rows) with one to
+three programs per SM, where the row kernel keeps two tokens per SM in flight with no GEMM between;
+prefetching the next step's ids cut the first form's 4.516 ms to 4.339, not to the ~1.5 predicted.
+Kept off (``hot_cold.COLD_IN_DOWN_GEMM``), exact and tested, as the measured record of the approach.
 """
 
 from __future__ import annotations
@@ -46,7 +56,9 @@ LIST = 32
 #: ``(BM, BN, BK, stages, warps, STEPS)`` of the down GEMM on the GPU (STEPS: list positions gathered per
 #: step of its epilogue); the interpreter runs small tiles.  ptxas (sm_90a, session 10, next step's ids
 #: prefetched): 64 x 64 on 4 warps with 2 steps 161 registers (3 programs per SM), with 4 steps 241; 128 x
-#: 64 on 8 warps 208 / 240; 64 x 128 on 4 warps spills.  Unmeasured: scripts/cold_down_probe.py.
+#: 64 on 8 warps 208 / 240; 64 x 128 on 4 warps spills.  The fastest measured of the four (session 10,
+#: cold_down_probe_session10_v2.log): 4.339 ms for the tail at M=131072, l0=28; 4.728 with 4 steps,
+#: 5.526 / 5.179 on 128 x 64.
 _GPU_CONFIG = (64, 64, 64, 3, 4, 2)
 _INTERPRET_CONFIG = (16, 16, 16, 1, 4, 2)
 

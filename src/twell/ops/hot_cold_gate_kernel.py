@@ -60,8 +60,9 @@ FUSED_FLATTEN = False
 #: SM: by ptxas and Triton's shared-memory figure (bench_results/sm90_offline/session8_*.log), BM 64 on
 #: 4 warps with 2 stages (255 registers x 128 threads, 82 KB) does, BM 128 on 8 warps (255 x 256 threads,
 #: the whole register file) does not.  The
-#: price is a B tile per 64 rows instead of 128 (1.67x the shared-memory fill per FLOP).  Unmeasured;
-#: scripts/hot_cold_gate_probe.py times it.
+#: price is a B tile per 64 rows instead of 128 (1.67x the shared-memory fill per FLOP).  Measured (H200,
+#: session 10, bench_results/h200/hot_cold_gate_probe_session10.log): slower, 7.035 ms for BM 64 two per
+#: SM against 6.128 for the shipped one at M=131072, l0=28 (11.491 for BM 64 one per SM).  1.
 FUSED_PROGRAMS_PER_SM = 1
 
 

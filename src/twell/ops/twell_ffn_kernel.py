@@ -40,20 +40,28 @@ from .twell_ffn_tc_kernel import launch_twell_ffn_tc, tc_eligible
 #: cold gather 2.15 -> ~1.1-1.4 ms (compute between round trips and the select over 640 slots per step
 #: do not shrink; +4.5 % bytes over its weight rows).  The container held and searched grows with
 #: n_tiles x CAP (640 slots here, 1792 for the 112 cold tiles of F=14336): ptxas figures above are for
-#: 640.  Off until measured (scripts/cold_pack_gather_probe.py).
+#: 640.  Measured (H200, session 10, bench_results/h200/cold_pack_gather_probe_session10.log, unit ids):
+#: slower, 2.347 vs 2.146 ms at M=131072, l0=28 and 0.335 vs 0.323 at M=16384; in the op 8.838 vs 8.583
+#: ms (hot_cold_gate_probe_session10.log).  The prediction missed: the select over 640 slots per step
+#: costs more issue time than the round trip it saves.  Off.
 GATHER_PRELOAD = False
 #: Default of ``launch_twell_ffn``'s ``prefetch`` (implies the preload): each step also requests the next
 #: step's rows before its own arithmetic waits on its rows (two steps' rows in registers, so SB 2 holds
 #: what SB 4 did: 227 registers).  With one step of lookahead two steps share a round trip: 4 steps of 2
 #: pairs also wait on ~3.  Triton 3.6 does not pipeline this loop by itself (``tl.range(...,
-#: num_stages=2)`` leaves the PTX without cp.async).  Off until measured.
+#: num_stages=2)`` leaves the PTX without cp.async).  Measured (session 10, same logs): slower at every
+#: SB and warp count tried, 2.439-3.836 vs 2.146 ms at M=131072, l0=28; the op 9.094 vs 8.583 ms.  Off.
 GATHER_PREFETCH = False
 #: Default of ``launch_twell_ffn``'s ``tensor_cores``: the rows the block tensor-core kernel takes
 #: (:mod:`twell.ops.twell_ffn_tc_kernel`) go through it.  The row kernel's loop issues ~216 instructions
 #: per warp and pair slot, 27 of them FFMA, the rest bf16 -> fp32 conversion, slot search and addressing
 #: (bench_results/sm90_offline/session9_row_gather_loop_instructions.log); ~40 % of the SM's issue slots
-#: at the measured 2.15 ms.  Off until measured (scripts/cold_pack_gather_probe.py), and worth it only if
-#: scripts/l2_gather_probe.py shows the same gathers without arithmetic well below 2.15 ms.
+#: at the measured 2.15 ms.  Measured (H200, session 10): slower, 3.195 ms (4 warps, 3 stages; 3.691 with 2
+#: stages, 4.779 on 8 warps) against 2.146 at M=131072, l0=28, unit ids, and 0.551 vs 0.323 at M=16384;
+#: in the op 9.418 vs 8.583 ms (cold_pack_gather_probe_session10.log, hot_cold_gate_probe_session10.log).
+#: The same gathers without arithmetic took 1.342 ms over the cold set's 41 MB of rows with the x, init
+#: and output rows (l2_gather_probe_session10.log): the row kernel is 1.6x over that floor, yet trading
+#: its per-pair FFMAs for per-block set-up and tensor-core products did not pay.  Off.
 GATHER_TENSOR_CORES = False
 
 
