@@ -91,6 +91,22 @@ def _run_small_fp32(tmp_path: Path, parts: str, *options: str) -> dict:
     return data
 
 
+def test_fused_rope_runs_in_every_variant(tmp_path: Path) -> None:
+    from twell.nn import unfuse_rotary
+    from twell.nn.rope import rotary_fused
+
+    try:
+        data = _run_small_fp32(tmp_path, "forward,train", "--fused-rope")
+        assert rotary_fused()
+    finally:
+        unfuse_rotary()  # the switch is process-wide: leave the other tests transformers' own function
+    assert data["meta"]["setup"]["fused_rope"] is True and not rotary_fused()
+    parts = data["meta"]["parts"]
+    fwd = parts["forward"]["result"]["variants"]
+    assert fwd["sparse:always-sparse"]["rel_l2_vs_dense"] < 1e-5 and fwd["sparse:always-sparse"]["ok"] is True
+    assert parts["train"]["result"]["variants"]["sparse:sparse-reference"]["ok"] is True
+
+
 def test_fused_norms_run_in_every_variant(tmp_path: Path) -> None:
     data = _run_small_fp32(tmp_path, "forward,train", "--fused-norms")
     assert data["meta"]["setup"]["fused_norms"] is True

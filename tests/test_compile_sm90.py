@@ -64,7 +64,7 @@ def test_no_kernel_uses_local_memory(compiled):
         "train_forward_rows", "train_backward_rows", "train_unit_grads", "decode_hidden_bm16",
         "decode_hidden_bm16_gate_in", "decode_down_bm16", "decode_hidden_bm64", "decode_hidden_bm64_gate_in",
         "decode_down_bm64", "decode_onepass_bm1", "decode_onepass_bm8", "decode_column_sum", "hot_cold_gate_t128",
-        "hot_cold_gate_t64", "down_cold", "cold_list",
+        "hot_cold_gate_t64", "down_cold", "cold_list", "rope", "rope_backward",
     }
     spilled = [name for name, r in compiled.items() if r["local_memory"]]
     assert spilled == []

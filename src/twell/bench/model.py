@@ -48,6 +48,7 @@ import torch
 
 from .._io import write_json_atomic
 from ..nn import FusedRMSNorm
+from ..nn.rope import rotary_fused
 from ..ops import hot_cold_plan
 from .environment import environment
 from .model_decode import DecodeConfig, run_decode
@@ -86,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto", help="sparse inference backend")
     p.add_argument("--fused-norms", action="store_true",
                    help="run the model's RMSNorms through F.rms_norm (twell.nn.fuse_rms_norms), every variant alike")
+    p.add_argument("--fused-rope", action="store_true",
+                   help="rotary embedding in one Triton pass per tensor (twell.nn.fuse_rotary; transformers' "
+                        "forward bits), every variant alike")
     p.add_argument("--fused-gate", action=argparse.BooleanOptionalAction, default=True,
                    help="sparse layers' hot/cold split with its GEMM, hot hidden state and cold pack in one kernel "
                         "(twell.ops.hot_cold_gate_kernel; bf16/fp16; on by default)")
@@ -190,7 +194,8 @@ def _prepare(a: argparse.Namespace, policies: tuple[str, ...], device: torch.dev
     log(f"building {a.preset} ({a.dtype}) on {device} and calibrating on {a.batch} x {a.seq} tokens")
     bench = prepare(a.preset, device=device, dtype=getattr(torch, a.dtype), batch=a.batch, seq=a.seq,
                     target=target, policies=policies, seed=a.seed, backend=a.backend,
-                    max_positions=max(a.seq, a.prompt_len + a.new_tokens), fused_norms=a.fused_norms)
+                    max_positions=max(a.seq, a.prompt_len + a.new_tokens), fused_norms=a.fused_norms,
+                    fused_rope=a.fused_rope)
     log(f"built in {bench.seconds['build_s']:.1f} s, calibrated in {bench.seconds['calibrate_s']:.1f} s")
     return bench
 
@@ -200,6 +205,7 @@ def _setup_info(bench: BenchModel) -> dict[str, Any]:
     return {"preset": bench.preset, "shape": vars(bench.spec), "parameters": n_params, "dtype": str(bench.dtype),
             "device": str(bench.device), **bench.seconds, "target": bench.target.to_dict(),
             "fused_norms": any(isinstance(m, FusedRMSNorm) for m in bench.model.modules()),
+            "fused_rope": rotary_fused(),
             "calibration": bench.calibration}
 
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..models import TwellLlamaConfig, TwellLlamaForCausalLM, apply, revert
-from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, fuse_rms_norms
+from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, fuse_rms_norms, fuse_rotary
 from ..ops import DECODE_MAX_TOKENS
 from ..train.model import ModelSpec
 from .model_measure import synchronize
@@ -187,12 +187,15 @@ def prepare(
     backend: str = "auto",
     max_positions: int = 2048,
     fused_norms: bool = False,
+    fused_rope: bool = False,
 ) -> BenchModel:
     """Build the preset's model, give it the target sparsity (:mod:`twell.bench.model_sparsity`) calibrated
     on the benchmark batch ``[batch, seq]`` itself, and build its MLP sets.  Deterministic in ``seed``.
 
     ``fused_norms``: the model's RMSNorms run through ``F.rms_norm`` (:func:`twell.nn.fuse_rms_norms`),
-    for every variant alike, before the calibration (so the thresholds match what runs)."""
+    for every variant alike, before the calibration (so the thresholds match what runs).  ``fused_rope``: the
+    rotary embedding in one Triton pass per tensor (:func:`twell.nn.fuse_rotary`, process-wide; forward bits
+    unchanged)."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     spec = PRESETS[preset]
@@ -201,6 +204,8 @@ def prepare(
                         max_positions=max(max_positions, seq))
     if fused_norms:
         fuse_rms_norms(model)
+    if fused_rope:
+        fuse_rotary()
     sets = MlpSets(model, policies)
     synchronize(device)
     t1 = time.perf_counter()

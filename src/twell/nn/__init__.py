@@ -4,6 +4,7 @@ from .dispatch import DEFAULT_POLICY, H200_BF16_TABLE, DispatchPolicy
 from .dispatch_file import load_policy, save_policy
 from .mlp import DenseReluGatedMLP, SparseGatedMLP, static_dispatch
 from .norm import FusedRMSNorm, fuse_rms_norms, unfuse_rms_norms
+from .rope import fuse_rotary, unfuse_rotary
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -13,8 +14,10 @@ __all__ = [
     "FusedRMSNorm",
     "SparseGatedMLP",
     "fuse_rms_norms",
+    "fuse_rotary",
     "load_policy",
     "save_policy",
     "static_dispatch",
     "unfuse_rms_norms",
+    "unfuse_rotary",
 ]

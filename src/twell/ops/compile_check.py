@@ -281,6 +281,14 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
               "IDX_IS_UNIT": True}
     ptx = _compile(_cold_list_kernel, sig, consts, target, divisible=("D", "stride_xm"), num_warps=4)
     results["cold_list"] = _stats(ptx, arch)
+    from .rope_kernel import _rope_kernel
+
+    sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16",
+           **{n: "i32" for n in ("S", "H", "sxb", "sxh", "sxs", "sob", "soh", "sos", "scb", "scs")}}
+    for backward in (False, True):  # the 1.5B preset's heads: 32 of 64
+        ptx = _compile(_rope_kernel, sig, {"HALF": 32, "H_PAD": 32, "HALF_PAD": 32, "BACKWARD": backward}, target,
+                       num_warps=4, enable_fp_fusion=False)
+        results[f"rope{'_backward' if backward else ''}"] = _stats(ptx, arch)
     return results
 
 
