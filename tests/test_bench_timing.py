@@ -75,3 +75,33 @@ def test_cycles_are_capped(monkeypatch):
 def test_group_medians_cover_every_sample_in_order():
     assert timing._group_medians([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], 3) == [1.5, 4.0, 6.5]
     assert timing._group_medians([4.0], 1) == [4.0]
+
+
+def test_hold_is_checked_and_has_no_effect_off_cuda(monkeypatch):
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(timing, "_now", clock)
+    fns = {"x": _costed(clock, calls, "x", 0.5, range(0))}
+    with pytest.raises(ValueError, match="hold_ms must be >= 0"):
+        timing.time_ms_interleaved(fns, device=CPU, hold_ms=-1.0)
+    assert timing.time_ms_interleaved(fns, device=CPU, warmup_ms=0.0, rep_ms=5.0, hold_ms=3.0) == pytest.approx(
+        {"x": 0.5})
+
+
+@pytest.mark.gpu
+def test_gpu_hold_keeps_host_time_out_of_the_intervals():
+    """A callable that spends 1 ms on the host before launching a tiny kernel: without the hold its interval
+    holds that millisecond (the device waits at its start event), with the default hold it does not."""
+    import time as host_time
+
+    dev = torch.device("cuda")
+    x = torch.zeros(1024, device=dev)
+
+    def host_heavy() -> None:
+        host_time.sleep(1e-3)
+        x.add_(1.0)
+
+    fns = {"host_heavy": host_heavy, "light": lambda: x.mul_(1.0)}
+    unheld = timing.time_ms_interleaved(fns, device=dev, rep_ms=20.0, hold_ms=0.0)
+    held = timing.time_ms_interleaved(fns, device=dev, rep_ms=20.0)
+    assert unheld["host_heavy"] >= 0.5
+    assert held["host_heavy"] < 0.5 and held["light"] < 0.5
