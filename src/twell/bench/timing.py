@@ -82,13 +82,13 @@ def time_ms_interleaved(
     then not in these figures: ``back_to_back_ms`` and scripts/module_overhead.py measure it."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if hold_ms < 0:
+        raise ValueError(f"hold_ms must be >= 0, got {hold_ms}")
     names = list(fns)
     if not names:
         return {}
     est = {name: _warm_up_ms(fns[name], device=device, warmup_ms=warmup_ms) for name in names}
     cycles = int(min(MAX_CYCLES, max(rounds, rep_ms / max(max(est.values()), 1e-3))))
-    if hold_ms < 0:
-        raise ValueError(f"hold_ms must be >= 0, got {hold_ms}")
     samples = _alternate(fns, names, cycles, device, hold_ms)
     if samples_out is not None:
         samples_out.update({name: _group_medians(s, min(rounds, cycles)) for name, s in samples.items()})
