@@ -47,7 +47,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._runtime import interpreting, next_pow2
 from .gate_kernel import dot_acc, round_to, tile_coords
-from .twell_ffn_kernel import _tile_of_entry
+from .twell_ffn_kernel import _hidden, _listed_entries
 
 #: Longest cold list a token keeps (a token with more cold pairs goes to the row-gather kernel): at the
 #: synthetic profile's l0=28 / 56 the hot/cold split leaves 7.1 / 8.9 cold pairs per token on average
@@ -87,22 +87,12 @@ def _cold_list_kernel(
     x = tl.load(x_ptr + row * stride_xm + offs_d, mask=d_ok, other=0.0).to(tl.float32)
     for k0 in range(0, total, SB):
         k = k0 + tl.arange(0, SB)
-        k_ok = k < total
-        t_k, rank = _tile_of_entry(k, incl, excl, tiles)
-        slot = (row * n_tiles + t_k) * CAP + rank
-        a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
-        col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
-        if IDX_IS_UNIT:
-            unit = col
-        else:
-            unit = t_k.to(tl.int64) * TILE + col
-            if HAS_MAP:
-                unit = tl.load(unit_map_ptr + unit, mask=k_ok, other=0).to(tl.int64)
+        a, unit, k_ok = _listed_entries(k, total, incl, excl, tiles, row, n_tiles, val_ptr, idx_ptr, unit_map_ptr,
+                                        TILE, CAP, HAS_MAP, IDX_IS_UNIT)
         wu = tl.load(wu_ptr + unit[:, None] * D + offs_d[None, :], mask=k_ok[:, None] & d_ok[None, :],
                      other=0.0).to(tl.float32)
-        u = round_to(tl.sum(wu * x[None, :], axis=1), dtype).to(tl.float32)
-        h = round_to(a * u, dtype)
-        tl.store(list_h_ptr + row * LIST + k, h, mask=k_ok)
+        h = _hidden(a, k_ok, wu, x, dtype, True, True)  # round(a * round(x . Wu[unit])), as the row kernel's
+        tl.store(list_h_ptr + row * LIST + k, h.to(dtype), mask=k_ok)
         tl.store(list_id_ptr + row * LIST + k, unit.to(tl.int32), mask=k_ok)
 
 

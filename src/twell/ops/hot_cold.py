@@ -153,14 +153,14 @@ def launch_hot_cold_ffn(
         else:
             cold = launch_pack_twell(g_cold, tile, capacity, unit_map=plan.cold if unit_ids else None)
     out = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    taken = None
     if COLD_IN_DOWN_GEMM and cold_format == "twell" and n_cold and m and down_cold_supported(x, n_hot):
+        # out written for the tokens with a cold list; the row kernel below does the others (an overflowing
+        # tile, or more than cold_down_kernel.LIST pairs) from their fp32 hot partial sums in init
         init, taken = launch_down_cold(x, h_hot, plan.w_down_hot_t, *cold, w_up, w_down_t, tile=tile,
                                        unit_map=plan.cold, idx_is_unit=unit_ids, out=out)
-        # the tokens without a cold list (an overflowing tile, or more than cold_down_kernel.LIST pairs)
-        launch_twell_ffn(x, *cold, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile, round_hidden=True,
-                         out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids, taken=taken)
-        return out, torch.cat([cold[-1], hot_counts], 1)
-    init = _hot_partial(h_hot, plan.w_down_hot_t) if n_hot and m else None
+    else:
+        init = _hot_partial(h_hot, plan.w_down_hot_t) if n_hot and m else None
     if n_cold == 0:  # every unit hot: the output is the hot partial sum alone
         if init is not None:
             out.copy_(init)
@@ -170,7 +170,7 @@ def launch_hot_cold_ffn(
         launch_bitmap_ffn(x, g_cold, *cold, plan.cold, w_up, w_down_t, tile=tile, out=out, init=init)
     else:
         launch_twell_ffn(x, *cold, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile, round_hidden=True,
-                         out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids)
+                         out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids, taken=taken)
     return out, torch.cat([cold[-1], hot_counts], 1)
 
 

@@ -153,6 +153,25 @@ def _tile_of_entry(k, incl, excl, tiles):
 
 
 @triton.jit
+def _listed_entries(k, total, incl, excl, tiles, row, n_tiles, val_ptr, idx_ptr, unit_map_ptr, TILE: tl.constexpr,
+                    CAP: tl.constexpr, HAS_MAP: tl.constexpr, IDX_IS_UNIT: tl.constexpr):
+    """Entries ``k`` of row ``row``'s tile-by-tile list (``incl``/``excl``: prefix sums of its non-overflowing
+    tiles' counts, ``total`` entries): (gate values fp32, weight rows int64, live), read from the container."""
+    k_ok = k < total
+    t_k, rank = _tile_of_entry(k, incl, excl, tiles)
+    slot = (row * n_tiles + t_k) * CAP + rank
+    a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
+    col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
+    if IDX_IS_UNIT:  # the pack stored weight-row ids: no map lookup between the index and the rows
+        unit = col
+    else:
+        unit = t_k.to(tl.int64) * TILE + col
+        if HAS_MAP:
+            unit = tl.load(unit_map_ptr + unit, mask=k_ok, other=0).to(tl.int64)
+    return a, unit, k_ok
+
+
+@triton.jit
 def _twell_ffn_row_kernel(
     x_ptr,
     wg_ptr,
@@ -242,17 +261,8 @@ def _twell_ffn_row_kernel(
                 wu_s, wd_s = _unit_rows(k_ok, unit, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
                 out += _rows_contribution(a, k_ok, wu_s, wd_s, x, dtype, GATED, ROUND_HIDDEN)
             else:
-                k_ok = k < total
-                t_k, rank = _tile_of_entry(k, incl, excl, tiles)
-                slot = (row * n_tiles + t_k) * CAP + rank
-                a = tl.load(val_ptr + slot, mask=k_ok, other=0.0).to(tl.float32)
-                col = tl.load(idx_ptr + slot, mask=k_ok, other=0).to(tl.int64)
-                if IDX_IS_UNIT:  # the pack stored weight-row ids: no map lookup between the index and the rows
-                    unit = col
-                else:
-                    unit = t_k.to(tl.int64) * TILE + col
-                    if HAS_MAP:
-                        unit = tl.load(unit_map_ptr + unit, mask=k_ok, other=0).to(tl.int64)
+                a, unit, k_ok = _listed_entries(k, total, incl, excl, tiles, row, n_tiles, val_ptr, idx_ptr,
+                                                unit_map_ptr, TILE, CAP, HAS_MAP, IDX_IS_UNIT)
                 out += _units_contribution(a, k_ok, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED,
                                            ROUND_HIDDEN)
 
