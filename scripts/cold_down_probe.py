@@ -17,9 +17,9 @@ from __future__ import annotations
 from unittest import mock
 
 import torch
-import torch.nn.functional as F
 
-from twell.bench.probe import probe_args
+from twell.bench.ffn import _dense_ffn
+from twell.bench.probe import probe_args, run_points, split_probe_setup
 from twell.bench.timing import time_ms
 from twell.ops import cold_down_kernel, hot_cold
 from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
@@ -51,8 +51,7 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     out = torch.empty_like(x)
 
     def shipped_tail() -> torch.Tensor:
-        init = torch.mm(h_hot, plan.w_down_hot_t, out_dtype=torch.float32) if dev.type == "cuda" else \
-            h_hot.float() @ plan.w_down_hot_t.float()
+        init = hot_cold._hot_partial(h_hot, plan.w_down_hot_t)
         return launch_twell_ffn(x, *cold, None, None, wg, wu, wdt, n_cols=n_cold, tile=tile, round_hidden=True,
                                 out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids)
 
@@ -82,8 +81,7 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
                      device=dev, rep_ms=rep_ms)
     t_list = time_ms(lambda: cold_down_kernel.launch_cold_list(x, *cold, wu, tile=tile, unit_map=plan.cold,
                                                                idx_is_unit=unit_ids), device=dev, rep_ms=rep_ms)
-    t_hot = time_ms(lambda: torch.mm(h_hot, plan.w_down_hot_t, out_dtype=torch.float32), device=dev,
-                    rep_ms=rep_ms) if dev.type == "cuda" else float("nan")
+    t_hot = time_ms(lambda: hot_cold._hot_partial(h_hot, plan.w_down_hot_t), device=dev, rep_ms=rep_ms)
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} ({pairs:.2f} cold pairs/token, {left} tokens left to the row kernel) | "
           + " | ".join(parts) + f" | list + down kernels alone {t_both:.3f} ms, list kernel alone {t_list:.3f} ms, "
           f"cuBLAS hot down GEMM alone {t_hot:.3f} ms", flush=True)
@@ -91,7 +89,7 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     def op() -> torch.Tensor:
         return hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=tile, capacity=cap)[0]
 
-    t_dense = time_ms(lambda: F.linear(torch.relu(F.linear(x, wg)) * F.linear(x, wu), wd), device=dev, rep_ms=rep_ms)
+    t_dense = time_ms(lambda: _dense_ffn(x, wg, wu, wd), device=dev, rep_ms=rep_ms)
     with mock.patch.object(hot_cold, "COLD_IN_DOWN_GEMM", False):
         off = op().clone()
         t_off = time_ms(op, device=dev, rep_ms=rep_ms)
@@ -104,16 +102,10 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
 
 def main() -> None:
     dev, tiny = probe_args(__doc__)
-    d, f, points, hot_n, configs, rep_ms = 2048, 5632, ((16384, 28.0), (131072, 28.0), (131072, 56.0)), \
-        {28.0: 576, 56.0: 1344}, CONFIGS, 100.0
-    tile, cap = 128, 16
-    if tiny:
-        d, f, points, hot_n, rep_ms, tile, cap = 64, 700, ((40, 6.0),), {6.0: 64}, 1.0, 32, 4
-        configs = [(16, 16, 16, 1, 4, 2)]
-    for m, l0 in points:
-        probe_point(m, l0, d, f, hot_n[l0], tile, cap, configs, dev, rep_ms)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+    setup = split_probe_setup(tiny)
+    configs = [(16, 16, 16, 1, 4, 2)] if tiny else CONFIGS
+    run_points(setup, lambda m, l0: probe_point(m, l0, setup.d, setup.f, setup.hot_units[l0], setup.tile, setup.cap,
+                                                configs, dev, setup.rep_ms), dev)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from twell.bench.probe import probe_args
+from twell.bench.ffn import _dense_ffn
+from twell.bench.probe import probe_args, run_points, split_probe_setup
 from twell.bench.timing import time_ms
 from twell.ops import hot_cold, hot_cold_gate_kernel, twell_ffn_kernel
 from twell.ops.gate_kernel import launch_pack_twell
@@ -29,7 +30,6 @@ from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import rel_error
 
-TILE, CAP = 128, 16
 #: ((BM, BK, stages, warps), tensor-core prefix, flattened loop, programs per SM) of the fused kernel,
 #: the shipped one first.  Session 8 (H200, M=131072, l0=28): (128, 64, 3, 8) with the scan 6.038-6.148
 #: ms; the dot prefix 8.871; flattened 6.346; BM 64 on 8 warps 6.928-8.141
@@ -84,8 +84,7 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
         return hot_cold.launch_hot_cold_ffn(x, a_plan, wg, wu, wdt, tile=tile, capacity=cap)[0]
 
     unfused_out, fused_out = op(plan), op(fused_plan)
-    t_dense = time_ms(lambda: F.linear(torch.relu(F.linear(x, wg)) * F.linear(x, wu), wd), device=dev,
-                      rep_ms=rep_ms)
+    t_dense = time_ms(lambda: _dense_ffn(x, wg, wu, wd), device=dev, rep_ms=rep_ms)
     t_unfused = time_ms(lambda: op(plan), device=dev, rep_ms=rep_ms)
     t_fused = time_ms(lambda: op(fused_plan), device=dev, rep_ms=rep_ms)
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | op: dense {t_dense:.3f} ms, hot/cold {t_unfused:.3f} "
@@ -114,17 +113,10 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
 
 def main() -> None:
     dev, tiny = probe_args(__doc__)
-    d, f, points, hot_n, configs, rep_ms = 2048, 5632, ((16384, 28.0), (131072, 28.0), (131072, 56.0)), \
-        {28.0: 576, 56.0: 1344}, CONFIGS, 100.0
-    tile, cap = TILE, CAP
-    if tiny:
-        d, f, points, hot_n, rep_ms = 64, 700, ((40, 6.0),), {6.0: 64}, 1.0
-        configs = [((16, 16, 1, 4), False, False, 1)]
-        tile, cap = 32, 4
-    for m, l0 in points:
-        probe_point(m, l0, d, f, hot_n[l0], tile, cap, configs, dev, rep_ms)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+    setup = split_probe_setup(tiny)
+    configs = [((16, 16, 1, 4), False, False, 1)] if tiny else CONFIGS
+    run_points(setup, lambda m, l0: probe_point(m, l0, setup.d, setup.f, setup.hot_units[l0], setup.tile, setup.cap,
+                                                configs, dev, setup.rep_ms), dev)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,9 @@ TRITON_INTERPRET=1 is the smoke test.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from twell import ops
+from twell.bench.ffn import _dense_ffn
 from twell.bench.probe import probe_args
 from twell.bench.timing import time_ms, time_ms_interleaved
 from twell.nn import SparseGatedMLP
@@ -44,7 +44,7 @@ def probe_point(m: int, dens: float, d: int, f: int, dev: torch.device, rep_ms: 
     with torch.no_grad():
         mlp(x)
         fns = {
-            "dense": lambda: F.linear(torch.relu(F.linear(x, wg)) * F.linear(x, wu), wd),
+            "dense": lambda: _dense_ffn(x, wg, wu, wd),
             "hotcold": lambda: ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan),
             "dispatch": lambda: mlp(x),
             "dense_module": lambda: dense_mlp(x),

@@ -1,8 +1,11 @@
-"""The command line every GPU probe script shares (``scripts/*_probe.py``): ``--device`` and ``--tiny``."""
+"""What the GPU probe scripts share (``scripts/*_probe.py``): the command line (``--device``, ``--tiny``) and
+the hot/cold split probes' points."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -20,3 +23,35 @@ def probe_args(doc: str) -> tuple[torch.device, bool]:
     if dev.type == "cuda":
         print(torch.cuda.get_device_name(dev), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     return dev, a.tiny
+
+
+@dataclass(frozen=True)
+class SplitProbeSetup:
+    """The points of the hot/cold split probes: (M, l0) pairs of the synthetic problem at ``d`` x ``f``, the hot
+    units each point's plan takes (by l0), the timing budget and the TwELL tile and capacity."""
+
+    d: int
+    f: int
+    points: tuple[tuple[int, float], ...]
+    hot_units: dict[float, int]
+    rep_ms: float
+    tile: int
+    cap: int
+
+
+def split_probe_setup(tiny: bool) -> SplitProbeSetup:
+    """At d=2048, F=5632: M=16384 and 131072 at l0=28 (0.5 %) with 576 hot units, M=131072 at l0=56 with 1344,
+    tile 128, capacity 16; ``tiny``: one small point for the CPU interpreter."""
+    if tiny:
+        return SplitProbeSetup(64, 700, ((40, 6.0),), {6.0: 64}, 1.0, 32, 4)
+    return SplitProbeSetup(2048, 5632, ((16384, 28.0), (131072, 28.0), (131072, 56.0)), {28.0: 576, 56.0: 1344},
+                           100.0, 128, 16)
+
+
+def run_points(setup: SplitProbeSetup, probe: Callable[[int, float], None], device: torch.device) -> None:
+    """``probe(m, l0)`` for each point, the allocator's cache emptied between points on CUDA (the problems at
+    M=131072 take tens of GB)."""
+    for m, l0 in setup.points:
+        probe(m, l0)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
