@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from twell.models import set_dispatch_policy
-from twell.nn import DispatchPolicy, SparseGatedMLP, load_policy, save_policy
+from twell.nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, load_policy, save_policy
 from twell.nn.dispatch_file import POLICY_FORMAT, policy_from_dict, policy_to_dict
 
 
@@ -20,6 +20,10 @@ def test_round_trip_keeps_every_field_and_the_provenance(tmp_path):
     assert json.loads(path.read_text())["measured"] == {"device": "NVIDIA H200", "points": [1, 2]}
     anyshape = DispatchPolicy(table=(), shapes=None, force=True)
     assert policy_from_dict(policy_to_dict(anyshape)) == anyshape
+    assert policy_from_dict(policy_to_dict(DEFAULT_POLICY)) == DEFAULT_POLICY  # its per-shape table too
+    older = policy_to_dict(policy)
+    del older["shape_tables"]  # files written before per-shape tables
+    assert policy_from_dict(older) == policy
 
 
 def test_a_loaded_policy_drives_the_layers_of_its_shape(tmp_path):
@@ -42,6 +46,10 @@ def test_a_loaded_policy_drives_the_layers_of_its_shape(tmp_path):
     (lambda d: d.update(table=[[16384, 0.05], [4096, 0.1]]), ValueError, "strictly increasing min_tokens"),
     (lambda d: d.update(table=[[16384, 1.5]]), ValueError, "max_density must lie in \\[0, 1\\]"),
     (lambda d: d.update(force="yes"), TypeError, "force must be a bool"),
+    (lambda d: d.update(shape_tables={"2048x5632": []}), TypeError, "shape_tables must be a list"),
+    (lambda d: d.update(shape_tables=[{"shape": [2048, 5632]}]), TypeError, "shape_tables must be a list"),
+    (lambda d: d.update(shape_tables=[{"shape": [2048, 5632], "table": [[16384, 2.0]]}]), ValueError,
+     "shape_tables entry 0 \\(2048 x 5632\\): table row 0: max_density must lie in"),
 ])
 def test_malformed_files_are_refused_with_the_problem_named(tmp_path, edit, exc, msg):
     data = policy_to_dict(DispatchPolicy(table=((16384, 0.05),), shapes=((2048, 5632),)))

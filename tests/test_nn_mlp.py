@@ -10,7 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from twell.nn import DEFAULT_POLICY, H200_BF16_TABLE, DenseReluGatedMLP, DispatchPolicy, SparseGatedMLP
+from twell.nn import (
+    DEFAULT_POLICY,
+    H200_BF16_2048X5632_TABLE,
+    H200_BF16_TABLE,
+    DenseReluGatedMLP,
+    DispatchPolicy,
+    SparseGatedMLP,
+)
 from twell.reference.training import dense_gated_ffn_l1
 from twell.tolerances import REL_TOL, REL_TOL_GRAD, REL_TOL_TF32, rel_error
 
@@ -309,22 +316,48 @@ def test_policy_device_types_and_constructors():
     assert DispatchPolicy(table=((0, 0.5),), force=True).use_sparse(10, 0.1, device_type="cpu")
     assert DispatchPolicy.always_sparse().use_sparse(0, 1.0, device_type="cpu")
     assert not DispatchPolicy.always_dense().use_sparse(10**9, 0.0, device_type="cuda")
-    # The default: CPU always dense; on CUDA the measured H200 table.
+    # The default: CPU always dense; on CUDA the measured H200 tables (2048 x 5632 its tuned one).
     assert DEFAULT_POLICY.table == H200_BF16_TABLE
+    assert DEFAULT_POLICY.table_for((2048, 5632)) == H200_BF16_2048X5632_TABLE
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.0, device_type="cpu")
     shape = (2048, 5632)
-    assert not DEFAULT_POLICY.use_sparse(16383, 0.0, shape=shape)
-    assert DEFAULT_POLICY.use_sparse(16384, 0.05, shape=shape)
-    assert not DEFAULT_POLICY.use_sparse(16384, 0.051, shape=shape)
-    assert DEFAULT_POLICY.use_sparse(10**9, 0.003, shape=shape)
-    assert not DEFAULT_POLICY.use_sparse(10**9, 0.1, shape=shape)
-    # shapes the table was not measured for, or an unknown shape, get the dense path
-    assert DEFAULT_POLICY.use_sparse(16384, 0.005, shape=(4096, 14336))  # measured in session 8
+    assert not DEFAULT_POLICY.use_sparse(2047, 0.0, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(2048, 0.0024, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(2048, 0.005, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(8192, 0.0098, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(8192, 0.015, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(16384, 0.0996, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(10**9, 0.11, shape=shape)
+    big = (4096, 14336)  # measured in session 8: the shared table
+    assert not DEFAULT_POLICY.use_sparse(8192, 0.001, shape=big)
+    assert DEFAULT_POLICY.use_sparse(16384, 0.05, shape=big)
+    assert not DEFAULT_POLICY.use_sparse(16384, 0.051, shape=big)
+    # shapes the tables were not measured for, or an unknown shape, get the dense path
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001, shape=(768, 2112))
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001)
     with pytest.raises(TypeError, match="shapes"):
         DispatchPolicy(shapes=("2048x5632",))
-    assert hash(DEFAULT_POLICY) == hash(DispatchPolicy())
+    assert hash(DEFAULT_POLICY) == hash(DispatchPolicy(shape_tables=(((2048, 5632), H200_BF16_2048X5632_TABLE),)))
+    # the constructors and an explicit table ignore the default's per-shape tables
+    assert not DispatchPolicy.always_dense().use_sparse(10**9, 0.0, shape=shape)
+    assert DispatchPolicy(table=((0, 0.5),), shapes=None).table_for(shape) == ((0, 0.5),)
+
+
+def test_policy_shape_tables_are_checked_by_entry():
+    p = DispatchPolicy(table=((0, 0.5),), shapes=None, shape_tables=[((32, 64), [[16, 0.1]])])
+    assert p.shape_tables == (((32, 64), ((16, 0.1),)),)
+    assert p.use_sparse(16, 0.1, shape=(32, 64)) and not p.use_sparse(15, 0.0, shape=(32, 64))
+    assert p.use_sparse(0, 0.5, shape=(32, 128))  # another shape: ``table``
+    with pytest.raises(ValueError, match="entry 0 must be"):
+        DispatchPolicy(shape_tables=[(32, 64)])
+    with pytest.raises(TypeError, match="two positive ints"):
+        DispatchPolicy(shape_tables=[((32, 0), ())])
+    with pytest.raises(ValueError, match="appears twice"):
+        DispatchPolicy(shape_tables=[((32, 64), ()), ((32, 64), ((0, 1.0),))])
+    with pytest.raises(ValueError, match="entry 0 \\(32 x 64\\): table rows must be sorted"):
+        DispatchPolicy(shape_tables=[((32, 64), ((16, 0.1), (8, 0.1)))])
+    with pytest.raises(TypeError, match="shape_tables must be a sequence"):
+        DispatchPolicy(shape_tables={(32, 64): ()})
     assert DispatchPolicy(table=[[1, 0.5]]).table == ((1, 0.5),)  # lists are normalised to tuples
 
 

@@ -143,7 +143,8 @@ def run_point(
                                    device=device, rep_ms=cfg.rep_ms)
         row["decode_speedup"] = row["dense_ms"] / row["decode_ms"]
         # The module with the decode path switched on (off in the default policy until measured).
-        policy = DispatchPolicy(table=DEFAULT_POLICY.table, shapes=None, decode_max_tokens=ops.DECODE_MAX_TOKENS)
+        policy = DispatchPolicy(table=DEFAULT_POLICY.table_for((d, f)), shapes=None,
+                                decode_max_tokens=ops.DECODE_MAX_TOKENS)
         mlp_dec = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend, policy=policy).eval()
         with torch.no_grad():
             mlp_dec(x)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_POLICY", "H200_BF16_TABLE", "DispatchPolicy", "DispatchTable", "density_of"]
+__all__ = ["DEFAULT_POLICY", "H200_BF16_2048X5632_TABLE", "H200_BF16_TABLE", "DispatchPolicy", "DispatchTable",
+           "density_of"]
 
 #: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
 DispatchTable = tuple[tuple[int, float], ...]
@@ -31,6 +32,17 @@ DispatchTable = tuple[tuple[int, float], ...]
 #: (1.56x at 0.25 %, 1.40x at 0.5 %, 1.17x at 1 %, 1.15x at 2 %, 1.06x at 5 %; at 131072 tokens 1.60x to
 #: 1.10x), so the sparse path starts at 16384 tokens and up to 5 % density.
 H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
+
+#: The 2048 x 5632 table from ``twell tune-dispatch`` (H200, bf16, commit 513fa3a, session 11,
+#: bench_results/h200/dispatch_2048x5632_session11.json): the module held on its sparse path against the
+#: dense module, call by call interleaved with a 2 ms hold, 8 token counts x 9 densities (0.25-10 %), a
+#: row where every density up to its limit won by >= 1.05x.  Sparse wins from 2048 tokens at 0.25 %
+#: (1.10x), 4096 at 0.5 % (1.07x; 1 % 1.00x), 8192 at 1 % (1.12x; 1.5 % 1.01x), and from 16384 tokens at
+#: every density measured, 10 % included (1.19x at 16384, 1.13x at 131072); 1024 tokens lost at every
+#: density (0.68-0.85x).  Above 10 % nothing was measured, so the rows stop at the measured 10 %.
+H200_BF16_2048X5632_TABLE: DispatchTable = (
+    (2048, 0.0024), (4096, 0.0049), (8192, 0.0098), (16384, 0.0996),
+)
 
 
 def _check_table(table: object) -> DispatchTable:
@@ -87,6 +99,10 @@ class DispatchPolicy:
             bench_results/h200/ffn_large_session8_a.json and _b.json): at M=16384 / 131072 1.52x / 1.57x
             (0.5 %), 1.30x / 1.35x (1 %), 1.24x / 1.23x (2 %), 1.25x / 1.27x (5 %); M=4096 lost (0.88x
             at 0.5 %), so the same table holds; the plain TwELL path had lost there (0.78x at 131072).
+        shape_tables: ``((hidden_size, intermediate_size), table)`` pairs: a layer of a listed shape
+            follows its own table instead of ``table`` (still subject to ``device_types`` and
+            ``shapes``).  Empty by default; :data:`DEFAULT_POLICY` gives 2048 x 5632 the table that
+            ``twell tune-dispatch`` measured for it (:data:`H200_BF16_2048X5632_TABLE`).
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
@@ -97,6 +113,7 @@ class DispatchPolicy:
     force: bool = False
     shapes: tuple[tuple[int, int], ...] | None = ((2048, 5632), (4096, 14336))
     decode_max_tokens: int = 0
+    shape_tables: tuple[tuple[tuple[int, int], DispatchTable], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "table", _check_table(self.table))
@@ -113,6 +130,7 @@ class DispatchPolicy:
                     f"shapes must be None or pairs (hidden_size, intermediate_size), got {self.shapes!r}"
                 ) from None
             object.__setattr__(self, "shapes", shapes)
+        object.__setattr__(self, "shape_tables", _check_shape_tables(self.shape_tables))
         from ..ops.decode_kernels import DECODE_MAX_TOKENS
 
         dm = self.decode_max_tokens
@@ -131,13 +149,24 @@ class DispatchPolicy:
         return cls(table=(), force=True)
 
     # ------------------------------------------------------------------ decision
-    def max_density(self, n_tokens: int) -> float | None:
-        """The ``max_density`` of the row that applies to ``n_tokens``, or None below the first row."""
+    def table_for(self, shape: tuple[int, int] | None) -> DispatchTable:
+        """The table of a layer shape ``(hidden_size, intermediate_size)``: its own in ``shape_tables``, else
+        ``table``."""
+        if shape is not None:
+            key = tuple(shape)
+            for s, table in self.shape_tables:
+                if s == key:
+                    return table
+        return self.table
+
+    def max_density(self, n_tokens: int, shape: tuple[int, int] | None = None) -> float | None:
+        """The ``max_density`` of the row that applies to ``n_tokens`` (in the table of ``shape``), or None
+        below the first row."""
         _check_tokens(n_tokens)
         # A scan of the (one to a few) rows rather than bisect: torch.compile traces it, where the C
         # bisect is a graph break (SparseGatedMLP's compiled inference path calls this).
         limit = None
-        for start, max_density in self.table:
+        for start, max_density in self.table_for(shape):
             if start > n_tokens:
                 break
             limit = max_density
@@ -163,7 +192,7 @@ class DispatchPolicy:
             return False
         if not self.force and self.shapes is not None and (shape is None or tuple(shape) not in self.shapes):
             return False
-        limit = self.max_density(n_tokens)
+        limit = self.max_density(n_tokens, shape)
         return limit is not None and density <= limit
 
 
@@ -182,6 +211,30 @@ def density_of(l0: float | None, n_units: int) -> float:
     return 1.0 if l0 is None or n_units == 0 else min(1.0, max(0.0, l0 / n_units))
 
 
+def _check_shape_tables(shape_tables: object) -> tuple[tuple[tuple[int, int], DispatchTable], ...]:
+    """Normalise ``shape_tables`` to ``((hidden_size, intermediate_size), table)`` pairs; raise naming the bad entry."""
+    if isinstance(shape_tables, (str, bytes, dict)) or not hasattr(shape_tables, "__iter__"):
+        raise TypeError("shape_tables must be a sequence of ((hidden_size, intermediate_size), table) pairs, got "
+                        f"{type(shape_tables).__name__}")
+    out: list[tuple[tuple[int, int], DispatchTable]] = []
+    for i, entry in enumerate(shape_tables):  # type: ignore[union-attr]
+        try:
+            shape, table = entry
+            h, f = shape
+        except (TypeError, ValueError):
+            raise ValueError(f"shape_tables entry {i} must be ((hidden_size, intermediate_size), table), "
+                             f"got {entry!r}") from None
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, f)):
+            raise TypeError(f"shape_tables entry {i}: the shape must be two positive ints, got {shape!r}")
+        if any(s == (h, f) for s, _ in out):
+            raise ValueError(f"shape_tables entry {i}: shape {(h, f)} appears twice")
+        try:
+            out.append(((h, f), _check_table(table)))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"shape_tables entry {i} ({h} x {f}): {exc}") from None
+    return tuple(out)
+
+
 def _check_tokens(n_tokens: object) -> None:
     if isinstance(n_tokens, bool) or not isinstance(n_tokens, int):
         raise TypeError(f"n_tokens must be an int, got {type(n_tokens).__name__}")
@@ -189,5 +242,6 @@ def _check_tokens(n_tokens: object) -> None:
         raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
 
 
-#: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another.
-DEFAULT_POLICY = DispatchPolicy()
+#: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables,
+#: 2048 x 5632 its own tuned one, 4096 x 14336 :data:`H200_BF16_TABLE`.
+DEFAULT_POLICY = DispatchPolicy(shape_tables=(((2048, 5632), H200_BF16_2048X5632_TABLE),))

@@ -23,7 +23,7 @@ __all__ = ["POLICY_FORMAT", "POLICY_VERSION", "load_policy", "policy_from_dict",
 
 POLICY_FORMAT = "twell.dispatch_policy"
 POLICY_VERSION = 1
-_POLICY_KEYS = ("table", "device_types", "force", "shapes", "decode_max_tokens")
+_POLICY_KEYS = ("table", "device_types", "force", "shapes", "decode_max_tokens", "shape_tables")
 _FILE_KEYS = ("format", "version", *_POLICY_KEYS, "measured")
 
 
@@ -39,6 +39,8 @@ def policy_to_dict(policy: DispatchPolicy, *, measured: dict[str, Any] | None = 
         "force": policy.force,
         "shapes": None if policy.shapes is None else [[h, f] for h, f in policy.shapes],
         "decode_max_tokens": policy.decode_max_tokens,
+        "shape_tables": [{"shape": [h, f], "table": [[m, dens] for m, dens in table]}
+                         for (h, f), table in policy.shape_tables],
         "measured": measured if measured is not None else {},
     }
 
@@ -70,6 +72,11 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
             if not (isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
                                                                  for v in s)):
                 raise TypeError(f"{source}: each shape must be [hidden_size, intermediate_size] (ints), got {s!r}")
+    shape_tables = data.get("shape_tables", [])
+    if not isinstance(shape_tables, list) or not all(
+            isinstance(e, dict) and sorted(e) == ["shape", "table"] for e in shape_tables):
+        raise TypeError(f"{source}: shape_tables must be a list of {{'shape': [hidden_size, intermediate_size], "
+                        f"'table': [[min_tokens, max_density], ...]}} objects, got {shape_tables!r}")
     try:
         return DispatchPolicy(
             table=tuple(tuple(row) if isinstance(row, list) else row for row in data["table"]),
@@ -77,6 +84,9 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
             force=data.get("force", False),
             shapes=None if shapes is None else tuple((h, f) for h, f in shapes),
             decode_max_tokens=data.get("decode_max_tokens", 0),
+            shape_tables=tuple((tuple(e["shape"]) if isinstance(e["shape"], list) else e["shape"],
+                                tuple(tuple(r) if isinstance(r, list) else r for r in e["table"]))
+                               for e in shape_tables),
         )
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{source}: {exc}") from None
