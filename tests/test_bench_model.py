@@ -214,6 +214,10 @@ def test_graphed_decode_loop_matches_generate(tmp_path: Path) -> None:
             assert "error" not in v, (name, v.get("error"))
             assert v["tokens_per_s"] > 0 and v["identical_fraction"] == 1.0, (b, name)
             assert runs["generate"]["batches"][b][name]["identical_fraction"] == 1.0
+        for loop in ("generate", "graphed"):  # each loop's diagnostic sees the tokens that loop could pick
+            entries = runs[loop]["batches"][b]
+            assert entries["dense"]["dense_forced_mismatches"] == 0 and entries["dense"]["dense_top2_gap"]["min"] > 0
+            assert all(v["divergences"] == [] for name, v in entries.items() if name != "dense"), (loop, b)
     compiled = tmp_path / "compiled"
     rc = bench_model.main([*SMALL, "--parts", "decode", "--decode-policies", "always-sparse", "--decode-batches", "1",
                            "--decode-loop", "graphed", "--decode-compile", "--isolation", "none",
@@ -245,3 +249,134 @@ def test_bad_arguments_are_refused() -> None:
         bench_model.main(["--preset", "tiny", "--forward-policies", "fastest"])
     with pytest.raises(SystemExit):
         bench_model.main(["--preset", "tiny", "--parts", "decode", "--decode-compile"])
+
+
+def test_divergence_diagnostic_reports_first_position_and_dense_logit_gap() -> None:
+    """A fake variant output that leaves the dense tokens at known generated positions: each differing
+    sequence is reported at its first divergent position, with the gap, top-2 gap and spread of the dense
+    logits there as an independent dense forward over prompt + p tokens gives them."""
+    from twell.bench import model_decode
+
+    prompt_len, new = 8, 6
+    bench = prepare("tiny", device=CPU, dtype=torch.float32, batch=4, seq=64, target=SparsityTarget(mean_l0=8.0),
+                    policies=("always-sparse",))
+    vocab = bench.spec.vocab_size
+    with torch.no_grad():
+        dense_out = model_decode._generate(bench, "dense", bench.tokens[:3, :prompt_len], new)
+    fake = dense_out.clone()
+    flips = {1: 3, 2: 0}  # sequence -> first divergent generated position; sequence 0 stays identical
+    for i, p in flips.items():
+        fake[i, prompt_len + p:] = (dense_out[i, prompt_len + p:] + 1) % vocab  # differs from p on
+    # generate (min_new_tokens == max_new_tokens) never picks the end-of-sequence token: Llama's eos 2
+    suppressed = model_decode._suppressed_tokens(bench, "generate")
+    assert suppressed == (2,) and model_decode._suppressed_tokens(bench, "graphed") == ()
+    bench.sets.use("sparse:always-sparse")  # the diagnostic must switch to the dense layers itself
+    fields = model_decode._divergence_diagnostic(
+        bench, dense_out, {"dense": dense_out, "sparse:fake": fake, "sparse:same": dense_out.clone()}, prompt_len,
+        suppressed)
+    assert all(layer.mlp is m for layer, m in zip(bench.model.model.layers, bench.sets.sets["dense"], strict=True))
+    assert fields["sparse:same"] == {"divergences": [], "max_divergence_gap": None}
+
+    divergences = fields["sparse:fake"]["divergences"]
+    assert [(d["sequence"], d["position"]) for d in divergences] == sorted(flips.items())
+    all_gaps = []
+    with torch.no_grad():
+        for i in range(3):
+            for p in range(new):
+                logits = bench.model(input_ids=dense_out[i:i + 1, :prompt_len + p]).logits[0, -1].float()
+                logits[list(suppressed)] = float("-inf")  # as generate's MinNewTokensLengthLogitsProcessor
+                top = logits.topk(2).values
+                all_gaps.append(float(top[0] - top[1]))
+                if flips.get(i) != p:
+                    continue
+                d = divergences[0 if i == 1 else 1]
+                dense_token, token = int(dense_out[i, prompt_len + p]), int(fake[i, prompt_len + p])
+                assert (d["dense_token"], d["token"]) == (dense_token, token)
+                assert int(logits.argmax()) == dense_token  # greedy: the dense token is the top-1 logit
+                assert d["gap"] == pytest.approx(float(logits[dense_token] - logits[token]), rel=1e-4, abs=1e-5)
+                assert d["gap"] >= d["top2_gap"] - 1e-5 and d["top2_gap"] > 0
+                assert d["top2_gap"] == pytest.approx(all_gaps[-1], rel=1e-4, abs=1e-5)
+                kept = torch.ones_like(logits, dtype=torch.bool)
+                kept[list(suppressed)] = False
+                assert d["logit_std"] == pytest.approx(float(logits[kept].std()), rel=1e-4)
+                assert 0 < d["top2_gap_quantile"] <= 1
+    assert fields["sparse:fake"]["max_divergence_gap"] == max(d["gap"] for d in divergences)
+    dense = fields["dense"]
+    assert dense["dense_forced_mismatches"] == 0  # float32 on the CPU: prefill and KV-cache steps agree
+    reference = torch.tensor(all_gaps)
+    assert dense["dense_top2_gap"]["min"] == pytest.approx(float(reference.min()), rel=1e-4, abs=1e-5)
+    assert dense["dense_top2_gap"]["median"] == pytest.approx(float(reference.quantile(0.5)), rel=1e-4, abs=1e-5)
+    assert dense["dense_top2_gap"]["min"] <= dense["dense_top2_gap"]["p01"] <= dense["dense_top2_gap"]["median"]
+    json.dumps(fields)  # plain Python values only
+
+
+def test_gap_summary_is_min_first_percentile_and_median() -> None:
+    from twell.bench import model_decode
+
+    summary = model_decode._gap_summary(torch.arange(101, dtype=torch.bfloat16).flip(0).reshape(1, 101))
+    assert summary == {"min": 0.0, "p01": 1.0, "median": 50.0}
+
+
+def test_decode_part_reports_a_divergence_in_json_csv_and_table(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A variant whose generation is made to leave the dense tokens at its last token (sequence 0 only):
+    the decode part records that divergence and the table's check column shows it."""
+    from twell.bench import model_decode
+    from twell.bench.model_report import summary_table
+
+    generate = model_decode._generate
+
+    def flip_last_token(bench, name, prompt, new_tokens, static_cache=False):  # noqa: ANN001, ANN202 - a test stub
+        out = generate(bench, name, prompt, new_tokens, static_cache)
+        if name == "sparse:always-sparse":
+            out = out.clone()
+            out[0, -1] = (out[0, -1] + 1) % bench.spec.vocab_size
+        return out
+
+    monkeypatch.setattr(model_decode, "_generate", flip_last_token)
+    data = _run_small_fp32(tmp_path, "decode", "--decode-policies", "default,always-sparse")
+    parts = data["meta"]["parts"]
+    batches = parts["decode"]["result"]["batches"]
+    for b, identical in (("1", 0.0), ("2", 0.5)):
+        entries = batches[b]
+        margins = entries["dense"]["dense_top2_gap"]
+        assert 0 < margins["min"] <= margins["p01"] <= margins["median"], (b, margins)
+        assert entries["dense"]["dense_forced_mismatches"] == 0
+        untouched = entries["sparse:default"]
+        assert untouched["divergences"] == [] and untouched["max_divergence_gap"] is None
+        flipped = entries["sparse:always-sparse"]
+        assert flipped["identical_fraction"] == identical
+        (d,) = flipped["divergences"]
+        assert (d["sequence"], d["position"]) == (0, 3)  # --new-tokens 4: the last generated token
+        assert d["gap"] >= d["top2_gap"] >= margins["min"] and flipped["max_divergence_gap"] == d["gap"]
+        assert not any("divergence_error" in v for v in entries.values())
+    with (tmp_path / "model_tiny.csv").open() as fh:
+        rows = {(r["variant"], r["batch"]): r for r in csv.DictReader(fh)}
+    gap = batches["2"]["sparse:always-sparse"]["max_divergence_gap"]
+    assert float(rows[("sparse:always-sparse", "2")]["max_divergence_gap"]) == pytest.approx(gap)
+    assert rows[("sparse:always-sparse", "2")]["divergences"] == "1"
+    assert rows[("sparse:default", "2")]["divergences"] == "0"
+    p01 = batches["2"]["dense"]["dense_top2_gap"]["p01"]
+    assert float(rows[("dense", "2")]["dense_top2_gap_p01"]) == pytest.approx(p01)
+    table = summary_table(parts, "tiny", "cpu")
+    assert f"| 50 % identical; 1 divergence, gap {gap:.2g} (dense top-2 gap p01 {p01:.2g}) |" in table
+    assert "| 100 % identical; top-2 gap min " in table
+
+
+def test_failing_divergence_diagnostic_is_recorded_and_the_part_goes_on(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from twell.bench import model_decode
+    from twell.bench.model_report import summary_table
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("simulated logits failure")
+
+    monkeypatch.setattr(model_decode, "_forced_dense_logits", broken)
+    data = _run_small_fp32(tmp_path, "decode", "--decode-batches", "1")
+    entries = data["meta"]["parts"]["decode"]["result"]["batches"]["1"]
+    for name, v in entries.items():
+        assert "simulated logits failure" in v["divergence_error"], name
+        assert "error" not in v and v["identical_fraction"] == 1.0 and v["tokens_per_s"] > 0, name
+        assert "divergences" not in v and "dense_top2_gap" not in v, name
+    table = summary_table(data["meta"]["parts"], "tiny", "cpu")
+    assert table.count("100 % identical; divergence check failed: RuntimeError: simulated logits") == len(entries)

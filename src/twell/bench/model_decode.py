@@ -12,9 +12,26 @@ are timed interleaved.
 
 Reported per batch size and variant: tokens/s (new tokens of the whole batch per second, prefill
 included), speedup, the fraction of sequences identical to the dense output and the mean length of the
-prefix shared with it, and how many layers the policy sends to the sparse kernels at the decode step
-(M = batch) and at the prefill (M = batch x prompt).  The per-layer l0 of the generated positions is
-measured afterwards by a dense forward over the dense output of the largest batch.
+prefix shared with it, the divergence diagnostic below, and how many layers the policy sends to the
+sparse kernels at the decode step (M = batch) and at the prefill (M = batch x prompt).  The per-layer l0
+of the generated positions is measured afterwards by a dense forward over the dense output of the
+largest batch.
+
+Divergence diagnostic (after the timed runs of each batch size, never between them): the sparse kernels
+equal the dense FFN up to summation order, and a random-weight model's logits are flat, so greedy argmax
+can flip where the dense top two logits nearly tie; a flip at a wide margin would be a bug.  One dense
+forward, teacher-forced over the dense output, gives the dense logits at every generated position (the
+end-of-sequence logit at -inf with ``--decode-loop generate``, as ``generate`` with ``min_new_tokens``
+sets it, so that the argmax is the one the loop took).  For every sequence of a sparse variant that
+differs from the dense output, ``divergences`` records its first divergent generated position and there
+``gap`` (dense logit of the dense token minus that of the variant's token), ``top2_gap`` (dense top-1
+minus top-2 logit), ``logit_std`` (of that logit row, for scale) and ``top2_gap_quantile`` (the fraction
+of the batch's generated positions whose dense top-2 gap is at most this one's); ``max_divergence_gap``
+is the largest ``gap``.  The dense entry gets the distribution of the top-2 gap over all generated
+positions of the batch (``dense_top2_gap``: min, 1st percentile, median) and
+``dense_forced_mismatches``, the positions where the teacher-forced argmax is not the token the KV-cache
+decode chose (the same model through another computation path: a measure of the numerical noise).  A
+failure of the diagnostic is recorded as ``divergence_error`` on the batch's entries.
 """
 
 from __future__ import annotations
@@ -110,6 +127,124 @@ def _compiled_step(cfg: DecodeConfig, device: torch.device) -> bool:
     return cfg.static_cache and device.type == "cuda"
 
 
+def _suppressed_tokens(bench: BenchModel, loop: str) -> tuple[int, ...]:
+    """Token ids the decode loop never picks: ``generate`` with ``min_new_tokens == max_new_tokens`` sets
+    the end-of-sequence logits to -inf at every step (MinNewTokensLengthLogitsProcessor; Llama's config
+    has eos 2), so its greedy token is the argmax of the other logits; the graphed loop runs without eos."""
+    if loop != "generate":
+        return ()
+    eos = bench.model.generation_config.eos_token_id
+    if eos is None:
+        return ()
+    return (int(eos),) if isinstance(eos, int) else tuple(int(t) for t in eos)
+
+
+def _forced_dense_logits(bench: BenchModel, tokens: torch.Tensor, prompt_len: int,
+                         suppressed: tuple[int, ...] = ()) -> torch.Tensor:
+    """Dense logits ``[n, new, vocab]`` (model dtype) that predict each generated token of ``tokens``
+    (``[n, prompt_len + new]``: prompts and generated tokens), from one teacher-forced dense forward,
+    with the ``suppressed`` tokens' logits at -inf as the decode loop saw them (:func:`_suppressed_tokens`).
+
+    Row ``p`` is the last-position logits of a forward over the first ``prompt_len + p`` tokens (the
+    attention is causal), so this one forward serves every divergent position of every variant (a
+    variant's tokens before its first divergence are the dense ones) and the distribution over all
+    positions alike, and a divergence's top-2 gap is one of the values of that distribution.
+    """
+    new = tokens.shape[1] - prompt_len
+    if new < 1:
+        raise ValueError(f"no generated tokens: {tokens.shape[1]} tokens for a prompt of {prompt_len}")
+    inputs = tokens[:, :-1]  # the last generated token predicts nothing that was generated
+    bench.sets.use("dense")
+    with torch.no_grad():
+        out = bench.model(input_ids=inputs, attention_mask=torch.ones_like(inputs), use_cache=False,
+                          logits_to_keep=new)
+    logits = out.logits
+    if suppressed:
+        logits[..., list(suppressed)] = float("-inf")
+    return logits
+
+
+def _top2_gaps(logits: torch.Tensor) -> torch.Tensor:
+    """Top-1 minus top-2 value along the last dimension, in float32.
+
+    ``topk`` runs on the model dtype and only the two values are cast: the cast is exact and monotone, so
+    this equals the gap of float32 logits without a float32 copy of ``[batch, new, vocab]``."""
+    top = logits.topk(2, dim=-1).values.float()
+    return top[..., 0] - top[..., 1]
+
+
+def _gap_summary(gaps: torch.Tensor) -> dict[str, float]:
+    """Minimum, 1st percentile and median (linear interpolation) of ``gaps``, as Python floats."""
+    flat = gaps.detach().flatten().float()
+    q = torch.quantile(flat, torch.tensor([0.01, 0.5], device=flat.device))
+    return {"min": float(flat.min()), "p01": float(q[0]), "median": float(q[1])}
+
+
+def _first_divergences(logits: torch.Tensor, top2: torch.Tensor, dense_gen: torch.Tensor,
+                       gen: torch.Tensor) -> list[dict[str, Any]]:
+    """One record per sequence whose generated tokens ``gen`` differ from ``dense_gen`` (both
+    ``[n, new]``), at its first divergent position ``p``: the dense logits there (``logits[i, p]``, see
+    :func:`_forced_dense_logits`) give ``gap`` (dense token minus the variant's token), ``top2_gap``
+    (``top2[i, p]``), ``logit_std`` and ``top2_gap_quantile`` (the fraction of all ``top2`` values <= it)."""
+    differs = gen != dense_gen
+    first = differs.to(torch.int64).argmax(dim=1)  # the first True of each row (0 where none)
+    records = []
+    for i in differs.any(dim=1).nonzero().flatten().tolist():
+        p = int(first[i])
+        row = logits[i, p].float()
+        row_std = row[row.isfinite()].std()  # the logits the decode chose among (not the suppressed ones)
+        dense_token, token = int(dense_gen[i, p]), int(gen[i, p])
+        top2_gap = top2[i, p]
+        records.append({
+            "sequence": i, "position": p, "dense_token": dense_token, "token": token,
+            # >= 0 when the teacher-forced forward agrees with the decode's greedy choice; both are the
+            # dense model, but through different kernels (full prefill vs KV-cache steps), so at a near
+            # tie it can come out slightly negative (see dense_forced_mismatches)
+            "gap": float(row[dense_token] - row[token]),
+            "top2_gap": float(top2_gap),
+            "logit_std": float(row_std),
+            "top2_gap_quantile": float((top2 <= top2_gap).float().mean()),
+        })
+    return records
+
+
+def _divergence_diagnostic(bench: BenchModel, dense_out: torch.Tensor, outputs: dict[str, torch.Tensor],
+                           prompt_len: int, suppressed: tuple[int, ...] = ()) -> dict[str, dict[str, Any]]:
+    """The divergence fields of each variant of one batch size (see the module docs), keyed by variant:
+    ``dense`` gets the batch's top-2 gap distribution, every other variant in ``outputs`` with the dense
+    output's shape its ``divergences`` and ``max_divergence_gap`` (None without divergence).
+    ``suppressed``: the tokens the decode loop never picks (:func:`_suppressed_tokens`)."""
+    logits = _forced_dense_logits(bench, dense_out, prompt_len, suppressed)
+    dense_gen = dense_out[:, prompt_len:]
+    top2 = _top2_gaps(logits)
+    fields: dict[str, dict[str, Any]] = {"dense": {
+        "dense_top2_gap": _gap_summary(top2),
+        "dense_forced_mismatches": int((logits.argmax(dim=-1) != dense_gen).sum()),
+    }}
+    for name, out in outputs.items():
+        if name == "dense" or out.shape != dense_out.shape:
+            continue
+        divergences = _first_divergences(logits, top2, dense_gen, out[:, prompt_len:])
+        fields[name] = {"divergences": divergences,
+                        "max_divergence_gap": max((d["gap"] for d in divergences), default=None)}
+    return fields
+
+
+def _record_divergences(bench: BenchModel, entries: dict[str, dict[str, Any]], dense_out: torch.Tensor,
+                        outputs: dict[str, torch.Tensor], prompt_len: int, suppressed: tuple[int, ...]) -> None:
+    """:func:`_divergence_diagnostic` into ``entries``; a failure is recorded on every entry with an
+    output (``divergence_error``, not ``error``: the timings and token comparisons stand)."""
+    try:
+        fields = _divergence_diagnostic(bench, dense_out, outputs, prompt_len, suppressed)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic only; the benchmark goes on
+        error = describe_error(exc)
+        for name in outputs:
+            entries[name]["divergence_error"] = error
+        return
+    for name, values in fields.items():
+        entries[name].update(values)
+
+
 def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
                update: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run the decode part; ``update(result)`` after every batch size."""
@@ -183,8 +318,13 @@ def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
                 entry["sparse_layers_decode_step"] = sum(m._use_sparse(b, dev) for m in mlps)
                 entry["sparse_layers_prefill"] = sum(m._use_sparse(b * cfg.prompt_len, dev) for m in mlps)
         largest_dense = dense_out if dense_out is not None else largest_dense
+        outputs = {n: timings.last[n] for n in runnable if n in timings.last and n not in timings.errors}
         decoders.clear()  # the recorded steps and their KV caches
         del timings
+        if dense_out is not None and cfg.new_tokens > 0:  # after every timed run of this batch size
+            _record_divergences(bench, entries, dense_out, outputs, cfg.prompt_len,
+                                _suppressed_tokens(bench, cfg.loop))
+        del outputs
         free_device_memory(bench.device)
         update(result)
     if largest_dense is not None and cfg.new_tokens > 0:
@@ -201,12 +341,18 @@ def decode_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     """Flat CSV/table rows of a decode result."""
     rows = []
     for b, entries in result.get("batches", {}).items():
+        margins = entries.get("dense", {}).get("dense_top2_gap") or {}
         for name, v in entries.items():
             rows.append({
                 "part": "decode", "variant": name, "batch": int(b), "tokens": int(b) * result["new_tokens"],
                 "ms": v.get("ms"), "tokens_per_s": v.get("tokens_per_s"), "speedup": v.get("speedup"),
                 "identical_fraction": v.get("identical_fraction"),
                 "sparse_layers": v.get("sparse_layers_decode_step"),
+                "divergences": None if v.get("divergences") is None else len(v["divergences"]),
+                "max_divergence_gap": v.get("max_divergence_gap"),
+                # the batch's dense distribution, on every row of the batch (a row is read on its own)
+                **{f"dense_top2_gap_{k}": margins.get(k) for k in ("min", "p01", "median")},
+                "divergence_error": (v.get("divergence_error") or "").split("\n")[0] or None,
                 "error": (v.get("error") or "").split("\n")[0] or None,
             })
     return rows

@@ -45,6 +45,25 @@ def _sparsity_line(parts: dict[str, dict[str, Any]]) -> str | None:
     )
 
 
+def _decode_check(row: dict[str, Any]) -> str:
+    """Identical fraction plus the divergence diagnostic: for a sparse variant its divergences and their
+    largest dense logit gap next to the batch's 1st-percentile dense top-2 gap (a flip at a gap far above
+    that is no near tie), for dense the batch's top-2 gap distribution."""
+    text = f"{100 * row['identical_fraction']:.0f} % identical"
+    if row.get("divergence_error"):
+        return f"{text}; divergence check failed: {str(row['divergence_error'])[:40]}"
+    p01 = row.get("dense_top2_gap_p01")
+    if row["variant"] == "dense" and p01 is not None:
+        return (f"{text}; top-2 gap min {row['dense_top2_gap_min']:.2g}, p01 {p01:.2g}, "
+                f"median {row['dense_top2_gap_median']:.2g}")
+    n = row.get("divergences")
+    if n:
+        gap = ("gap" if n == 1 else "max gap") + f" {row['max_divergence_gap']:.2g}"
+        reference = "" if p01 is None else f" (dense top-2 gap p01 {p01:.2g})"
+        text += f"; {n} divergence{'' if n == 1 else 's'}, {gap}{reference}"
+    return text
+
+
 def _check(row: dict[str, Any]) -> str:
     if row.get("error"):
         return "ERROR " + str(row["error"])[:60]
@@ -52,7 +71,7 @@ def _check(row: dict[str, Any]) -> str:
         verdict = {True: "ok", False: "WRONG", None: ""}[row.get("ok")]
         return f"err {row['rel_err_vs_fp32']:.1e} vs fp32 {verdict}".strip()
     if row["part"] == "decode" and row.get("identical_fraction") is not None:
-        return f"{100 * row['identical_fraction']:.0f} % identical"
+        return _decode_check(row)
     if row["part"] == "train":
         notes = []
         if row.get("grad_rel_err_vs_fp32_max") is not None:
