@@ -16,7 +16,7 @@ from test_ops_cold_unit_ids import used_slots
 from test_ops_hot_cold import _plan, _run
 from test_ops_kernels import make_problem
 
-from twell.ops import hot_cold, hot_cold_plan
+from twell.ops import hot_cold, hot_cold_gate_kernel, hot_cold_plan
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
 from twell.ops.hot_cold_plan import FUSED_TILES, build_hot_cold_plan, fused_gate_weight
@@ -48,10 +48,18 @@ def _three_kernels(x, plan, tile, cap, unit_ids):
     return h_hot, hot_counts, cold
 
 
+#: (dtype, hot_cold_gate_kernel.FUSED_RANK_SLOTS): both ways of the cold epilogue to find slots; the
+#: rank-by-rank one takes 16-bit inputs only (float32 runs the scan whatever the switch says).
+SLOT_CASES = [(torch.float32, False), (torch.float16, False), (torch.float16, True), (torch.bfloat16, False),
+              (torch.bfloat16, True)]
+SLOT_IDS = [f"{str(dt).removeprefix('torch.')}-{'rank' if rank else 'scan'}" for dt, rank in SLOT_CASES]
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype, rank_slots", SLOT_CASES, ids=SLOT_IDS)
 @pytest.mark.parametrize("unit_ids", [False, True], ids=["columns", "unit-ids"])
-def test_equals_the_three_kernels_it_replaces(case, dtype, unit_ids, device):
+def test_equals_the_three_kernels_it_replaces(case, dtype, rank_slots, unit_ids, device, monkeypatch):
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", rank_slots)
     m, d, f, tile, cap, frac, n_hot = case
     p = make_problem(m, d, f, frac_pos=frac, seed=31 + n_hot, dtype=dtype, device=device)
     plan = _plan(p, n_hot)
@@ -68,9 +76,9 @@ def test_equals_the_three_kernels_it_replaces(case, dtype, unit_ids, device):
     assert torch.equal((cold[2].sum(1) + hot_counts.sum(1)).cpu(), (g > 0).sum(1).to(torch.int32).cpu())
 
 
-def test_nan_gate_fires_in_the_hot_and_the_cold_part(device):
+def _check_nan_gate(dtype, device):
     m, d, f, tile, cap, n_hot = 5, 32, 128, 32, 4, 32
-    p = make_problem(m, d, f, frac_pos=0.05, seed=3, dtype=torch.float32, device=device)
+    p = make_problem(m, d, f, frac_pos=0.05, seed=3, dtype=dtype, device=device)
     plan = _plan(p, n_hot)
     p["x"][2, 7] = float("nan")  # row 2: every gate NaN, so every unit fires
     h_hot, hot_counts, values, indices, counts = launch_hot_cold_gate(p["x"], _fused(p, plan, tile).w_gemm, n_hot,
@@ -79,6 +87,27 @@ def test_nan_gate_fires_in_the_hot_and_the_cold_part(device):
     assert bool(torch.isnan(h_hot[2]).all()) and not bool(torch.isnan(h_hot[[0, 1, 3, 4]]).any())
     assert hot_counts[2].tolist() == [tile] and counts[2].tolist() == [tile] * counts.shape[1]
     assert bool(torch.isnan(values[2]).all())  # every slot of row 2 holds a NaN gate
+    assert not bool(torch.isnan(values[[0, 1, 3, 4]][used_slots((values, indices, counts), cap)[[0, 1, 3, 4]]]).any())
+
+
+_NO_BF16 = [(c, i) for c, i in zip(SLOT_CASES, SLOT_IDS, strict=True) if c[0] != torch.bfloat16]
+
+
+# bfloat16 NaN gates run on the GPU only: in the interpreter's bfloat16 stand-in the cold tile's NaN
+# compares equal to 0 (counts 0 under either slot method)
+@pytest.mark.parametrize("dtype, rank_slots", [c for c, _ in _NO_BF16], ids=[i for _, i in _NO_BF16])
+def test_nan_gate_fires_in_the_hot_and_the_cold_part(dtype, rank_slots, device, monkeypatch):
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", rank_slots)
+    _check_nan_gate(dtype, device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rank_slots", [False, True], ids=["scan", "rank"])
+def test_gpu_bf16_nan_gate_fires_in_the_hot_and_the_cold_part(rank_slots, monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", rank_slots)
+    _check_nan_gate(torch.bfloat16, torch.device("cuda"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -158,12 +187,14 @@ def test_fused_gate_tile_follows_the_switch_and_the_layer(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4097, 16384])
-def test_gpu_bf16_real_shape_with_poisoned_outputs(m):
+@pytest.mark.parametrize("rank_slots", [False, True], ids=["scan", "rank"])
+def test_gpu_bf16_real_shape_with_poisoned_outputs(m, rank_slots, monkeypatch):
     """d=2048, F=5632 on random data at ~0.5 % density, 576 hot units: the GEMM's summation order differs
     from cuBLAS's, so counts may differ only where a gate value rounds to either side of 0; the caching
     allocator's blocks are NaN-filled first, so an output element not written shows."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", rank_slots)
     from twell.ops.hot_cold_plan import unit_frequency
     from twell.reference import inference as ref
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
@@ -184,6 +215,11 @@ def test_gpu_bf16_real_shape_with_poisoned_outputs(m):
     assert rel_error(h_hot, want_h) <= REL_TOL[torch.bfloat16]
     for got_c, want_c in ((hot_counts, want_counts), (cold[2], want_cold[2])):
         assert int((got_c - want_c).abs().sum()) <= max(2, m // 1000)
+    # the cold slots of the row-tiles whose counts agree: the same units, values within rounding
+    same = used_slots(want_cold, cap) & (cold[2] == want_cold[2])[:, :, None]
+    assert int((cold[1][same] != want_cold[1][same]).sum()) <= max(2, m // 1000)
+    assert not bool(torch.isnan(cold[0][same]).any())
+    assert rel_error(cold[0][same], want_cold[0][same]) <= REL_TOL[torch.bfloat16]
     out, _ = hot_cold.launch_hot_cold_ffn(x, fused, wg, wu, wd.t().contiguous(), tile=tile, capacity=cap)
     want = ref.dense_gated_ffn(*(t.float() for t in (x, wg, wu, wd))).to(torch.bfloat16)
     assert not bool(torch.isnan(out).any())

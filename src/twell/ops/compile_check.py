@@ -251,7 +251,13 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
                "stride_om": "i32"}
     ptx = _compile(_decode_column_sum_kernel, sum_sig, {"BD": obd, "BP": obp}, target, num_warps=osum_warps)
     results["decode_column_sum"] = _stats(ptx, arch)
-    from .hot_cold_gate_kernel import _GPU_CONFIG, FUSED_FLATTEN, FUSED_PREFIX_DOT, _hot_cold_gate_kernel
+    from .hot_cold_gate_kernel import (
+        _GPU_CONFIG,
+        FUSED_FLATTEN,
+        FUSED_PREFIX_DOT,
+        FUSED_RANK_SLOTS,
+        _hot_cold_gate_kernel,
+    )
 
     bm, bk, stages, warps = _GPU_CONFIG
     for tile in (128, 64):  # BN = 256 (the default tile) and 128
@@ -260,7 +266,8 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
                "map_ptr": "*i32", **{n: "i32" for n in ("M", "H", "N_COLD", "K", "n_hot_tiles", "n_cold_tiles",
                                                         "n_out_tiles", "n_programs")}}
         consts = {"BM": bm, "BK": bk, "TILE": tile, "CAP": tile // 8, "GROUP_M": 8, "MAP_IDS": True,
-                  "PREFIX_DOT": FUSED_PREFIX_DOT, "DOT_FP32": False, "FLATTEN": FUSED_FLATTEN}
+                  "PREFIX_DOT": FUSED_PREFIX_DOT, "DOT_FP32": False, "FLATTEN": FUSED_FLATTEN,
+                  "RANK_SLOTS": FUSED_RANK_SLOTS}
         ptx = _compile(_hot_cold_gate_kernel, sig, consts, target, num_warps=warps, num_stages=stages)
         results[f"hot_cold_gate_t{tile}"] = _stats(ptx, arch, wgmma=True)
     from .cold_down_kernel import _GPU_CONFIG as _DOWN_CONFIG
