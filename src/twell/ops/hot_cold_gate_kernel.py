@@ -60,7 +60,12 @@ FUSED_FLATTEN = False
 #: of ``tl.cumsum`` over the [BM, TILE] tile and a masked store per element; 16-bit inputs only (fp32
 #: values do not fit a key).  Offline sm_90a build (session 11): 4104 SASS instructions against 6048,
 #: no spills against 76 B, a loop body of ~190 instructions with no barrier; the rows' largest count per
-#: 128 x 128 cold tile averages 2.6 steps at l0=28 (synthetic generator, M=16384, H=576).
+#: 128 x 128 cold tile averages 2.6 steps at l0=28 (synthetic generator, M=16384, H=576).  Predicted:
+#: the fused gate 6.04 -> ~5.6-5.75 ms at M=131072, l0=28.  Measured (H200, session 11, the same run,
+#: bench_results/h200/hot_cold_gate_probe_session11.log): 6.028 vs 6.075 ms with the scan at M=131072,
+#: l0=28 (op 8.554 vs 8.637), 0.727 vs 0.793 at M=16384 (op 1.110 vs 1.153), 6.762 vs 6.676 at
+#: M=131072, l0=56 (op 9.960 vs 9.946).  The prediction missed at 131072 (the epilogue is not bound by
+#: its instruction count there); on, for the 8 % at 16384 and no loss in the op at 1 %.
 FUSED_RANK_SLOTS = True
 #: Programs launched per SM.  With 1 (the shipped value) each SM runs one program whose epilogue (1.14 ms
 #: of the 6.04 at M=131072) leaves the tensor cores idle; 2 needs a configuration two of which fit on an
