@@ -30,7 +30,8 @@ DispatchTable = tuple[tuple[int, float], ...]
 #: 0.25 % density (0.89x: its Python and launch overhead, ~0.1 ms, is a quarter of the 0.43 ms dense FFN;
 #: the op alone gave 1.21x); from 16384 tokens the hot/cold op won at every measured density up to 5 %
 #: (1.56x at 0.25 %, 1.40x at 0.5 %, 1.17x at 1 %, 1.15x at 2 %, 1.06x at 5 %; at 131072 tokens 1.60x to
-#: 1.10x), so the sparse path starts at 16384 tokens and up to 5 % density.
+#: 1.10x), so the sparse path starts at 16384 tokens and up to 5 % density.  Since session 11 it is the
+#: table of 4096 x 14336 (session 8's measurements below); 2048 x 5632 has its own tuned one.
 H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 
 #: The 2048 x 5632 table from ``twell tune-dispatch`` (H200, bf16, commit 513fa3a, session 11,
