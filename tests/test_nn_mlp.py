@@ -322,12 +322,13 @@ def test_policy_device_types_and_constructors():
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.0, device_type="cpu")
     shape = (2048, 5632)
     assert not DEFAULT_POLICY.use_sparse(2047, 0.0, shape=shape)
-    assert DEFAULT_POLICY.use_sparse(2048, 0.0024, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(2048, 13.495 / 5632, shape=shape)  # the measured winning points
     assert not DEFAULT_POLICY.use_sparse(2048, 0.005, shape=shape)
-    assert DEFAULT_POLICY.use_sparse(8192, 0.0098, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(8192, 55.68 / 5632, shape=shape)
     assert not DEFAULT_POLICY.use_sparse(8192, 0.015, shape=shape)
-    assert DEFAULT_POLICY.use_sparse(16384, 0.0996, shape=shape)
-    assert not DEFAULT_POLICY.use_sparse(10**9, 0.11, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(16384, 561.04 / 5632, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(131072, 562.2 / 5632, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(10**9, 0.1, shape=shape)
     big = (4096, 14336)  # measured in session 8: the shared table
     assert not DEFAULT_POLICY.use_sparse(8192, 0.001, shape=big)
     assert DEFAULT_POLICY.use_sparse(16384, 0.05, shape=big)

@@ -40,9 +40,12 @@ H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 #: row where every density up to its limit won by >= 1.05x.  Sparse wins from 2048 tokens at 0.25 %
 #: (1.10x), 4096 at 0.5 % (1.07x; 1 % 1.00x), 8192 at 1 % (1.12x; 1.5 % 1.01x), and from 16384 tokens at
 #: every density measured, 10 % included (1.19x at 16384, 1.13x at 131072); 1024 tokens lost at every
-#: density (0.68-0.85x).  Above 10 % nothing was measured, so the rows stop at the measured 10 %.
+#: density (0.68-0.85x).  Each limit is the density the synthetic problem actually had at the last
+#: winning point (l0 / F, e.g. 13.495 / 5632 at 0.25 %, 561.05 / 5632 at 10 %), rounded up in its 7th
+#: decimal, so the measured point itself is inside; above 10 % nothing was measured.
 H200_BF16_2048X5632_TABLE: DispatchTable = (
-    (2048, 0.0024), (4096, 0.0049), (8192, 0.0098), (16384, 0.0996),
+    (2048, 0.0023962), (4096, 0.0048960), (8192, 0.0098864), (16384, 0.0996176), (32768, 0.0998369),
+    (65536, 0.0997857), (131072, 0.0998256),
 )
 
 
