@@ -25,13 +25,14 @@ __all__ = ["DEFAULT_POLICY", "H200_BF16_2048X5632_TABLE", "H200_BF16_TABLE", "Di
 #: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
 DispatchTable = tuple[tuple[int, float], ...]
 
-#: Break-even table for bf16 on one H200, d=2048, F=5632, with SparseGatedMLP's hot/cold sparse path,
-#: from bench_results/h200/ffn_hotcold.json (commit 3c34a03).  Through the module, M=4096 lost even at
+#: Break-even table for bf16 on one H200 with SparseGatedMLP's hot/cold sparse path, first measured at
+#: d=2048, F=5632 from bench_results/h200/ffn_hotcold.json (commit 3c34a03).  Through the module, M=4096 lost even at
 #: 0.25 % density (0.89x: its Python and launch overhead, ~0.1 ms, is a quarter of the 0.43 ms dense FFN;
 #: the op alone gave 1.21x); from 16384 tokens the hot/cold op won at every measured density up to 5 %
 #: (1.56x at 0.25 %, 1.40x at 0.5 %, 1.17x at 1 %, 1.15x at 2 %, 1.06x at 5 %; at 131072 tokens 1.60x to
-#: 1.10x), so the sparse path starts at 16384 tokens and up to 5 % density.  Since session 11 it is the
-#: table of 4096 x 14336 (session 8's measurements below); 2048 x 5632 has its own tuned one.
+#: 1.10x), so the sparse path starts at 16384 tokens and up to 5 % density.  4096 x 14336 measured the
+#: same in session 8 (DispatchPolicy's ``shapes`` note); since session 11 :data:`DEFAULT_POLICY` applies
+#: this table to 4096 x 14336 only, and 2048 x 5632 follows its tuned one below.
 H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 
 #: The 2048 x 5632 table from ``twell tune-dispatch`` (H200, bf16, commit 513fa3a, session 11,
