@@ -56,7 +56,7 @@ for stage in $STAGES; do
     timing) run_stage timing 200 python3 scripts/timing_probe.py ;;
     gemmprobe) run_stage gemmprobe 150 python3 scripts/triton_gemm_probe.py ;;
     fusedgate) run_stage fusedgate 300 python3 scripts/hot_cold_gate_probe.py ;;
-    ncu) run_stage ncu 240 ncu --clock-control none -k "regex:${NCU_KERNELS:-_hot_cold_gate|_twell_ffn_row}" -c 2 \
+    ncu) run_stage ncu 240 ncu --clock-control none -k "regex:${NCU_KERNELS:-_hot_cold_gate|_twell_ffn_row}" -c "${NCU_COUNT:-2}" \
            --section SpeedOfLight --section WarpStateStats --section Occupancy --section SourceCounters \
            python3 scripts/ncu_targets.py ${ARGS_NCU:-} ;;
     switchovh) run_stage switchovh 120 python3 scripts/train_switch_overhead.py ${ARGS_SWITCHOVH:-} ;;

@@ -9,7 +9,8 @@ cold gather), hot units chosen as ``twell bench ffn`` does.  ``--target legacy``
         --section SpeedOfLight --section WarpStateStats --section Occupancy --section SourceCounters \
         python3 scripts/ncu_targets.py --target hotcold
 
-(``scripts/gpu_all.sh`` stage ``ncu`` runs that and keeps the report.)  ``--device cpu --tiny`` runs the
+(``scripts/gpu_all.sh`` stage ``ncu`` runs that and keeps the report; ``--ms 16384 131072`` profiles the
+op at both token counts, with ``NCU_COUNT=4`` for ncu's ``-c``.)  ``--device cpu --tiny`` runs the
 hot/cold target small under TRITON_INTERPRET=1 and checks it against the dense reference (smoke test).
 """
 
@@ -23,22 +24,22 @@ import torch.nn.functional as F
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 
-def _problem(dev: torch.device, tiny: bool = False) -> tuple[torch.Tensor, ...]:
-    m, d, f, l0 = (40, 64, 700, 6.0) if tiny else (131072, 2048, 5632, 28.0)
+def _problem(dev: torch.device, tiny: bool = False, m: int = 131072) -> tuple[torch.Tensor, ...]:
+    m, d, f, l0 = (40, 64, 700, 6.0) if tiny else (m, 2048, 5632, 28.0)
     p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0),
                               generator=torch.Generator(device=dev).manual_seed(0), device=dev)
     return p["x"], p["w_gate"], p["w_up"], p["w_down"]
 
 
-def hot_cold(dev: torch.device, tiny: bool = False) -> None:
-    """The op as ``SparseGatedMLP`` runs it at this shape (fused gate, TwELL cold format); ``tiny``: a
-    small problem checked against the dense float32 reference."""
+def hot_cold(dev: torch.device, tiny: bool = False, m: int = 131072) -> None:
+    """The op as ``SparseGatedMLP`` runs it at this shape and ``m`` tokens (fused gate, TwELL cold format);
+    ``tiny``: a small problem checked against the dense float32 reference."""
     from twell import ops
     from twell.ops import hot_cold as hc
     from twell.reference.inference import dense_gated_ffn
     from twell.tolerances import REL_TOL, rel_error
 
-    x, wg, wu, wd = _problem(dev, tiny)
+    x, wg, wu, wd = _problem(dev, tiny, m)
     tile, cap = (32, 4) if tiny else (128, 16)
     hot = ops.choose_hot_units(ops.unit_frequency(x, wg))
     plan = ops.build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
@@ -68,10 +69,15 @@ def main() -> None:
     ap.add_argument("--target", choices=["hotcold", "legacy"], default="hotcold")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="a small hot/cold problem (CPU interpreter smoke test)")
+    ap.add_argument("--ms", type=int, nargs="+", default=[131072],
+                    help="token counts of the hot/cold target, one op each in this order (ncu -c: 2 per M)")
     a = ap.parse_args()
     dev = torch.device(a.device)
     if a.target == "hotcold":
-        hot_cold(dev, a.tiny)
+        for m in a.ms:
+            hot_cold(dev, a.tiny, m)
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
     else:
         legacy(dev)
     if dev.type == "cuda":
