@@ -80,8 +80,8 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
         return hot_cold.launch_hot_cold_ffn(x, a_plan, wg, wu, wdt, tile=tile, capacity=cap)[0]
 
     unfused_out = op(plan)
-    parts = [f"dense {time_ms(lambda: _dense_ffn(x, wg, wu, wd), device=dev, rep_ms=rep_ms):.3f} ms"]
-    t_dense = float(parts[0].split()[1])
+    t_dense = time_ms(lambda: _dense_ffn(x, wg, wu, wd), device=dev, rep_ms=rep_ms)
+    parts = [f"dense {t_dense:.3f} ms"]
     t = time_ms(lambda: op(plan), device=dev, rep_ms=rep_ms)
     parts.append(f"hot/cold unfused {t:.3f} ({t_dense / t:.2f}x)")
     for rank in (True, False):

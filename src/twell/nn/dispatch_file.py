@@ -84,9 +84,7 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
             force=data.get("force", False),
             shapes=None if shapes is None else tuple((h, f) for h, f in shapes),
             decode_max_tokens=data.get("decode_max_tokens", 0),
-            shape_tables=tuple((tuple(e["shape"]) if isinstance(e["shape"], list) else e["shape"],
-                                tuple(tuple(r) if isinstance(r, list) else r for r in e["table"]))
-                               for e in shape_tables),
+            shape_tables=tuple((e["shape"], e["table"]) for e in shape_tables),  # lists: normalised there
         )
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{source}: {exc}") from None

@@ -141,6 +141,17 @@ def _gate_twell_kernel(
 
 
 @triton.jit
+def nonzeros_and_counts(act, pid_m, pid_n, m_ok, n_ok, cnt_ptr, n_tiles, BLOCK_M: tl.constexpr):
+    """``(nz, count)`` of an activated [BLOCK_M, TILE] tile: its non-zero mask (rows and columns past the
+    edges excluded) and per-row counts, the counts stored in column ``pid_n`` of ``cnt_ptr`` [M, n_tiles]."""
+    nz = (act != 0) & m_ok[:, None] & n_ok[None, :]
+    count = tl.sum(nz.to(tl.int32), axis=1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    tl.store(cnt_ptr + offs_m.to(tl.int64) * n_tiles + pid_n, count, mask=m_ok)
+    return nz, count
+
+
+@triton.jit
 def _twell_epilogue(
     act,
     pid_m,
@@ -166,10 +177,7 @@ def _twell_epilogue(
     exact in fp32 for counts <= TILE: it stays in the accumulator layout, where tl.cumsum along a row
     of a wgmma accumulator cost ~3 ms of the 9.2 ms gate kernel at M=131072 (H200, scripts/kernel_variants.py).
     """
-    nz = (act != 0) & m_ok[:, None] & n_ok[None, :]
-    count = tl.sum(nz.to(tl.int32), axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    tl.store(cnt_ptr + offs_m.to(tl.int64) * n_tiles + pid_n, count, mask=m_ok)
+    nz, _ = nonzeros_and_counts(act, pid_m, pid_n, m_ok, n_ok, cnt_ptr, n_tiles, BLOCK_M)
     if not COUNTS_ONLY:
         cols = tl.arange(0, TILE)
         if PREFIX_DOT:

@@ -36,7 +36,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._runtime import interpreting, sm_count
-from .gate_kernel import _twell_epilogue, dot_acc, relu_keep_nan, round_to, tile_coords
+from .gate_kernel import _twell_epilogue, dot_acc, nonzeros_and_counts, relu_keep_nan, round_to, tile_coords
 from .hot_cold_plan import FUSED_TILES
 
 #: ``(BM, BK, stages, warps)`` on the GPU: the best configuration of the probe at M=131072, l0=28 (H200,
@@ -103,10 +103,7 @@ def _twell_epilogue_by_rank(act, pid_m, twell_tile, m_ok, n_ok, map_ptr, val_ptr
     non-zero is one int32 key ``column << 16 | value bits``, so one min over a row gives its next
     non-zero's column and value together; step k stores that slot for every row and retires the key.
     The steps run to the tile's largest row count (at most CAP)."""
-    nz = (act != 0) & m_ok[:, None] & n_ok[None, :]
-    count = tl.sum(nz.to(tl.int32), axis=1)
-    rows = pid_m * BM + tl.arange(0, BM)
-    tl.store(ccnt_ptr + rows.to(tl.int64) * n_cold_tiles + twell_tile, count, mask=m_ok)
+    nz, count = nonzeros_and_counts(act, pid_m, twell_tile, m_ok, n_ok, ccnt_ptr, n_cold_tiles, BM)
     none: tl.constexpr = 0x7FFFFFFF
     bits = act.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     key = tl.where(nz, (tl.arange(0, TILE)[None, :] << 16) | bits, none)
