@@ -31,11 +31,33 @@ from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import rel_error
 
-#: ((BM, BK, stages, warps), cold slots rank by rank) of the fused kernel, the shipped one first.  Sessions
-#: 8-10 (H200, M=131072, l0=28; bench_results/h200/hot_cold_gate_probe*_session8.log, _session10.log):
-#: (128, 64, 3, 8) with the scan 6.038-6.148 ms; the tensor-core prefix 8.871; flattened 6.346; BM 64 on
-#: 8 warps 6.928-8.141; BM 64 two per SM 7.035.  Now: the rank-by-rank slots against the scan.
-CONFIGS = [((128, 64, 3, 8), True), ((128, 64, 3, 8), False)]
+#: ((BM, BK, stages, warps), cold slots rank by rank, output tile width in TwELL tiles, programs per SM,
+#: ptxas register ceiling) of the fused kernel, the shipped one first.  Sessions 8-11 (H200, M=131072,
+#: l0=28; bench_results/h200/hot_cold_gate_probe*_session8.log, _session10.log, _session11.log): (128, 64,
+#: 3, 8) with the scan 6.038-6.148 ms, rank by rank 6.028; the tensor-core prefix 8.871; flattened 6.346;
+#: BM 64 on 8 warps 6.928-8.141; BM 64 two per SM 7.035.  Now: 128 x 128 output tiles two per SM (one
+#: program's epilogue next to the other's mainloop), on 4 warps or on 8 under a 128-register ceiling.
+CONFIGS = [
+    ((128, 64, 3, 8), True, 2, 1, None),
+    ((128, 64, 3, 8), False, 2, 1, None),
+    ((128, 64, 3, 8), True, 1, 1, None),
+    ((128, 64, 3, 4), True, 1, 2, None),
+    ((128, 64, 2, 4), True, 1, 2, None),
+    ((128, 64, 3, 8), True, 1, 2, 128),
+]
+
+
+def _variant(cfg: tuple) -> mock._patch:
+    """The fused kernel's module settings for one entry of CONFIGS."""
+    tiles, rank, bn_tiles, per_sm, maxnreg = cfg
+    return mock.patch.multiple(hot_cold_gate_kernel, _GPU_CONFIG=tiles, FUSED_RANK_SLOTS=rank,
+                               FUSED_BN_TILES=bn_tiles, FUSED_PROGRAMS_PER_SM=per_sm, FUSED_MAXNREG=maxnreg)
+
+
+def _name(cfg: tuple) -> str:
+    tiles, rank, bn_tiles, per_sm, maxnreg = cfg
+    return (f"{tiles} BN={bn_tiles} tile(s) {'rank' if rank else 'scan'} {per_sm}/SM"
+            + (f" maxnreg {maxnreg}" if maxnreg else ""))
 
 
 def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, cap: int, configs: list,
@@ -64,9 +86,9 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     want = three()
     parts = [f"three kernels {time_ms(three, device=dev, rep_ms=rep_ms):.3f} ms "
              f"(GEMM alone {time_ms(lambda: F.linear(x, plan.w_gemm), device=dev, rep_ms=rep_ms):.3f})"]
-    for cfg, rank in configs:
-        name = f"fused {cfg} {'rank' if rank else 'scan'} slots"
-        with mock.patch.multiple(hot_cold_gate_kernel, _GPU_CONFIG=cfg, FUSED_RANK_SLOTS=rank):
+    for cfg in configs:
+        name = f"fused {_name(cfg)}"
+        with _variant(cfg):
             try:
                 got = fused()
                 same = sum(int(torch.equal(got[i], want[i])) for i in (1, 4))
@@ -84,19 +106,24 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     parts = [f"dense {t_dense:.3f} ms"]
     t = time_ms(lambda: op(plan), device=dev, rep_ms=rep_ms)
     parts.append(f"hot/cold unfused {t:.3f} ({t_dense / t:.2f}x)")
-    for rank in (True, False):
-        with mock.patch.object(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", rank):
-            out = op(fused_plan)
-            t = time_ms(lambda: op(fused_plan), device=dev, rep_ms=rep_ms)
-        parts.append(f"fused gate, {'rank' if rank else 'scan'} slots {t:.3f} ({t_dense / t:.2f}x, rel vs unfused "
-                     f"{rel_error(out, unfused_out):.1e})")
+    for cfg in configs:
+        try:
+            with _variant(cfg):
+                out = op(fused_plan)
+                t = time_ms(lambda: op(fused_plan), device=dev, rep_ms=rep_ms)
+            parts.append(f"fused {_name(cfg)} {t:.3f} ({t_dense / t:.2f}x, rel vs unfused "
+                         f"{rel_error(out, unfused_out):.1e})")
+        except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
+            parts.append(f"fused {_name(cfg)}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
     print(f"M={m:6d} l0={l0:5.1f} H={n_hot} | op: " + ", ".join(parts), flush=True)
 
 
 def main() -> None:
     dev, tiny = probe_args(__doc__)
     setup = split_probe_setup(tiny)
-    configs = [((16, 16, 1, 4), True), ((16, 16, 1, 4), False)] if tiny else CONFIGS
+    tiny_configs = [((16, 16, 1, 4), True, 2, 1, None), ((16, 16, 1, 4), False, 2, 1, None),
+                    ((16, 16, 1, 4), True, 1, 1, None)]
+    configs = tiny_configs if tiny else CONFIGS
     run_points(setup, lambda m, l0: probe_point(m, l0, setup.d, setup.f, setup.hot_units[l0], setup.tile, setup.cap,
                                                 configs, dev, setup.rep_ms), dev)
 

@@ -9,7 +9,8 @@ TMA mainloop closes that gap decides if fusing the pack into the GEMM can pay: t
 the pack and the dense gate's round trip through memory (~1.3 GB written and read at M=131072) only if
 its mainloop costs at most ~1.5 ms more than cuBLAS's.
 
-Per configuration ``(BM, BN, BK, stages, warps, persistent, warp-specialised)``: the median time
+Per configuration ``(BM, BN, BK, stages, warps, programs per SM, warp-specialised)`` (0 programs per SM:
+one program per output tile, else a persistent grid of that many programs per SM): the median time
 (``twell.bench.timing.time_ms``) and the ratio to cuBLAS (``F.linear``), and whether the result equals
 cuBLAS's within bf16 rounding; a configuration that does not build is reported and the sweep goes on.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/triton_gemm_probe.py``; ``--device cpu --tiny``
@@ -30,14 +31,17 @@ from twell.ops._runtime import interpreting, sm_count
 from twell.ops.gate_kernel import dot_acc, round_to, tile_coords
 from twell.tolerances import REL_TOL, rel_error
 
-#: (BM, BN, BK, stages, warps, persistent, warp-specialised); Hopper's usual bf16 tiles first.
+#: (BM, BN, BK, stages, warps, programs per SM, warp-specialised).  Session 7 (H200,
+#: bench_results/h200/triton_gemm_probe_session7.log, M=131072): 128 x 256 x 64 on 3 stages, 8 warps, one
+#: per SM 4.975 ms (0.98x of cuBLAS), 128 x 128 on 4 stages 5.396, warp-specialised 5.013 / 5.350, one
+#: program per tile 5.210 / 5.776.  Now: 128 x 128 tiles two per SM, the mainloop a ping-pong schedule of
+#: the fused gate would run (hot_cold_gate_kernel.FUSED_BN_TILES).
 CONFIGS = [
-    (128, 128, 64, 4, 8, True, False),
-    (128, 256, 64, 3, 8, True, False),
-    (128, 256, 64, 3, 8, True, True),
-    (128, 128, 64, 4, 8, True, True),
-    (128, 256, 64, 3, 8, False, False),
-    (128, 128, 64, 4, 8, False, False),
+    (128, 256, 64, 3, 8, 1, False),
+    (128, 128, 64, 3, 4, 2, False),
+    (128, 128, 64, 2, 4, 2, False),
+    (128, 128, 64, 3, 8, 2, False),
+    (128, 128, 64, 4, 8, 1, False),
 ]
 
 
@@ -64,11 +68,11 @@ def _tma_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.c
 
 def tma_gemm(x: torch.Tensor, w: torch.Tensor, cfg: tuple, out: torch.Tensor) -> torch.Tensor:
     """``x @ w^T`` into ``out`` through :func:`_tma_gemm_kernel` with configuration ``cfg``."""
-    bm, bn, bk, stages, warps, persistent, ws = cfg
+    bm, bn, bk, stages, warps, per_sm, ws = cfg
     m, k = x.shape
     n = w.shape[0]
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    programs = min(tiles, sm_count(x.device.index)) if persistent and x.is_cuda else tiles
+    programs = min(tiles, per_sm * sm_count(x.device.index)) if per_sm and x.is_cuda else tiles
     a_desc = TensorDescriptor.from_tensor(x, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(w, [bn, bk])
     c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
@@ -83,7 +87,7 @@ def main() -> None:
     # the split's GEMM at l0 = 28: [Wg (5632 rows, hot first); Wu[hot] (576)]
     k, n, ms, configs, rep_ms = 2048, 5632 + 576, (16384, 131072), CONFIGS, 100.0
     if tiny:
-        configs = [(32, 32, 16, 1, 4, True, False), (32, 64, 16, 1, 4, False, False)]
+        configs = [(32, 32, 16, 1, 4, 1, False), (32, 64, 16, 1, 4, 0, False)]
         k, n, ms, rep_ms = 64, 200, (96,), 1.0
     gen = torch.Generator(device=dev).manual_seed(0)
     for m in ms:

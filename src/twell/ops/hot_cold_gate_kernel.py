@@ -76,6 +76,16 @@ FUSED_RANK_SLOTS = True
 #: session 10, bench_results/h200/hot_cold_gate_probe_session10.log): slower, 7.035 ms for BM 64 two per
 #: SM against 6.128 for the shipped one at M=131072, l0=28 (11.491 for BM 64 one per SM).  1.
 FUSED_PROGRAMS_PER_SM = 1
+#: Output tile width in TwELL tiles: 2 (BN = 256 at the default tile: a hot output tile holds TILE units'
+#: gate and up columns, a cold one two TwELL tiles) or 1 (BN = TILE: half a hot tile, one cold tile).
+#: BN 128 on 4 warps is the configuration of which two programs fit on an SM with BM 128 (one accumulator
+#: of 128 fp32 registers per thread, 3 stages of 32 KB), so that one program's epilogue can run while the
+#: other's wgmma keep the tensor cores busy (what a ping-pong schedule does), at 1.33x the shared-memory
+#: fill per FLOP of 128 x 256 (BM 64 x 256, tried in session 10, was 1.67x).
+FUSED_BN_TILES = 2
+#: ptxas's register ceiling per thread (None: Triton's default, 255): 8 warps fit twice on an SM at 128
+#: (ptxas, sm_90a: 128 x 128 tiles on 3 stages then spill 48 B, 98 KB of shared memory per program).
+FUSED_MAXNREG: int | None = None
 
 
 @triton.jit
@@ -151,15 +161,16 @@ def _cold_epilogue(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr,
 
 @triton.jit
 def _hot_cold_gate_kernel(
-    x_desc, w_desc, h_ptr, hcnt_ptr, val_ptr, idx_ptr, ccnt_ptr, map_ptr, M, H, N_COLD, K, n_hot_tiles,
+    x_desc, w_desc, h_ptr, hcnt_ptr, val_ptr, idx_ptr, ccnt_ptr, map_ptr, M, H, N_COLD, K, n_hot_out,
     n_cold_tiles, n_out_tiles, n_programs,
     BM: tl.constexpr, BK: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, GROUP_M: tl.constexpr,
     MAP_IDS: tl.constexpr, PREFIX_DOT: tl.constexpr, DOT_FP32: tl.constexpr, FLATTEN: tl.constexpr,
-    RANK_SLOTS: tl.constexpr = False,
+    RANK_SLOTS: tl.constexpr = False, BN_TILES: tl.constexpr = 2,
 ):
-    """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
-    ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each)."""
-    BN: tl.constexpr = 2 * TILE
+    """Output tiles [BM, BN_TILES * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the
+    first ``n_hot_out`` column tiles are hot (hidden state of BN / 2 units + their counts, ``hcnt_ptr``
+    [M, n_hot_out]), the rest cold (BN_TILES TwELL tiles each)."""
+    BN: tl.constexpr = BN_TILES * TILE
     dtype: tl.constexpr = val_ptr.dtype.element_ty
     num_pid_m = tl.cdiv(M, BM)
     for tile_id in tl.range(tl.program_id(0), num_pid_m * n_out_tiles, n_programs, flatten=FLATTEN):
@@ -169,13 +180,17 @@ def _hot_cold_gate_kernel(
             a = x_desc.load([pid_m * BM, k0])
             b = w_desc.load([pid_n * BN, k0])
             acc = dot_acc(a, b.T, acc, DOT_FP32)
-        if pid_n < n_hot_tiles:
-            _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE)
+        if pid_n < n_hot_out:
+            _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_out, dtype, BM, BN // 2)
+        elif BN_TILES == 1:
+            act = relu_keep_nan(round_to(acc, dtype)).to(dtype)
+            _cold_epilogue(act, pid_m, pid_n - n_hot_out, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
+                           BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS)
         else:
             act = relu_keep_nan(round_to(acc, dtype)).to(dtype)
             # the two TwELL tiles of this output tile: columns [0, TILE) and [TILE, 2 TILE)
             left, right = tl.split(tl.permute(tl.reshape(act, (BM, 2, TILE)), (0, 2, 1)))
-            first = 2 * (pid_n - n_hot_tiles)
+            first = 2 * (pid_n - n_hot_out)
             _cold_epilogue(left, pid_m, first, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles, BM,
                            TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS)
             _cold_epilogue(right, pid_m, first + 1, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
@@ -207,29 +222,37 @@ def launch_hot_cold_gate(
         raise ValueError(f"w_fused has shape {tuple(w_fused.shape)}; for {n_hot} hot and {n_cold} cold units at tile "
                          f"{tile} it needs ({2 * tile * n_hot_tiles + n_cold}, {d})")
     dev = x.device
+    bn_tiles = FUSED_BN_TILES
+    if bn_tiles not in (1, 2):
+        raise ValueError(f"FUSED_BN_TILES must be 1 or 2, got {bn_tiles}")
+    # hot output tiles: the weight pads the hot units to whole TwELL tiles, 2 * tile rows each
+    n_hot_out = n_hot_tiles * (2 // bn_tiles)
     h_hot = torch.empty((m, n_hot), dtype=x.dtype, device=dev)
-    hot_counts = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=dev)
+    hot_counts = torch.empty((m, n_hot_out), dtype=torch.int32, device=dev)
     values = torch.empty((m, n_cold_tiles, capacity), dtype=x.dtype, device=dev)
     indices = torch.empty((m, n_cold_tiles, capacity), dtype=torch.int16, device=dev)
     cold_counts = torch.empty((m, n_cold_tiles), dtype=torch.int32, device=dev)
-    n_out_tiles = n_hot_tiles + triton.cdiv(n_cold_tiles, 2)
+    n_out_tiles = n_hot_out + triton.cdiv(n_cold_tiles, bn_tiles)
     if m == 0 or n_out_tiles == 0:
-        return h_hot, hot_counts, values, indices, cold_counts
+        return h_hot, hot_counts[:, :n_hot_tiles], values, indices, cold_counts
     # TMA reads from 16-byte aligned addresses: a view starting mid-way (a flat buffer's slice) is copied
     x, w_fused = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (x, w_fused))
     bm, bk, stages, warps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
     tiles = triton.cdiv(m, bm) * n_out_tiles
     programs = min(tiles, FUSED_PROGRAMS_PER_SM * sm_count(dev.index)) if dev.type == "cuda" else tiles
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
-    w_desc = TensorDescriptor.from_tensor(w_fused, [2 * tile, bk])
+    w_desc = TensorDescriptor.from_tensor(w_fused, [bn_tiles * tile, bk])
+    options = {} if FUSED_MAXNREG is None or interpreting() else {"maxnreg": FUSED_MAXNREG}
     _hot_cold_gate_kernel[(programs,)](
-        x_desc, w_desc, h_hot, hot_counts, values, indices, cold_counts, cold_map, m, n_hot, n_cold, d, n_hot_tiles,
+        x_desc, w_desc, h_hot, hot_counts, values, indices, cold_counts, cold_map, m, n_hot, n_cold, d, n_hot_out,
         n_cold_tiles, n_out_tiles, programs,
         BM=bm, BK=bk, TILE=tile, CAP=capacity, GROUP_M=8, MAP_IDS=unit_ids,
         # the interpreter's dot needs fp32 operands, so its prefix is the scan
         PREFIX_DOT=FUSED_PREFIX_DOT and not interpreting() and x.dtype != torch.float32,
         DOT_FP32=interpreting() or x.dtype == torch.float32, FLATTEN=FUSED_FLATTEN and not interpreting(),
-        RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2,
-        num_stages=stages, num_warps=warps,
+        RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, BN_TILES=bn_tiles,
+        num_stages=stages, num_warps=warps, **options,
     )
+    if bn_tiles == 1:  # the two halves of each hot tile
+        hot_counts = hot_counts.view(m, n_hot_tiles, 2).sum(2, dtype=torch.int32)
     return h_hot, hot_counts, values, indices, cold_counts
