@@ -15,7 +15,7 @@ OUT=${OUT:-out}
 RUN="$OUT/run"
 mkdir -p "$RUN"
 STAGES=${STAGES:-"tests ffn train-ffn model"}
-# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), tune (twell tune-dispatch, ARGS_TUNE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe l2probe colddown timing gemmprobe fusedgate ncu overhead (the
+# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), tune (twell tune-dispatch, ARGS_TUNE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe l2probe colddown timing gemmprobe fusedgate ncu ncusrc clock overhead (the
 # diagnostics).
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv
@@ -59,6 +59,11 @@ for stage in $STAGES; do
     ncu) run_stage ncu 240 ncu --clock-control none -k "regex:${NCU_KERNELS:-_hot_cold_gate|_twell_ffn_row}" -c "${NCU_COUNT:-2}" \
            --section SpeedOfLight --section WarpStateStats --section Occupancy --section SourceCounters \
            python3 scripts/ncu_targets.py ${ARGS_NCU:-} ;;
+    ncusrc) run_stage ncusrc 240 bash -c "ncu --clock-control none -k 'regex:${NCU_KERNELS:-_hot_cold_gate}' \
+           -c ${NCU_COUNT:-1} --section SourceCounters --section WarpStateStats -f -o '$RUN/ncusrc' \
+           python3 scripts/ncu_targets.py ${ARGS_NCU:-} && ncu -i '$RUN/ncusrc.ncu-rep' --page source \
+           --print-source sass --csv > '$RUN/ncusrc_sass.csv'" ;;
+    clock) run_stage clock 150 python3 scripts/clock_probe.py ;;
     switchovh) run_stage switchovh 120 python3 scripts/train_switch_overhead.py ${ARGS_SWITCHOVH:-} ;;
     overhead) run_stage overhead 120 python3 scripts/module_overhead.py --device cuda ${ARGS_OVERHEAD:-} ;;
     *) echo "unknown stage $stage" | tee -a "$RUN/stages.txt" ;;

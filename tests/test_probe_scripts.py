@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: script -> what each of its result lines must say (kernels agreeing with their reference)
 PROBES = {
     "triton_gemm_probe.py": ["ok True"],
+    "clock_probe.py": ["dense FFN: "],
     "hot_cold_gate_probe.py": ["counts equal 2/2", "rel vs unfused 0.0e+00"],
     "ncu_targets.py": ["ok True"],
     "cold_pack_gather_probe.py": ["same pairs True", "same True"],
