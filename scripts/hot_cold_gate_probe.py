@@ -31,33 +31,25 @@ from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import rel_error
 
-#: ((BM, BK, stages, warps), cold slots rank by rank, output tile width in TwELL tiles, programs per SM,
-#: ptxas register ceiling) of the fused kernel, the shipped one first.  Sessions 8-11 (H200, M=131072,
-#: l0=28; bench_results/h200/hot_cold_gate_probe*_session8.log, _session10.log, _session11.log): (128, 64,
-#: 3, 8) with the scan 6.038-6.148 ms, rank by rank 6.028; the tensor-core prefix 8.871; flattened 6.346;
-#: BM 64 on 8 warps 6.928-8.141; BM 64 two per SM 7.035.  Now: 128 x 128 output tiles two per SM (one
-#: program's epilogue next to the other's mainloop), on 4 warps or on 8 under a 128-register ceiling.
-CONFIGS = [
-    ((128, 64, 3, 8), True, 2, 1, None),
-    ((128, 64, 3, 8), False, 2, 1, None),
-    ((128, 64, 3, 8), True, 1, 1, None),
-    ((128, 64, 3, 4), True, 1, 2, None),
-    ((128, 64, 2, 4), True, 1, 2, None),
-    ((128, 64, 3, 8), True, 1, 2, 128),
-]
+#: ((BM, BK, stages, warps), cold slot method) of the fused kernel, the shipped one first.  Sessions 8-11
+#: (H200, M=131072, l0=28; bench_results/h200/hot_cold_gate_probe*_session8.log, _session10.log,
+#: _session11.log): (128, 64, 3, 8) with the scan 6.038-6.148 ms, rank by rank 6.028; the tensor-core
+#: prefix 8.871; flattened 6.346; BM 64 on 8 warps 6.928-8.141; BM 64 two per SM 7.035.  Session 12
+#: (_session12.log): 128 x 128 output tiles two per SM 6.458-6.943 against 6.081.  Now: the lean keys
+#: (``FUSED_LEAN_KEYS``) against rank by rank and the scan.
+CONFIGS = [((128, 64, 3, 8), "lean"), ((128, 64, 3, 8), "rank"), ((128, 64, 3, 8), "scan")]
+SLOTS = ("lean", "rank", "scan")
 
 
 def _variant(cfg: tuple) -> mock._patch:
     """The fused kernel's module settings for one entry of CONFIGS."""
-    tiles, rank, bn_tiles, per_sm, maxnreg = cfg
-    return mock.patch.multiple(hot_cold_gate_kernel, _GPU_CONFIG=tiles, FUSED_RANK_SLOTS=rank,
-                               FUSED_BN_TILES=bn_tiles, FUSED_PROGRAMS_PER_SM=per_sm, FUSED_MAXNREG=maxnreg)
+    tiles, slots = cfg
+    return mock.patch.multiple(hot_cold_gate_kernel, _GPU_CONFIG=tiles, FUSED_LEAN_KEYS=slots == "lean",
+                               FUSED_RANK_SLOTS=slots != "scan")
 
 
 def _name(cfg: tuple) -> str:
-    tiles, rank, bn_tiles, per_sm, maxnreg = cfg
-    return (f"{tiles} BN={bn_tiles} tile(s) {'rank' if rank else 'scan'} {per_sm}/SM"
-            + (f" maxnreg {maxnreg}" if maxnreg else ""))
+    return f"{cfg[0]} {cfg[1]} slots"
 
 
 def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, cap: int, configs: list,
@@ -121,9 +113,7 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
 def main() -> None:
     dev, tiny = probe_args(__doc__)
     setup = split_probe_setup(tiny)
-    tiny_configs = [((16, 16, 1, 4), True, 2, 1, None), ((16, 16, 1, 4), False, 2, 1, None),
-                    ((16, 16, 1, 4), True, 1, 1, None)]
-    configs = tiny_configs if tiny else CONFIGS
+    configs = [((16, 16, 1, 4), slots) for slots in SLOTS] if tiny else CONFIGS
     run_points(setup, lambda m, l0: probe_point(m, l0, setup.d, setup.f, setup.hot_units[l0], setup.tile, setup.cap,
                                                 configs, dev, setup.rep_ms), dev)
 

@@ -48,18 +48,25 @@ def _three_kernels(x, plan, tile, cap, unit_ids):
     return h_hot, hot_counts, cold
 
 
-#: (dtype, hot_cold_gate_kernel.FUSED_RANK_SLOTS): both ways of the cold epilogue to find slots; the
-#: rank-by-rank one takes 16-bit inputs only (float32 runs the scan whatever the switch says).
-SLOT_CASES = [(torch.float32, False), (torch.float16, False), (torch.float16, True), (torch.bfloat16, False),
-              (torch.bfloat16, True)]
-SLOT_IDS = [f"{str(dt).removeprefix('torch.')}-{'rank' if rank else 'scan'}" for dt, rank in SLOT_CASES]
+#: (dtype, cold slot method): the three ways of the cold epilogue to find slots (``scan``: prefix scan;
+#: ``rank``: FUSED_RANK_SLOTS; ``lean``: FUSED_LEAN_KEYS, its ReLU by PTX on the GPU); the last two take
+#: 16-bit inputs only (float32 runs the scan whatever the switches say).
+SLOT_CASES = [(torch.float32, "scan"), (torch.float16, "scan"), (torch.float16, "rank"), (torch.float16, "lean"),
+              (torch.bfloat16, "scan"), (torch.bfloat16, "rank"), (torch.bfloat16, "lean")]
+SLOT_IDS = [f"{str(dt).removeprefix('torch.')}-{slots}" for dt, slots in SLOT_CASES]
+
+
+def _slots(monkeypatch, slots):
+    """Select the fused kernel's cold slot method."""
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", slots != "scan")
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_LEAN_KEYS", slots == "lean")
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
-@pytest.mark.parametrize("dtype, rank_slots", SLOT_CASES, ids=SLOT_IDS)
+@pytest.mark.parametrize("dtype, slots", SLOT_CASES, ids=SLOT_IDS)
 @pytest.mark.parametrize("unit_ids", [False, True], ids=["columns", "unit-ids"])
-def test_equals_the_three_kernels_it_replaces(case, dtype, rank_slots, unit_ids, device, monkeypatch):
-    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", rank_slots)
+def test_equals_the_three_kernels_it_replaces(case, dtype, slots, unit_ids, device, monkeypatch):
+    _slots(monkeypatch, slots)
     m, d, f, tile, cap, frac, n_hot = case
     p = make_problem(m, d, f, frac_pos=frac, seed=31 + n_hot, dtype=dtype, device=device)
     plan = _plan(p, n_hot)
@@ -77,7 +84,9 @@ def test_equals_the_three_kernels_it_replaces(case, dtype, rank_slots, unit_ids,
 
 
 def _check_nan_gate(dtype, device):
-    m, d, f, tile, cap, n_hot = 5, 32, 128, 32, 4, 32
+    """A NaN in row 2 of x: every gate of the row NaN, every unit fires, hot and cold; F=120 leaves the last
+    cold tile 24 columns of 32, whose padding (zero weight rows, NaN products) must not count."""
+    m, d, f, tile, cap, n_hot = 5, 32, 120, 32, 4, 32
     p = make_problem(m, d, f, frac_pos=0.05, seed=3, dtype=dtype, device=device)
     plan = _plan(p, n_hot)
     p["x"][2, 7] = float("nan")  # row 2: every gate NaN, so every unit fires
@@ -85,7 +94,7 @@ def _check_nan_gate(dtype, device):
                                                                       f - n_hot, plan.cold, tile=tile, capacity=cap,
                                                                       unit_ids=True)
     assert bool(torch.isnan(h_hot[2]).all()) and not bool(torch.isnan(h_hot[[0, 1, 3, 4]]).any())
-    assert hot_counts[2].tolist() == [tile] and counts[2].tolist() == [tile] * counts.shape[1]
+    assert hot_counts[2].tolist() == [tile] and counts[2].tolist() == [tile, tile, f - n_hot - 2 * tile]
     assert bool(torch.isnan(values[2]).all())  # every slot of row 2 holds a NaN gate
     assert not bool(torch.isnan(values[[0, 1, 3, 4]][used_slots((values, indices, counts), cap)[[0, 1, 3, 4]]]).any())
 
@@ -95,18 +104,18 @@ _NO_BF16 = [(c, i) for c, i in zip(SLOT_CASES, SLOT_IDS, strict=True) if c[0] !=
 
 # bfloat16 NaN gates run on the GPU only: in the interpreter's bfloat16 stand-in the cold tile's NaN
 # compares equal to 0 (counts 0 under either slot method)
-@pytest.mark.parametrize("dtype, rank_slots", [c for c, _ in _NO_BF16], ids=[i for _, i in _NO_BF16])
-def test_nan_gate_fires_in_the_hot_and_the_cold_part(dtype, rank_slots, device, monkeypatch):
-    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", rank_slots)
+@pytest.mark.parametrize("dtype, slots", [c for c, _ in _NO_BF16], ids=[i for _, i in _NO_BF16])
+def test_nan_gate_fires_in_the_hot_and_the_cold_part(dtype, slots, device, monkeypatch):
+    _slots(monkeypatch, slots)
     _check_nan_gate(dtype, device)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rank_slots", [False, True], ids=["scan", "rank"])
-def test_gpu_bf16_nan_gate_fires_in_the_hot_and_the_cold_part(rank_slots, monkeypatch):
+@pytest.mark.parametrize("slots", ["scan", "rank", "lean"])
+def test_gpu_bf16_nan_gate_fires_in_the_hot_and_the_cold_part(slots, monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", rank_slots)
+    _slots(monkeypatch, slots)
     _check_nan_gate(torch.bfloat16, torch.device("cuda"))
 
 
@@ -187,14 +196,14 @@ def test_fused_gate_tile_follows_the_switch_and_the_layer(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4097, 16384])
-@pytest.mark.parametrize("rank_slots", [False, True], ids=["scan", "rank"])
-def test_gpu_bf16_real_shape_with_poisoned_outputs(m, rank_slots, monkeypatch):
+@pytest.mark.parametrize("slots", ["scan", "rank", "lean"])
+def test_gpu_bf16_real_shape_with_poisoned_outputs(m, slots, monkeypatch):
     """d=2048, F=5632 on random data at ~0.5 % density, 576 hot units: the GEMM's summation order differs
     from cuBLAS's, so counts may differ only where a gate value rounds to either side of 0; the caching
     allocator's blocks are NaN-filled first, so an output element not written shows."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", rank_slots)
+    _slots(monkeypatch, slots)
     from twell.ops.hot_cold_plan import unit_frequency
     from twell.reference import inference as ref
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem

@@ -74,18 +74,26 @@ FUSED_RANK_SLOTS = True
 #: the whole register file) does not.  The
 #: price is a B tile per 64 rows instead of 128 (1.67x the shared-memory fill per FLOP).  Measured (H200,
 #: session 10, bench_results/h200/hot_cold_gate_probe_session10.log): slower, 7.035 ms for BM 64 two per
-#: SM against 6.128 for the shipped one at M=131072, l0=28 (11.491 for BM 64 one per SM).  1.
+#: SM against 6.128 for the shipped one at M=131072, l0=28 (11.491 for BM 64 one per SM).  Session 12
+#: (bench_results/h200/hot_cold_gate_probe_session12.log, triton_gemm_probe_session12.log): 128 x 128
+#: output tiles (one TwELL tile, half a hot tile) two per SM, 4 warps on 3 stages (98 KB, 255 registers:
+#: two fit) 6.616 ms, on 2 stages 6.943, 8 warps under a 128-register ceiling 6.458, against 6.081 for the
+#: shipped kernel; their mainloop alone, a plain TMA GEMM of 128 x 128 tiles two per SM, ran 7.118 /
+#: 6.249 / 7.210 ms against 5.033 for 128 x 256 one per SM (cuBLAS 4.970).  Two programs per SM starve
+#: each other's mainloop more than the overlap gives.  1.
 FUSED_PROGRAMS_PER_SM = 1
-#: Output tile width in TwELL tiles: 2 (BN = 256 at the default tile: a hot output tile holds TILE units'
-#: gate and up columns, a cold one two TwELL tiles) or 1 (BN = TILE: half a hot tile, one cold tile).
-#: BN 128 on 4 warps is the configuration of which two programs fit on an SM with BM 128 (one accumulator
-#: of 128 fp32 registers per thread, 3 stages of 32 KB), so that one program's epilogue can run while the
-#: other's wgmma keep the tensor cores busy (what a ping-pong schedule does), at 1.33x the shared-memory
-#: fill per FLOP of 128 x 256 (BM 64 x 256, tried in session 10, was 1.67x).
-FUSED_BN_TILES = 2
-#: ptxas's register ceiling per thread (None: Triton's default, 255): 8 warps fit twice on an SM at 128
-#: (ptxas, sm_90a: 128 x 128 tiles on 3 stages then spill 48 B, 98 KB of shared memory per program).
-FUSED_MAXNREG: int | None = None
+#: The cold epilogue by ``_twell_epilogue_by_keys`` (16-bit inputs): the ReLU and rounding by one PTX
+#: ``cvt.rn.relu`` per two elements, keys from the magnitude bits without row and column masks, slots by
+#: an unsigned minimum over ``key - threshold`` that retires no key.  The session 12 ncu source view of
+#: the shipped epilogue (M=131072, l0=28, bench_results/h200/ncu_fused_gate_session12_sass.csv): per 128 x
+#: 128 cold half-tile and warp ~880-1050 instructions before the slot loop (~14 per element: conversion,
+#: ReLU, NaN test, masks packed into predicates and back, keys, counts) and 193 per loop step (a compare
+#: and a select per element to retire the taken key); the epilogue executed 555 M warp instructions,
+#: as many as the mainloop, and took 26 % of the kernel's stall samples.  Why instructions matter
+#: beyond their issue time: back to back at M=131072 the board sits at its power cap (660-670 W,
+#: clock events sw-power-cap; scripts/clock_probe.py), where time per call follows energy per call:
+#: the fused gate 4.38 J per call against cuBLAS's GEMM 3.45 J (bench_results/h200/clock_probe_session12.log).
+FUSED_LEAN_KEYS = True
 
 
 @triton.jit
@@ -139,11 +147,73 @@ def _twell_epilogue_by_rank(act, pid_m, twell_tile, m_ok, n_ok, map_ptr, val_ptr
 
 
 @triton.jit
+def round_relu_16(acc, dtype: tl.constexpr, ASM: tl.constexpr):
+    """``relu_keep_nan(round_to(acc, dtype))`` in ``dtype`` (bf16 or fp16).  With ``ASM`` one PTX
+    ``cvt.rn.relu`` per two elements, where Triton's lowering spends a conversion, a compare against the
+    smallest value that rounds to non-zero and a select per element and a NaN test per pair (SASS of the
+    session 12 ncu source view).  ``cvt.rn.relu`` writes a NaN as the canonical NaN and may keep the sign
+    of a zero; the keys below read neither bit."""
+    if ASM:
+        if dtype == tl.bfloat16:
+            return tl.inline_asm_elementwise("cvt.rn.relu.bf16x2.f32 $0, $2, $1;", "=r,r,r", [acc],
+                                             dtype=tl.bfloat16, is_pure=True, pack=2)
+        else:
+            return tl.inline_asm_elementwise("cvt.rn.relu.f16x2.f32 $0, $2, $1;", "=r,r,r", [acc],
+                                             dtype=tl.float16, is_pure=True, pack=2)
+    else:
+        return relu_keep_nan(round_to(acc, dtype)).to(dtype)
+
+
+@triton.jit
+def _twell_epilogue_by_keys(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
+                            BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr):
+    """``_twell_epilogue_by_rank`` with fewer instructions per element: the key is built from the value's
+    magnitude bits alone (a ReLU output is +0, positive or NaN, so ``bits & 0x7FFF`` is non-zero exactly
+    where it fires; stored values carry a clear sign bit), rows past M are left out at the stores only
+    (TMA fills them with zeros) and columns past the cold units only in the last tile (zero weight rows,
+    which a NaN in x still turns into NaN), and a step retires no key: the next slot is the unsigned
+    minimum of ``key - threshold``, where the keys at or below the last slot wrap above every live one."""
+    cols = tl.arange(0, TILE)
+    bits = act.to(tl.int16, bitcast=True).to(tl.int32) & 0x7FFF
+    if (twell_tile + 1) * TILE > N_COLD:
+        bits = tl.where((twell_tile * TILE + cols < N_COLD)[None, :], bits, 0)
+    nz = bits != 0
+    count = tl.sum(nz.to(tl.int32), axis=1)
+    rows = pid_m * BM + tl.arange(0, BM)
+    m_ok = rows < M
+    tl.store(ccnt_ptr + rows.to(tl.int64) * n_cold_tiles + twell_tile, count, mask=m_ok)
+    key = tl.where(nz, (cols[None, :] << 16) | bits, -1).to(tl.uint32, bitcast=True)  # -1: no key
+    slot = tl.arange(0, CAP)[None, :]
+    firsts = tl.full((BM, CAP), 0xFFFFFFFF, tl.uint32)
+    below = tl.zeros((BM,), tl.uint32)  # keys under it are taken; 0 (all live) again after a row's last key
+    for k in range(0, tl.minimum(tl.max(tl.where(m_ok, count, 0)), CAP)):
+        first = tl.min(key - below[:, None], axis=1) + below
+        firsts = tl.where(slot == k, first[:, None], firsts)
+        below = first + 1
+    live = (firsts != 0xFFFFFFFF) & m_ok[:, None]
+    col = (firsts >> 16).to(tl.int32)
+    value = (firsts & 0xFFFF).to(tl.int16).to(val_ptr.dtype.element_ty, bitcast=True)
+    if MAP_IDS:
+        unit = tl.load(map_ptr + twell_tile * TILE + col, mask=live, other=0)
+    else:
+        unit = col
+    base = (pid_m.to(tl.int64) * BM * n_cold_tiles + twell_tile) * CAP
+    off = tl.arange(0, BM)[:, None] * (n_cold_tiles * CAP) + slot
+    tl.store(val_ptr + base + off, value, mask=live)
+    tl.store(idx_ptr + base + off, unit.to(tl.int16), mask=live)
+
+
+@triton.jit
 def _cold_epilogue(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
                    BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr,
-                   PREFIX_DOT: tl.constexpr, RANK_SLOTS: tl.constexpr):
+                   PREFIX_DOT: tl.constexpr, RANK_SLOTS: tl.constexpr, LEAN_KEYS: tl.constexpr):
     """One [BM, TILE] TwELL tile of the cold container (skipped past the last tile)."""
-    if twell_tile < n_cold_tiles:
+    if twell_tile >= n_cold_tiles:
+        pass
+    elif LEAN_KEYS:
+        _twell_epilogue_by_keys(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
+                                BM, TILE, CAP, MAP_IDS)
+    else:
         cols = twell_tile * TILE + tl.arange(0, TILE)
         n_ok = cols < N_COLD
         m_ok = pid_m * BM + tl.arange(0, BM) < M
@@ -161,16 +231,15 @@ def _cold_epilogue(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr,
 
 @triton.jit
 def _hot_cold_gate_kernel(
-    x_desc, w_desc, h_ptr, hcnt_ptr, val_ptr, idx_ptr, ccnt_ptr, map_ptr, M, H, N_COLD, K, n_hot_out,
+    x_desc, w_desc, h_ptr, hcnt_ptr, val_ptr, idx_ptr, ccnt_ptr, map_ptr, M, H, N_COLD, K, n_hot_tiles,
     n_cold_tiles, n_out_tiles, n_programs,
     BM: tl.constexpr, BK: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, GROUP_M: tl.constexpr,
     MAP_IDS: tl.constexpr, PREFIX_DOT: tl.constexpr, DOT_FP32: tl.constexpr, FLATTEN: tl.constexpr,
-    RANK_SLOTS: tl.constexpr = False, BN_TILES: tl.constexpr = 2,
+    RANK_SLOTS: tl.constexpr = False, LEAN_KEYS: tl.constexpr = False, ASM_RELU: tl.constexpr = False,
 ):
-    """Output tiles [BM, BN_TILES * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the
-    first ``n_hot_out`` column tiles are hot (hidden state of BN / 2 units + their counts, ``hcnt_ptr``
-    [M, n_hot_out]), the rest cold (BN_TILES TwELL tiles each)."""
-    BN: tl.constexpr = BN_TILES * TILE
+    """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
+    ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each)."""
+    BN: tl.constexpr = 2 * TILE
     dtype: tl.constexpr = val_ptr.dtype.element_ty
     num_pid_m = tl.cdiv(M, BM)
     for tile_id in tl.range(tl.program_id(0), num_pid_m * n_out_tiles, n_programs, flatten=FLATTEN):
@@ -180,21 +249,17 @@ def _hot_cold_gate_kernel(
             a = x_desc.load([pid_m * BM, k0])
             b = w_desc.load([pid_n * BN, k0])
             acc = dot_acc(a, b.T, acc, DOT_FP32)
-        if pid_n < n_hot_out:
-            _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_out, dtype, BM, BN // 2)
-        elif BN_TILES == 1:
-            act = relu_keep_nan(round_to(acc, dtype)).to(dtype)
-            _cold_epilogue(act, pid_m, pid_n - n_hot_out, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
-                           BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS)
+        if pid_n < n_hot_tiles:
+            _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE)
         else:
-            act = relu_keep_nan(round_to(acc, dtype)).to(dtype)
+            act = round_relu_16(acc, dtype, ASM_RELU) if LEAN_KEYS else relu_keep_nan(round_to(acc, dtype)).to(dtype)
             # the two TwELL tiles of this output tile: columns [0, TILE) and [TILE, 2 TILE)
             left, right = tl.split(tl.permute(tl.reshape(act, (BM, 2, TILE)), (0, 2, 1)))
-            first = 2 * (pid_n - n_hot_out)
+            first = 2 * (pid_n - n_hot_tiles)
             _cold_epilogue(left, pid_m, first, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles, BM,
-                           TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS)
+                           TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS)
             _cold_epilogue(right, pid_m, first + 1, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
-                           BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS)
+                           BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS)
 
 
 def launch_hot_cold_gate(
@@ -222,37 +287,30 @@ def launch_hot_cold_gate(
         raise ValueError(f"w_fused has shape {tuple(w_fused.shape)}; for {n_hot} hot and {n_cold} cold units at tile "
                          f"{tile} it needs ({2 * tile * n_hot_tiles + n_cold}, {d})")
     dev = x.device
-    bn_tiles = FUSED_BN_TILES
-    if bn_tiles not in (1, 2):
-        raise ValueError(f"FUSED_BN_TILES must be 1 or 2, got {bn_tiles}")
-    # hot output tiles: the weight pads the hot units to whole TwELL tiles, 2 * tile rows each
-    n_hot_out = n_hot_tiles * (2 // bn_tiles)
     h_hot = torch.empty((m, n_hot), dtype=x.dtype, device=dev)
-    hot_counts = torch.empty((m, n_hot_out), dtype=torch.int32, device=dev)
+    hot_counts = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=dev)
     values = torch.empty((m, n_cold_tiles, capacity), dtype=x.dtype, device=dev)
     indices = torch.empty((m, n_cold_tiles, capacity), dtype=torch.int16, device=dev)
     cold_counts = torch.empty((m, n_cold_tiles), dtype=torch.int32, device=dev)
-    n_out_tiles = n_hot_out + triton.cdiv(n_cold_tiles, bn_tiles)
+    n_out_tiles = n_hot_tiles + triton.cdiv(n_cold_tiles, 2)
     if m == 0 or n_out_tiles == 0:
-        return h_hot, hot_counts[:, :n_hot_tiles], values, indices, cold_counts
+        return h_hot, hot_counts, values, indices, cold_counts
     # TMA reads from 16-byte aligned addresses: a view starting mid-way (a flat buffer's slice) is copied
     x, w_fused = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (x, w_fused))
     bm, bk, stages, warps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
     tiles = triton.cdiv(m, bm) * n_out_tiles
     programs = min(tiles, FUSED_PROGRAMS_PER_SM * sm_count(dev.index)) if dev.type == "cuda" else tiles
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
-    w_desc = TensorDescriptor.from_tensor(w_fused, [bn_tiles * tile, bk])
-    options = {} if FUSED_MAXNREG is None or interpreting() else {"maxnreg": FUSED_MAXNREG}
+    w_desc = TensorDescriptor.from_tensor(w_fused, [2 * tile, bk])
+    lean = FUSED_LEAN_KEYS and x.element_size() == 2
     _hot_cold_gate_kernel[(programs,)](
-        x_desc, w_desc, h_hot, hot_counts, values, indices, cold_counts, cold_map, m, n_hot, n_cold, d, n_hot_out,
+        x_desc, w_desc, h_hot, hot_counts, values, indices, cold_counts, cold_map, m, n_hot, n_cold, d, n_hot_tiles,
         n_cold_tiles, n_out_tiles, programs,
         BM=bm, BK=bk, TILE=tile, CAP=capacity, GROUP_M=8, MAP_IDS=unit_ids,
         # the interpreter's dot needs fp32 operands, so its prefix is the scan
         PREFIX_DOT=FUSED_PREFIX_DOT and not interpreting() and x.dtype != torch.float32,
         DOT_FP32=interpreting() or x.dtype == torch.float32, FLATTEN=FUSED_FLATTEN and not interpreting(),
-        RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, BN_TILES=bn_tiles,
-        num_stages=stages, num_warps=warps, **options,
+        RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, LEAN_KEYS=lean, ASM_RELU=lean and not interpreting(),
+        num_stages=stages, num_warps=warps,
     )
-    if bn_tiles == 1:  # the two halves of each hot tile
-        hot_counts = hot_counts.view(m, n_hot_tiles, 2).sum(2, dtype=torch.int32)
     return h_hot, hot_counts, values, indices, cold_counts
