@@ -132,8 +132,16 @@ def _twell_epilogue_by_rank(act, pid_m, twell_tile, m_ok, n_ok, map_ptr, val_ptr
         first = tl.min(key, axis=1)
         firsts = tl.where(slot == k, first[:, None], firsts)
         key = tl.where(key == first[:, None], none, key)
-    live = firsts != none
-    col = firsts >> 16
+    _store_slots(firsts, firsts != none, pid_m, twell_tile, map_ptr, val_ptr, idx_ptr, n_cold_tiles, BM, TILE, CAP,
+                 MAP_IDS)
+
+
+@triton.jit
+def _store_slots(firsts, live, pid_m, twell_tile, map_ptr, val_ptr, idx_ptr, n_cold_tiles, BM: tl.constexpr,
+                 TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr):
+    """Store the [BM, CAP] slots of one TwELL tile from their keys ``column << 16 | value bits`` where
+    ``live``: values and (with ``MAP_IDS``, through ``map_ptr``) weight-row ids."""
+    col = (firsts >> 16).to(tl.int32)
     value = (firsts & 0xFFFF).to(tl.int16).to(val_ptr.dtype.element_ty, bitcast=True)
     if MAP_IDS:
         unit = tl.load(map_ptr + twell_tile * TILE + col, mask=live, other=0)
@@ -141,7 +149,7 @@ def _twell_epilogue_by_rank(act, pid_m, twell_tile, m_ok, n_ok, map_ptr, val_ptr
         unit = col
     # int64 base of the tile, int32 offsets inside it (BM * n_cold_tiles * CAP < 2**31)
     base = (pid_m.to(tl.int64) * BM * n_cold_tiles + twell_tile) * CAP
-    off = tl.arange(0, BM)[:, None] * (n_cold_tiles * CAP) + slot
+    off = tl.arange(0, BM)[:, None] * (n_cold_tiles * CAP) + tl.arange(0, CAP)[None, :]
     tl.store(val_ptr + base + off, value, mask=live)
     tl.store(idx_ptr + base + off, unit.to(tl.int16), mask=live)
 
@@ -190,17 +198,8 @@ def _twell_epilogue_by_keys(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr,
         first = tl.min(key - below[:, None], axis=1) + below
         firsts = tl.where(slot == k, first[:, None], firsts)
         below = first + 1
-    live = (firsts != 0xFFFFFFFF) & m_ok[:, None]
-    col = (firsts >> 16).to(tl.int32)
-    value = (firsts & 0xFFFF).to(tl.int16).to(val_ptr.dtype.element_ty, bitcast=True)
-    if MAP_IDS:
-        unit = tl.load(map_ptr + twell_tile * TILE + col, mask=live, other=0)
-    else:
-        unit = col
-    base = (pid_m.to(tl.int64) * BM * n_cold_tiles + twell_tile) * CAP
-    off = tl.arange(0, BM)[:, None] * (n_cold_tiles * CAP) + slot
-    tl.store(val_ptr + base + off, value, mask=live)
-    tl.store(idx_ptr + base + off, unit.to(tl.int16), mask=live)
+    _store_slots(firsts, (firsts != 0xFFFFFFFF) & m_ok[:, None], pid_m, twell_tile, map_ptr, val_ptr, idx_ptr,
+                 n_cold_tiles, BM, TILE, CAP, MAP_IDS)
 
 
 @triton.jit
