@@ -35,9 +35,12 @@ from twell.tolerances import rel_error
 #: (H200, M=131072, l0=28; bench_results/h200/hot_cold_gate_probe*_session8.log, _session10.log,
 #: _session11.log): (128, 64, 3, 8) with the scan 6.038-6.148 ms, rank by rank 6.028; the tensor-core
 #: prefix 8.871; flattened 6.346; BM 64 on 8 warps 6.928-8.141; BM 64 two per SM 7.035.  Session 12
-#: (_session12.log): 128 x 128 output tiles two per SM 6.458-6.943 against 6.081.  Now: the lean keys
-#: (``FUSED_LEAN_KEYS``) against rank by rank and the scan.
-CONFIGS = [((128, 64, 3, 8), "lean"), ((128, 64, 3, 8), "rank"), ((128, 64, 3, 8), "scan")]
+#: (_session12.log): 128 x 128 output tiles two per SM 6.458-6.943 against 6.081; the lean keys
+#: (``FUSED_LEAN_KEYS``) 5.525 against 6.033 rank by rank (_session12_asm_keys.log).  Now also BK 128 on 2
+#: stages (197 KB of shared memory, ptxas 24 B of spills): half the K steps, each with the ~78 scalar
+#: instructions per warp that Triton's pipelined loop spends around its 4 wgmma (ncu source view).
+CONFIGS = [((128, 64, 3, 8), "lean"), ((128, 128, 2, 8), "lean"), ((128, 64, 3, 8), "rank"),
+           ((128, 64, 3, 8), "scan")]
 SLOTS = ("lean", "rank", "scan")
 
 
