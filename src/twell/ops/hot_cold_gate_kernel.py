@@ -85,7 +85,7 @@ FUSED_PROGRAMS_PER_SM = 1
 #: The cold epilogue by ``_twell_epilogue_by_keys`` (16-bit inputs): the ReLU and rounding by one PTX
 #: ``cvt.rn.relu`` per two elements, keys from the magnitude bits without row and column masks, slots by
 #: an unsigned minimum over ``key - threshold`` that retires no key.  The session 12 ncu source view of
-#: the shipped epilogue (M=131072, l0=28, bench_results/h200/ncu_fused_gate_session12_sass.csv): per 128 x
+#: the shipped epilogue (M=131072, l0=28, bench_results/h200/ncu_fused_gate_session12_sass.csv.gz): per 128 x
 #: 128 cold half-tile and warp ~880-1050 instructions before the slot loop (~14 per element: conversion,
 #: ReLU, NaN test, masks packed into predicates and back, keys, counts) and 193 per loop step (a compare
 #: and a select per element to retire the taken key); the epilogue executed 555 M warp instructions,
@@ -93,6 +93,14 @@ FUSED_PROGRAMS_PER_SM = 1
 #: beyond their issue time: back to back at M=131072 the board sits at its power cap (660-670 W,
 #: clock events sw-power-cap; scripts/clock_probe.py), where time per call follows energy per call:
 #: the fused gate 4.38 J per call against cuBLAS's GEMM 3.45 J (bench_results/h200/clock_probe_session12.log).
+#: Predicted: epilogue 555 -> ~300 M instructions, the fused gate 6.08 -> ~5.8 ms, 4.38 -> ~4.0 J.
+#: Measured (H200, M=131072, l0=28): with the ReLU by PTX and the keys in Triton, 5.638 vs 5.973 ms rank by
+#: rank, epilogue 470 M instructions (LLVM turned the keys' compare into predicates stashed in a register,
+#: ~10 per element; _session12_lean logs); with the keys by PTX too (``_keys``), 5.525 vs 6.033 ms (op
+#: 8.031 vs 8.481, dense 13.578: 1.69x vs 1.60x), 0.695 vs 0.734 ms at M=16384, 6.269 vs 6.670 at l0=56
+#: (hot_cold_gate_probe_session12_asm_keys.log); back to back 3.92 J and 5.732 ms per call
+#: (clock_probe_session12_final.log).  BK 128 on 2 stages, which halves the K loop's ~78 scalar
+#: instructions per step, ran slower: 6.254 ms (hot_cold_gate_probe_session12_bk128.log).
 FUSED_LEAN_KEYS = True
 
 
