@@ -57,9 +57,11 @@ SLOT_IDS = [f"{str(dt).removeprefix('torch.')}-{slots}" for dt, slots in SLOT_CA
 
 
 def _slots(monkeypatch, slots):
-    """Select the fused kernel's cold slot method."""
+    """Select the fused kernel's cold slot method (``lean-flat``: the lean keys in the flattened persistent
+    loop, ``FUSED_FLATTEN``, which the interpreter does not model)."""
     monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", slots != "scan")
-    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_LEAN_KEYS", slots == "lean")
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_LEAN_KEYS", slots.startswith("lean"))
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_FLATTEN", slots.endswith("-flat"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -196,7 +198,7 @@ def test_fused_gate_tile_follows_the_switch_and_the_layer(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4097, 16384])
-@pytest.mark.parametrize("slots", ["scan", "rank", "lean"])
+@pytest.mark.parametrize("slots", ["scan", "rank", "lean", "lean-flat"])
 def test_gpu_bf16_real_shape_with_poisoned_outputs(m, slots, monkeypatch):
     """d=2048, F=5632 on random data at ~0.5 % density, 576 hot units: the GEMM's summation order differs
     from cuBLAS's, so counts may differ only where a gate value rounds to either side of 0; the caching

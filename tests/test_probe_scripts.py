@@ -34,5 +34,5 @@ def test_probe_runs_on_the_interpreter(script):
     for want in PROBES[script]:
         assert any(want in ln for ln in lines), (want, proc.stdout)
     assert "FAILED" not in proc.stdout and "same False" not in proc.stdout and "ok False" not in proc.stdout
-    if script == "hot_cold_gate_probe.py":  # the three cold-slot methods: counts equal and the op identical
-        assert proc.stdout.count("counts equal 2/2") == 3 and proc.stdout.count("rel vs unfused 0.0e+00") == 3
+    if script == "hot_cold_gate_probe.py":  # every cold-slot method: counts equal and the op identical
+        assert proc.stdout.count("counts equal 2/2") == 4 and proc.stdout.count("rel vs unfused 0.0e+00") == 4

@@ -53,7 +53,10 @@ FUSED_PREFIX_DOT = False
 #: that the software pipeliner can issue the next tile's TMA loads during this tile's epilogue.  Slower:
 #: 6.346 vs 6.148 ms at M=131072, l0=28 (bench_results/h200/hot_cold_gate_probe_flatten_session8.log;
 #: ptxas spills 556 B flattened against 324).  ``warp_specialize=True`` on the same loop compiles to the
-#: identical PTX with Triton 3.6 on sm_90 (no producer warps), so it is not a knob here.
+#: identical PTX with Triton 3.6 on sm_90 (no producer warps), so it is not a knob here.  With the lean
+#: keys (FUSED_LEAN_KEYS) the flattened build has no spill (ptxas, sm_90a: 248 registers, 164 KB of shared
+#: memory; session 12, offline), and the ncu source view puts ~12 % of the stall samples on the mainloop's
+#: wait for TMA data (ncu_fused_gate_session12_lean_sass.csv.gz): in the probe for the next GPU session.
 FUSED_FLATTEN = False
 #: The cold epilogue's slots rank by rank (``_twell_epilogue_by_rank``: per step one min over each row
 #: of int32 ``column << 16 | value bits`` keys, the steps running to the tile's largest row count) instead
