@@ -268,7 +268,7 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
                                                         "n_out_tiles", "n_programs")}}
         consts = {"BM": bm, "BK": bk, "TILE": tile, "CAP": tile // 8, "GROUP_M": 8, "MAP_IDS": True,
                   "PREFIX_DOT": FUSED_PREFIX_DOT, "DOT_FP32": False, "FLATTEN": FUSED_FLATTEN,
-                  "RANK_SLOTS": FUSED_RANK_SLOTS, "LEAN_KEYS": FUSED_LEAN_KEYS, "ASM_RELU": FUSED_LEAN_KEYS}
+                  "RANK_SLOTS": FUSED_RANK_SLOTS, "LEAN_KEYS": FUSED_LEAN_KEYS, "LEAN_PTX": FUSED_LEAN_KEYS}
         ptx = _compile(_hot_cold_gate_kernel, sig, consts, target, num_warps=warps, num_stages=stages)
         results[f"hot_cold_gate_t{tile}"] = _stats(ptx, arch, wgmma=True)
     from .cold_down_kernel import _GPU_CONFIG as _DOWN_CONFIG

@@ -24,8 +24,9 @@ holds two TwELL tiles of the cold container.
 
 Results are those of the three kernels it replaces on the same GEMM values (g and u rounded to the
 input dtype as a dense linear rounds them, h = round(relu(g) u), NaN gates firing; the cold container
-exactly what ``gate_kernel.launch_pack_twell`` writes, weight-row ids with ``unit_ids``); only the
-GEMM's summation order differs from cuBLAS's.
+what ``gate_kernel.launch_pack_twell`` writes, weight-row ids with ``unit_ids``, except that with
+``FUSED_LEAN_KEYS`` a NaN gate's stored value is a positive NaN, not necessarily the same NaN bits); only
+the GEMM's summation order differs from cuBLAS's.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ FUSED_PROGRAMS_PER_SM = 1
 #: ReLU, NaN test, masks packed into predicates and back, keys, counts) and 193 per loop step (a compare
 #: and a select per element to retire the taken key); the epilogue executed 555 M warp instructions,
 #: as many as the mainloop, and took 26 % of the kernel's stall samples.  Why instructions matter
-#: beyond their issue time: back to back at M=131072 the board sits at its power cap (660-670 W,
+#: beyond their issue time: back to back at M=131072 the board sits at its power cap (661-671 W,
 #: clock events sw-power-cap; scripts/clock_probe.py), where time per call follows energy per call:
 #: the fused gate 4.38 J per call against cuBLAS's GEMM 3.45 J (bench_results/h200/clock_probe_session12.log).
 #: Predicted: epilogue 555 -> ~300 M instructions, the fused gate 6.08 -> ~5.8 ms, 4.38 -> ~4.0 J.
@@ -275,7 +276,7 @@ def _hot_cold_gate_kernel(
     n_cold_tiles, n_out_tiles, n_programs,
     BM: tl.constexpr, BK: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, GROUP_M: tl.constexpr,
     MAP_IDS: tl.constexpr, PREFIX_DOT: tl.constexpr, DOT_FP32: tl.constexpr, FLATTEN: tl.constexpr,
-    RANK_SLOTS: tl.constexpr = False, LEAN_KEYS: tl.constexpr = False, ASM_RELU: tl.constexpr = False,
+    RANK_SLOTS: tl.constexpr = False, LEAN_KEYS: tl.constexpr = False, LEAN_PTX: tl.constexpr = False,
 ):
     """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
     ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each)."""
@@ -292,14 +293,14 @@ def _hot_cold_gate_kernel(
         if pid_n < n_hot_tiles:
             _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE)
         else:
-            act = round_relu_16(acc, dtype, ASM_RELU) if LEAN_KEYS else relu_keep_nan(round_to(acc, dtype)).to(dtype)
+            act = round_relu_16(acc, dtype, LEAN_PTX) if LEAN_KEYS else relu_keep_nan(round_to(acc, dtype)).to(dtype)
             # the two TwELL tiles of this output tile: columns [0, TILE) and [TILE, 2 TILE)
             left, right = tl.split(tl.permute(tl.reshape(act, (BM, 2, TILE)), (0, 2, 1)))
             first = 2 * (pid_n - n_hot_tiles)
             _cold_epilogue(left, pid_m, first, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles, BM,
-                           TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, ASM_RELU)
+                           TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, LEAN_PTX)
             _cold_epilogue(right, pid_m, first + 1, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
-                           BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, ASM_RELU)
+                           BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, LEAN_PTX)
 
 
 def launch_hot_cold_gate(
@@ -350,7 +351,7 @@ def launch_hot_cold_gate(
         # the interpreter's dot needs fp32 operands, so its prefix is the scan
         PREFIX_DOT=FUSED_PREFIX_DOT and not interpreting() and x.dtype != torch.float32,
         DOT_FP32=interpreting() or x.dtype == torch.float32, FLATTEN=FUSED_FLATTEN and not interpreting(),
-        RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, LEAN_KEYS=lean, ASM_RELU=lean and not interpreting(),
+        RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, LEAN_KEYS=lean, LEAN_PTX=lean and not interpreting(),
         num_stages=stages, num_warps=warps,
     )
     return h_hot, hot_counts, values, indices, cold_counts
