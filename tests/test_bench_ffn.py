@@ -42,3 +42,39 @@ def test_bench_ffn_dispatch_table_option(tmp_path, capsys):
         with pytest.raises(SystemExit):
             cli.main(["bench", "ffn", "--dispatch-table", bad])
         assert "min_tokens:max_density" in capsys.readouterr().err
+
+
+def test_bench_ffn_energy_option_reports_why_it_is_unavailable_on_the_cpu(tmp_path, capsys):
+    code = cli.main(["bench", "ffn", "--ms", "8", "--densities", "10", "--shape", "64x256", "--extra",
+                     "--rep-ms", "1", "--dtype", "float32", "--out", str(tmp_path), "--stem", "t",
+                     "--energy-seconds", "0.01"])
+    assert code == 0
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["meta"]["sweep"]["energy_seconds"] == 0.01
+    row = data["rows"][0]
+    assert "cpu" in row["energy_unavailable"] and "energy_ratio" not in row
+    assert "energy unavailable: " in capsys.readouterr().out
+    for bad in ("-1", "nan"):
+        with pytest.raises(SystemExit):
+            cli.main(["bench", "ffn", "--energy-seconds", bad])
+        assert "--energy-seconds must be a number of seconds >= 0" in capsys.readouterr().err
+
+
+def test_energy_fields_per_call_and_ratios():
+    """Back-to-back time and energy per call from a meter's window totals, dense over dispatched."""
+    from twell.bench.ffn import energy_fields
+
+    class FakeMeter:
+        method = "fake"
+
+        def measure(self, fn, *, min_seconds):
+            fn()
+            joules, seconds = (9.0, 1.4) if fn() == "dense" else (6.0, 0.8)
+            return {"joules": joules, "seconds": seconds, "calls": 100, "mean_watts": joules / seconds}
+
+    got = energy_fields(FakeMeter(), {"dense": lambda: "dense", "dispatch": lambda: "sparse"}, 0.5)
+    assert got["energy_method"] == "fake"
+    assert got["dense_busy_ms"] == pytest.approx(14.0) and got["dispatch_busy_ms"] == pytest.approx(8.0)
+    assert got["dense_j_per_call"] == pytest.approx(0.09) and got["dispatch_j_per_call"] == pytest.approx(0.06)
+    assert got["busy_speedup"] == pytest.approx(1.75) and got["energy_ratio"] == pytest.approx(1.5)
+    assert got["dense_watts"] == pytest.approx(9.0 / 1.4)

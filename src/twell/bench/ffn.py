@@ -8,7 +8,11 @@ dispatch and the dense FFN module (``DenseReluGatedMLP``: a module's per-call ov
 a model pays), and at M <= 64 the small-batch kernels (``twell.ops.decode``) alone and through the
 module with the decode path on; it checks the TwELL output against an fp32 dense
 reference and reports l0 as measured on the kernel's own output.  A fast but wrong point is
-reported as wrong (``ok = False``), a slow one as slow.
+reported as wrong (``ok = False``), a slow one as slow.  With ``--energy-seconds S`` it also runs the
+dense FFN and the dispatched module back to back for S seconds each and reports the board's energy per
+call and the time per call there: at M=131072 both hold an H200 at its power cap, where the time per
+call follows the energy per call (bench_results/h200/clock_probe_session12*.log), so the back-to-back
+ratio can differ from the interleaved one.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ..reference.inference import dense_gated_ffn
 from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from ..tolerances import REL_TOL, rel_error
 from .environment import environment
+from .model_energy import EnergyMeter
 from .results import plot_speedup, record_row, write_results
 from .timing import DEFAULT_HOLD_MS, time_ms, time_ms_interleaved
 
@@ -55,6 +60,8 @@ class FfnSweep:
     #: ``time_ms_interleaved``'s ``hold_ms``: the device held before each interleaved call's start event, so
     #: that a host-bound callable in the cycle does not put host time into the others' intervals.
     hold_ms: float = DEFAULT_HOLD_MS
+    #: seconds of back-to-back calls per path for the energy per call (0: not measured)
+    energy_seconds: float = 0.0
 
 
 def _dense_ffn(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
@@ -150,6 +157,10 @@ def run_point(
             mlp_dec(x)
             row["decode_module_ms"] = time_ms(lambda: mlp_dec(x), device=device, rep_ms=cfg.rep_ms)
         row["decode_module_speedup"] = row["dense_ms"] / row["decode_module_ms"]
+    if cfg.energy_seconds > 0:
+        with torch.no_grad():
+            row.update(energy_fields(EnergyMeter(device), {"dense": lambda: _dense_ffn(x, wg, wu, wd),
+                                                           "dispatch": lambda: mlp(x)}, cfg.energy_seconds))
     row["method"] = "block-union" if m >= ops.inference.BLOCK_UNION_MIN_TOKENS else "row-gather"
     row["speedup"] = row["dense_ms"] / row["twell_ms"]
     row["ceiling"] = row["dense_ms"] / row["gate_cublas_ms"]
@@ -159,6 +170,24 @@ def run_point(
     row["weight_row_TBps"] = bytes_rows / (sparse_ms * 1e-3) / 1e12 if sparse_ms > 0 else math.nan
     row["ns_per_pair"] = sparse_ms * 1e6 / max(1.0, row["l0"] * m)
     return row
+
+
+def energy_fields(meter: EnergyMeter, fns: dict, seconds: float) -> dict:
+    """Per callable ``<name>_busy_ms`` (time per call back to back for ``seconds``) and ``<name>_j_per_call``
+    (board energy per call), then ``busy_speedup`` and ``energy_ratio`` of ``dense`` over ``dispatch``; or
+    ``energy_unavailable`` with the meter's reason."""
+    if meter.method is None:
+        return {"energy_unavailable": meter.reason}
+    out: dict = {"energy_method": meter.method}
+    for name, fn in fns.items():
+        fn()  # warm: first-call work stays out of the window
+        got = meter.measure(fn, min_seconds=seconds)
+        out[f"{name}_busy_ms"] = got["seconds"] * 1e3 / got["calls"]
+        out[f"{name}_j_per_call"] = got["joules"] / got["calls"]
+        out[f"{name}_watts"] = got["mean_watts"]
+    out["busy_speedup"] = out["dense_busy_ms"] / out["dispatch_busy_ms"]
+    out["energy_ratio"] = out["dense_j_per_call"] / out["dispatch_j_per_call"]
+    return out
 
 
 def run_sweep(cfg: FfnSweep, device: torch.device, log=print, on_row=None) -> list[dict]:
@@ -205,6 +234,10 @@ def format_row(r: dict) -> str:
         + (f" vs dense module {r['dispatch_vs_dense_module']:.2f}x" if "dispatch_vs_dense_module" in r else "")
         + (f" decode={r['decode_ms']:.3f} {r['decode_speedup']:.2f}x err={r['decode_rel_err']:.1e} "
            f"module+decode {r['decode_module_speedup']:.2f}x" if "decode_ms" in r else "")
+        + (f" | back to back: dense {r['dense_busy_ms']:.3f} ms {r['dense_j_per_call']:.3f} J, dispatched "
+           f"{r['dispatch_busy_ms']:.3f} ms {r['dispatch_j_per_call']:.3f} J: {r['busy_speedup']:.2f}x, energy "
+           f"{r['energy_ratio']:.2f}x" if "energy_ratio" in r else "")
+        + (f" | energy unavailable: {r['energy_unavailable']}" if "energy_unavailable" in r else "")
     )
 
 
@@ -228,10 +261,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="a candidate dispatch table for the module column, rows min_tokens:max_density "
                         "(density as a fraction, e.g. 4096:0.005,16384:0.05) for every layer shape; default: "
                         "the shipped policy")
+    p.add_argument("--energy-seconds", type=float, default=0.0,
+                   help="per point, run the dense FFN and the dispatched module back to back this long each and "
+                        "report the board energy per call and the time per call there (NVML or nvidia-smi; "
+                        "0: off)")
     p.add_argument("--fused-gate", action=argparse.BooleanOptionalAction, default=True,
                    help="the hot/cold split's GEMM, hot hidden state and cold pack in one kernel "
                         "(twell.ops.hot_cold_gate_kernel; hot-cold column and dispatched module; on by default)")
     a = p.parse_args(argv)
+    if not a.energy_seconds >= 0:
+        p.error(f"--energy-seconds must be a number of seconds >= 0 (0: off), got {a.energy_seconds}")
     hot_cold_plan.FUSED_GATE = a.fused_gate
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes = tuple(tuple(int(v) for v in s.lower().split("x")) for s in a.shape)
@@ -245,10 +284,11 @@ def main(argv: list[str] | None = None) -> int:
         rep_ms=a.rep_ms,
         dispatch_table=a.dispatch_table,
         hold_ms=a.hold_ms,
+        energy_seconds=a.energy_seconds,
     )
     meta = environment(device)
     meta["sweep"] = {"ms": cfg.ms, "densities": cfg.densities, "shapes": cfg.shapes, "dtype": a.dtype,
-                     "fused_gate": a.fused_gate, "hold_ms": a.hold_ms,
+                     "fused_gate": a.fused_gate, "hold_ms": a.hold_ms, "energy_seconds": a.energy_seconds,
                      "dispatch_table": "default" if a.dispatch_table is None else a.dispatch_table}
     rows = run_sweep(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, a.stem))
     paths = write_results(rows, meta, a.out, a.stem)
