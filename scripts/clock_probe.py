@@ -9,7 +9,7 @@ work, the epilogue's instructions cost energy as much as issue time, and which k
 per call then depends on their joules as well as their cycles.
 
 Per callable (cuBLAS's GEMM of the split's gate weight, the fused gate, the whole hot/cold op, the dense
-FFN): ``busy``: calls back to back for ``--seconds``, NVML polled every 5 ms in a thread (SM clock, power,
+FFN): ``busy``: calls back to back for ~2 s, NVML polled every 5 ms in a thread (SM clock, power,
 clock-event reasons), per call the events' median time and the energy counter's joules per call;
 ``gapped``: each call followed by an idle gap of twice its time, the events' median time and the clock
 seen during the calls.  Usage (GPU machine): ``PYTHONPATH=src python3 scripts/clock_probe.py``;

@@ -4,12 +4,13 @@ hidden kernel, cold pack), and of the hot/cold op with and without it, next to t
 
 Per (M, l0) on the synthetic problems of ``twell bench ffn`` (d=2048, F=5632; hot units = the H most
 frequent on a 4096-token sample): the three kernels' time, the fused kernel's per variant
-(``_GPU_CONFIG`` = BM, BK, stages, warps; cold slots by ``FUSED_RANK_SLOTS`` rank by rank or by the
-scan), whether its counts equal the three kernels' (they may differ where a gate value sits within
-rounding of 0: the GEMMs sum in different orders), then the whole op unfused and with the fused gate
-under each slot method, with its error against the unfused op.  Medians of
-``twell.bench.timing.time_ms``.  (Sessions 8-10 also timed hot-set sizes and the gather's preload /
-prefetch / tensor-core variants here: bench_results/h200/hot_cold_gate_probe_session10.log.)
+(``_GPU_CONFIG`` = BM, BK, stages, warps; cold slot method: the lean PTX keys of ``FUSED_LEAN_KEYS``,
+alone or in the flattened loop of ``FUSED_FLATTEN``, rank by rank, or the scan), whether its counts
+equal the three kernels' (they may differ where a gate value sits within rounding of 0: the GEMMs sum
+in different orders), then the whole op unfused and with the fused gate under each slot method, with
+its error against the unfused op.  Medians of ``twell.bench.timing.time_ms``.  (Sessions 8-10 also
+timed hot-set sizes and the gather's preload / prefetch / tensor-core variants here:
+bench_results/h200/hot_cold_gate_probe_session10.log.)
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/hot_cold_gate_probe.py``; ``--device cpu --tiny``
 under TRITON_INTERPRET=1 is the smoke test.
 """
@@ -42,7 +43,7 @@ from twell.tolerances import rel_error
 #: the lean one (ptxas, sm_90a, 248 registers, 164 KB of shared memory; session 12, offline).
 CONFIGS = [((128, 64, 3, 8), "lean"), ((128, 64, 3, 8), "lean-flat"), ((128, 64, 3, 8), "rank"),
            ((128, 64, 3, 8), "scan")]
-SLOTS = ("lean", "lean-flat", "rank", "scan")
+SLOTS = tuple(slots for _, slots in CONFIGS)
 
 
 def _variant(cfg: tuple) -> mock._patch:

@@ -167,8 +167,8 @@ def _store_slots(firsts, live, pid_m, twell_tile, map_ptr, val_ptr, idx_ptr, n_c
 
 
 @triton.jit
-def round_relu_16(acc, dtype: tl.constexpr, ASM: tl.constexpr):
-    """``relu_keep_nan(round_to(acc, dtype))`` in ``dtype`` (bf16 or fp16).  With ``ASM`` one PTX
+def round_relu(acc, dtype: tl.constexpr, ASM: tl.constexpr):
+    """``relu_keep_nan(round_to(acc, dtype))`` in ``dtype``.  With ``ASM`` (bf16 or fp16 only) one PTX
     ``cvt.rn.relu`` per two elements, where Triton's lowering spends a conversion, a compare against the
     smallest value that rounds to non-zero and a select per element and a NaN test per pair (SASS of the
     session 12 ncu source view).  ``cvt.rn.relu`` writes a NaN as the canonical NaN and may keep the sign
@@ -293,7 +293,7 @@ def _hot_cold_gate_kernel(
         if pid_n < n_hot_tiles:
             _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE)
         else:
-            act = round_relu_16(acc, dtype, LEAN_PTX) if LEAN_KEYS else relu_keep_nan(round_to(acc, dtype)).to(dtype)
+            act = round_relu(acc, dtype, LEAN_PTX)  # LEAN_PTX only with LEAN_KEYS
             # the two TwELL tiles of this output tile: columns [0, TILE) and [TILE, 2 TILE)
             left, right = tl.split(tl.permute(tl.reshape(act, (BM, 2, TILE)), (0, 2, 1)))
             first = 2 * (pid_n - n_hot_tiles)
