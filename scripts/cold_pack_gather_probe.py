@@ -9,7 +9,7 @@ column indices and with unit ids (medians of ``twell.bench.timing.time_ms``), an
 same pairs (same counts and values, each id the map's entry for its column).  Then the gather over each
 cold container (unit map and an fp32 init row, as the split runs it) per (SB units per step, warps): the
 row-gather kernel is latency-bound, and ptxas puts SB 4 on 4 warps (shipped) at 227 registers = 2 tokens
-per SM, SB 1 on 4 warps at 107 = 4 (docs/performance.md); with and without the preloaded container.
+per SM; the variants (GATHER_VARIANTS) trade SB against warps per token and so pairs in flight per SM.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/cold_pack_gather_probe.py``; ``--device cpu --tiny``
 under TRITON_INTERPRET=1 is the smoke test.
 """
@@ -31,16 +31,19 @@ TILE, CAP = 128, 16
 #: (H200, cold_pack_gather_probe_session7.log): SB 2 / 1 on 4 warps, SB 2 on 8, SB 1 on 2 were not
 #: faster than (4, 4) but at one point (SB 1, unit ids, l0=28).  ``preload`` (twell_ffn_kernel.
 #: GATHER_PRELOAD) reads the row's whole container with its counts; ``prefetch`` (GATHER_PREFETCH) also
-#: requests each step's rows one step ahead.  ptxas registers (sm_90a): 227 (shipped), 227 (preload),
-#: 227 / 148 / 127 with the prefetch at SB 2 / SB 1 / SB 2 on 8 warps.
-GATHER_VARIANTS = ((4, 4, False, False), (4, 4, True, False), (2, 4, True, True), (1, 4, True, True),
-                   (2, 8, True, True))
-#: The block tensor-core kernel (twell_ffn_kernel.GATHER_TENSOR_CORES: 16 tokens and 256 pair slots per
-#: program, the rows it cannot take through the shipped row kernel), as ``(num_warps, num_stages)``; ptxas
-#: (sm_90a, bench_results/sm90_offline/session9_row_gather_loop_instructions.log): 4 warps / 3 stages 255
-#: registers and 76 KB shared (2 programs per SM), 2 stages 43 KB, 8 warps 183 registers (1).  Its fp32 sums
-#: are grouped differently from the row kernel's: compared within the bf16 tolerance, not bit for bit.
-TC_VARIANTS = ((4, 3), (4, 2), (8, 3))
+#: requests each step's rows one step ahead: both slower in session 10 (cold_pack_gather_probe_session10.log),
+#: so session 13 times fewer warps per token instead.  The kernel is latency-bound and the pairs in flight
+#: per SM are (programs per SM) x SB; ptxas (sm_90a, offline, unit ids + init): SB 4 / 4 warps 227 registers
+#: (2 programs per SM, 8 pairs), SB 4 / 2 warps 255 (4 programs, 16 pairs, no spill; u's reduction spans 2
+#: warps, not 4), SB 2 / 2 warps 207 (4, 8), SB 1 / 4 warps 108 (4, 4), SB 2 / 4 warps 143 (3, 6), SB 1 on
+#: 1 warp 255 with 24 B spilled (8, 8; u reduced inside the warp).
+GATHER_VARIANTS = ((4, 4, False, False), (4, 2, False, False), (2, 2, False, False), (1, 4, False, False),
+                   (2, 4, False, False), (1, 1, False, False))
+#: The block tensor-core kernel (twell_ffn_kernel.GATHER_TENSOR_CORES) as ``(num_warps, num_stages)``:
+#: slower than the row kernel at every setting in session 10 (3.195-4.779 vs 2.146 ms at M=131072, l0=28;
+#: cold_pack_gather_probe_session10.log, which timed (4, 3), (4, 2), (8, 3)), so no longer timed here.  Its
+#: fp32 sums are grouped differently from the row kernel's: compared within the bf16 tolerance, not bit for bit.
+TC_VARIANTS: tuple[tuple[int, int], ...] = ()
 
 
 def same_pairs(columns: tuple, ids: tuple, unit_map: torch.Tensor) -> bool:
