@@ -27,18 +27,17 @@ from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import REL_TOL, rel_error
 
 TILE, CAP = 128, 16
-#: (SB, warps, preload, prefetch) of the row-gather kernel: the shipped (4, 4, off, off) first.  Session 7
-#: (H200, cold_pack_gather_probe_session7.log): SB 2 / 1 on 4 warps, SB 2 on 8, SB 1 on 2 were not
-#: faster than (4, 4) but at one point (SB 1, unit ids, l0=28).  ``preload`` (twell_ffn_kernel.
-#: GATHER_PRELOAD) reads the row's whole container with its counts; ``prefetch`` (GATHER_PREFETCH) also
-#: requests each step's rows one step ahead: both slower in session 10 (cold_pack_gather_probe_session10.log),
-#: so session 13 times fewer warps per token instead.  The kernel is latency-bound and the pairs in flight
-#: per SM are (programs per SM) x SB; ptxas (sm_90a, offline, unit ids + init): SB 4 / 4 warps 227 registers
-#: (2 programs per SM, 8 pairs), SB 4 / 2 warps 255 (4 programs, 16 pairs, no spill; u's reduction spans 2
-#: warps, not 4), SB 2 / 2 warps 207 (4, 8), SB 1 / 4 warps 108 (4, 4), SB 2 / 4 warps 143 (3, 6), SB 1 on
-#: 1 warp 255 with 24 B spilled (8, 8; u reduced inside the warp).
-GATHER_VARIANTS = ((4, 4, False, False), (4, 2, False, False), (2, 2, False, False), (1, 4, False, False),
-                   (2, 4, False, False), (1, 1, False, False))
+#: (SB, warps, preload, prefetch, rows together) of the row-gather kernel: the shipped (4, 4, off, off, off)
+#: first.  Session 7 (H200, cold_pack_gather_probe_session7.log): SB 2 / 1 on 4 warps, SB 2 on 8, SB 1 on 2
+#: were not faster than (4, 4) but at one point (SB 1, unit ids, l0=28).  ``preload`` (twell_ffn_kernel.
+#: GATHER_PRELOAD) and ``prefetch`` (GATHER_PREFETCH) were slower in session 10; fewer warps per token
+#: (SB 4 / 2, SB 2 / 2, SB 1 / 1) slower in session 13 (cold_pack_gather_probe_session13_warps.log).
+#: ``rows together`` (GATHER_ROWS_TOGETHER) requests a step's Wu and Wd rows in one round trip.  ptxas
+#: (sm_90a, offline, built as launched: D and strides multiples of 16; unit ids + init): (4, 4) 106
+#: registers = 4 programs per SM, with rows together 128 (4); SB 8 rows together 182 (2); SB 2 rows
+#: together 96 (5); SB 1 on 4 warps 64 (8).
+GATHER_VARIANTS = ((4, 4, False, False, False), (4, 4, False, False, True), (8, 4, False, False, True),
+                   (2, 4, False, False, True), (1, 4, False, False, False), (1, 4, False, False, True))
 #: The block tensor-core kernel (twell_ffn_kernel.GATHER_TENSOR_CORES) as ``(num_warps, num_stages)``:
 #: slower than the row kernel at every setting in session 10 (3.195-4.779 vs 2.146 ms at M=131072, l0=28;
 #: cold_pack_gather_probe_session10.log, which timed (4, 3), (4, 2), (8, 3)), so no longer timed here.  Its
@@ -69,16 +68,18 @@ def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: to
     out = torch.empty((m, d), dtype=x.dtype, device=dev)
     pairs = float(c.clamp(max=CAP).sum())
     parts = []
-    for sb, warps, preload, prefetch in GATHER_VARIANTS:
-        def gather(sb: int = sb, warps: int = warps, preload: bool = preload, prefetch: bool = prefetch
-                   ) -> torch.Tensor:
+    for sb, warps, preload, prefetch, together in GATHER_VARIANTS:
+        def gather(sb: int = sb, warps: int = warps, preload: bool = preload, prefetch: bool = prefetch,
+                   together: bool = together) -> torch.Tensor:
             return launch_twell_ffn(x, v, i, c, None, None, wg, wu, wdt, n_cols=unit_map.numel(), tile=TILE,
                                     round_hidden=True, out=out, unit_map=unit_map, init=init, sb=sb, num_warps=warps,
-                                    idx_is_unit=idx_is_unit, preload=preload, prefetch=prefetch)
+                                    idx_is_unit=idx_is_unit, preload=preload, prefetch=prefetch,
+                                    rows_together=together)
         t = time_ms(gather, device=dev, rep_ms=rep_ms)
         got = gather().clone()
         want = got if want is None else want
-        name = f"SB {sb} / {warps} warps{' preload' if preload else ''}{' prefetch' if prefetch else ''}"
+        name = (f"SB {sb} / {warps} warps{' preload' if preload else ''}{' prefetch' if prefetch else ''}"
+                f"{' rows together' if together else ''}")
         parts.append(f"{name} {t:.3f} ms ({t * 1e6 / max(pairs, 1):.2f} ns/pair, same {bool(torch.equal(got, want))})")
     for warps, stages in TC_VARIANTS:
         def tc_gather(warps: int = warps, stages: int = stages) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """The row-gather kernel with the row's TwELL container preloaded (``launch_twell_ffn(preload=True)``,
-``twell_ffn_kernel.GATHER_PRELOAD``) and with the next step's weight rows prefetched as well
-(``prefetch``, ``GATHER_PREFETCH``) against the per-step slot loads: the same bits on every path the
+``twell_ffn_kernel.GATHER_PRELOAD``), with the next step's weight rows prefetched as well
+(``prefetch``, ``GATHER_PREFETCH``), and with each step's Wu and Wd rows requested together
+(``rows_together``, ``GATHER_ROWS_TOGETHER``) against the per-step slot loads: the same bits on every path the
 kernel has (gated / non-gated, overflow recompute, spill area, unit map, unit ids, fp32 init rows, NaN,
 empty rows), and slots past a tile's count never read into the result.
 
@@ -23,7 +24,8 @@ from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.tolerances import REL_TOL, rel_error
 
-MODES = ["preload", "prefetch"]
+#: the preloaded container, the prefetch, and the step's Wu and Wd rows requested together (GATHER_ROWS_TOGETHER)
+MODES = ["preload", "prefetch", "rows-together"]
 
 
 @pytest.fixture(params=MODES)
@@ -37,9 +39,11 @@ def _both(monkeypatch, fn, mode: str) -> tuple:
     the exact-grid inputs of ``make_problem`` cannot see (every sum is exact)."""
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PRELOAD", False)
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PREFETCH", False)
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_ROWS_TOGETHER", False)
     off = fn()
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PRELOAD", mode == "preload")
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PREFETCH", mode == "prefetch")
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_ROWS_TOGETHER", mode == "rows-together")
     return off, fn()
 
 
@@ -111,24 +115,26 @@ def test_unused_slots_are_never_read_into_the_result(unit_ids, device):
     wdt = p["w_down"].t().contiguous()
     init = torch.randn(m, d, generator=torch.Generator().manual_seed(5)).to(device)
 
-    def run(values, indices, preload, prefetch=False):
+    def run(values, indices, preload, prefetch=False, together=False):
         out = torch.empty(m, d, dtype=p["x"].dtype, device=device)
         return launch_twell_ffn(p["x"], values, indices, c, None, None, p["w_gate"], p["w_up"], wdt, n_cols=f,
                                 tile=tile, round_hidden=True, out=out, unit_map=unit_map, init=init,
-                                idx_is_unit=unit_ids, preload=preload, prefetch=prefetch, sb=2)
+                                idx_is_unit=unit_ids, preload=preload, prefetch=prefetch, sb=2,
+                                rows_together=together)
 
     want = run(v, i, False)
     assert torch.equal(run(v_bad, i_bad, True), want) and torch.equal(run(v, i, True), want)
     assert torch.equal(run(v_bad, i_bad, False, True), want)
+    assert torch.equal(run(v_bad, i_bad, False, False, True), want)
 
 
 @pytest.mark.gpu
 def test_gpu_hot_cold_real_shape(monkeypatch, mode):
     """d=2048, F=5632, 4096 tokens at ~0.5 % density (the synthetic generator), hot units as the module
-    picks them: the preload gives the same bits; the prefetch (SB 2 against 4: its fp32 sums grouped
-    differently, on random data) stays within the bf16 tolerance of them."""
+    picks them: the preload and the rows requested together give the same bits; the prefetch (SB 2
+    against 4: its fp32 sums grouped differently, on random data) stays within the bf16 tolerance."""
     off, on = _both(monkeypatch, mode=mode, fn=real_shape_hot_cold_op())
-    if mode == "preload":
+    if mode != "prefetch":
         assert torch.equal(on, off)
     else:
         assert rel_error(on, off) <= REL_TOL[torch.bfloat16]

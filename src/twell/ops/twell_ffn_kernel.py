@@ -63,6 +63,16 @@ GATHER_PREFETCH = False
 #: and output rows (l2_gather_probe_session10.log): the row kernel is 1.6x over that floor, yet trading
 #: its per-pair FFMAs for per-block set-up and tensor-core products did not pay.  Off.
 GATHER_TENSOR_CORES = False
+#: Default of ``launch_twell_ffn``'s ``rows_together``: each step of the shipped (non-preloaded) loop requests
+#: its Wu and Wd rows at once, so a step waits on one L2 round trip instead of two (the Wd rows otherwise go
+#: out after u's cross-warp reduction, and the compiler moves no load across its barriers: the sm_90a PTX has
+#: 8 16-byte loads, the reduction's barriers, then 8 more per step; with the flag 16, then the barriers).  A
+#: token of ~7 cold pairs in two steps of 4 then waits on 4 round trips (counts, container entries, two
+#: steps) instead of 6.  ptxas (sm_90a, offline, built as launched: D and the row strides specialised as
+#: multiples of 16, unit ids + init, SB 4 on 4 warps): 128 registers against 106, 4 programs per SM either
+#: way.  (Register figures quoted in this module before session 13 came from a build without that
+#: specialisation, whose weight rows load 2 bytes at a time: 227 registers for the shipped kernel.)
+GATHER_ROWS_TOGETHER = False
 
 
 @triton.jit
@@ -206,6 +216,7 @@ def _twell_ffn_row_kernel(
     PRELOAD: tl.constexpr = False,
     PREFETCH: tl.constexpr = False,
     SKIP_TC_ROWS: tl.constexpr = False,
+    ROWS_TOGETHER: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = val_ptr.dtype.element_ty
@@ -263,8 +274,12 @@ def _twell_ffn_row_kernel(
             else:
                 a, unit, k_ok = _listed_entries(k, total, incl, excl, tiles, row, n_tiles, val_ptr, idx_ptr,
                                                 unit_map_ptr, TILE, CAP, HAS_MAP, IDX_IS_UNIT)
-                out += _units_contribution(a, k_ok, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED,
-                                           ROUND_HIDDEN)
+                if ROWS_TOGETHER:  # Wu and Wd rows in one round trip (see launch_twell_ffn's ``rows_together``)
+                    wu_s, wd_s = _unit_rows(k_ok, unit, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
+                    out += _rows_contribution(a, k_ok, wu_s, wd_s, x, dtype, GATED, ROUND_HIDDEN)
+                else:
+                    out += _units_contribution(a, k_ok, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED,
+                                               ROUND_HIDDEN)
 
     n_over = tl.sum((cnt > CAP).to(tl.int32), axis=0)
     if n_over > 0:
@@ -319,6 +334,7 @@ def launch_twell_ffn(
     tensor_cores: bool | None = None,
     tc_config: tuple[int, int] = (4, 3),
     taken: torch.Tensor | None = None,
+    rows_together: bool | None = None,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -339,6 +355,8 @@ def launch_twell_ffn(
     ``tc_config``: that kernel's ``(num_warps, num_stages)``.
     ``taken`` (int8 [M]; then the tensor-core gather is not used): rows flagged 1 were written by another kernel
     (:mod:`twell.ops.cold_down_kernel`); the row kernel reads and writes nothing for them.
+    ``rows_together`` (None: :data:`GATHER_ROWS_TOGETHER`; without the preload): each step requests its Wu and
+    Wd rows together instead of the Wd rows after u's reduction (same results, bit for bit).
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -400,6 +418,7 @@ def launch_twell_ffn(
         PRELOAD=preload,
         PREFETCH=prefetch,
         SKIP_TC_ROWS=skip_tc_rows,
+        ROWS_TOGETHER=GATHER_ROWS_TOGETHER if rows_together is None else rows_together,
         num_warps=num_warps or 4,
     )
     return out
