@@ -72,7 +72,13 @@ GATHER_TENSOR_CORES = False
 #: multiples of 16, unit ids + init, SB 4 on 4 warps): 128 registers against 106, 4 programs per SM either
 #: way.  (Register figures quoted in this module before session 13 came from a build without that
 #: specialisation, whose weight rows load 2 bytes at a time: 227 registers for the shipped kernel.)
-GATHER_ROWS_TOGETHER = False
+#: Predicted: the cold gather 2.15 -> 1.6-1.8 ms at M=131072, l0=28.  Measured (H200, bf16, 2048 x 5632,
+#: synthetic, unit ids + init as the split runs it; bench_results/h200/cold_pack_gather_probe_session13_together
+#: .log): 2.145 -> 1.881 ms at M=131072 / l0=28, 2.416 -> 2.135 at l0=56, 0.323 -> 0.279 at M=16384 / l0=28,
+#: bit for bit the same output.  SB 1 with it was faster at one point (1.782 at M=131072, l0=28) and slower at
+#: the other two (0.405, 2.489); SB 2 (96 registers, 5 programs per SM) 1.977 / 2.359 / 0.319; SB 8 (182, 2
+#: programs) 3.771.  On.
+GATHER_ROWS_TOGETHER = True
 
 
 @triton.jit
@@ -94,8 +100,9 @@ def _hidden(a, live, wu, x, dtype: tl.constexpr, GATED: tl.constexpr, ROUND_HIDD
 @triton.jit
 def _units_contribution(a, live, unit, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype: tl.constexpr,
                         GATED: tl.constexpr, ROUND_HIDDEN: tl.constexpr):
-    """sum_j h_j * Wd[:, j] over SB units ``unit`` with gate values ``a`` (fp32) where ``live`` (the Wd rows
-    requested after u: 227 registers at SB 4 on 4 warps, against 236 with both requested first)."""
+    """sum_j h_j * Wd[:, j] over SB units ``unit`` with gate values ``a`` (fp32) where ``live``, the Wd rows
+    requested after u (one more round trip than :func:`_unit_rows`; the list loop uses that one when
+    ``GATHER_ROWS_TOGETHER`` is on, the dense pass over overflowing tiles this one)."""
     w_off = unit[:, None] * D + offs_d[None, :]
     w_ok = live[:, None] & d_ok[None, :]
     wu = x[None, :]
