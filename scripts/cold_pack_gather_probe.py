@@ -27,17 +27,25 @@ from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import REL_TOL, rel_error
 
 TILE, CAP = 128, 16
-#: (SB, warps, preload, prefetch, rows together) of the row-gather kernel: the shipped (4, 4, off, off, off)
-#: first.  Session 7 (H200, cold_pack_gather_probe_session7.log): SB 2 / 1 on 4 warps, SB 2 on 8, SB 1 on 2
-#: were not faster than (4, 4) but at one point (SB 1, unit ids, l0=28).  ``preload`` (twell_ffn_kernel.
-#: GATHER_PRELOAD) and ``prefetch`` (GATHER_PREFETCH) were slower in session 10; fewer warps per token
-#: (SB 4 / 2, SB 2 / 2, SB 1 / 1) slower in session 13 (cold_pack_gather_probe_session13_warps.log).
-#: ``rows together`` (GATHER_ROWS_TOGETHER) requests a step's Wu and Wd rows in one round trip.  ptxas
-#: (sm_90a, offline, built as launched: D and strides multiples of 16; unit ids + init): (4, 4) 106
-#: registers = 4 programs per SM, with rows together 128 (4); SB 8 rows together 182 (2); SB 2 rows
-#: together 96 (5); SB 1 on 4 warps 64 (8).
-GATHER_VARIANTS = ((4, 4, False, False, False), (4, 4, False, False, True), (8, 4, False, False, True),
-                   (2, 4, False, False, True), (1, 4, False, False, False), (1, 4, False, False, True))
+#: (label, launch_twell_ffn keywords) of the row-gather kernel, the reference first.  Session 7 (H200,
+#: cold_pack_gather_probe_session7.log): SB 2 / 1 on 4 warps, SB 2 on 8, SB 1 on 2 not faster than SB 4 on
+#: 4 warps but at one point; ``preload`` (twell_ffn_kernel.GATHER_PRELOAD) and ``prefetch`` (GATHER_PREFETCH)
+#: slower in session 10; fewer warps per token (SB 4 / 2, SB 2 / 2, SB 1 / 1) slower in session 13
+#: (cold_pack_gather_probe_session13_warps.log); a step's Wu and Wd rows in one round trip (``rows_together``,
+#: GATHER_ROWS_TOGETHER) faster at every point (_session13_together.log: 2.145 -> 1.881 ms at M=131072,
+#: l0=28), on since.  Now the next step's entries requested a step ahead (``entries_ahead``,
+#: GATHER_ENTRIES_AHEAD): ptxas (sm_90a, offline, built as launched) 141 registers (3 programs per SM) left
+#: alone, 128 with 4 bytes spilled under the 128-register cap it ships with (4 programs), SB 4 on 4 warps.
+GATHER_VARIANTS = (
+    ("SB 4 / 4 warps, Wd after u", dict(sb=4, num_warps=4, rows_together=False, entries_ahead=False)),
+    ("SB 4 / 4 warps, rows together", dict(sb=4, num_warps=4, rows_together=True, entries_ahead=False)),
+    ("SB 4 / 4 warps, entries ahead <= 128 regs", dict(sb=4, num_warps=4, rows_together=True, entries_ahead=True,
+                                                        max_registers=128)),
+    ("SB 4 / 4 warps, entries ahead 141 regs", dict(sb=4, num_warps=4, rows_together=True, entries_ahead=True,
+                                                     max_registers=0)),
+    ("SB 2 / 4 warps, entries ahead", dict(sb=2, num_warps=4, rows_together=True, entries_ahead=True)),
+    ("SB 1 / 4 warps, entries ahead", dict(sb=1, num_warps=4, rows_together=True, entries_ahead=True)),
+)
 #: The block tensor-core kernel (twell_ffn_kernel.GATHER_TENSOR_CORES) as ``(num_warps, num_stages)``:
 #: slower than the row kernel at every setting in session 10 (3.195-4.779 vs 2.146 ms at M=131072, l0=28;
 #: cold_pack_gather_probe_session10.log, which timed (4, 3), (4, 2), (8, 3)), so no longer timed here.  Its
@@ -68,18 +76,14 @@ def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: to
     out = torch.empty((m, d), dtype=x.dtype, device=dev)
     pairs = float(c.clamp(max=CAP).sum())
     parts = []
-    for sb, warps, preload, prefetch, together in GATHER_VARIANTS:
-        def gather(sb: int = sb, warps: int = warps, preload: bool = preload, prefetch: bool = prefetch,
-                   together: bool = together) -> torch.Tensor:
+    for name, kwargs in GATHER_VARIANTS:
+        def gather(kwargs: dict = kwargs) -> torch.Tensor:
             return launch_twell_ffn(x, v, i, c, None, None, wg, wu, wdt, n_cols=unit_map.numel(), tile=TILE,
-                                    round_hidden=True, out=out, unit_map=unit_map, init=init, sb=sb, num_warps=warps,
-                                    idx_is_unit=idx_is_unit, preload=preload, prefetch=prefetch,
-                                    rows_together=together)
+                                    round_hidden=True, out=out, unit_map=unit_map, init=init,
+                                    idx_is_unit=idx_is_unit, **kwargs)
         t = time_ms(gather, device=dev, rep_ms=rep_ms)
         got = gather().clone()
         want = got if want is None else want
-        name = (f"SB {sb} / {warps} warps{' preload' if preload else ''}{' prefetch' if prefetch else ''}"
-                f"{' rows together' if together else ''}")
         parts.append(f"{name} {t:.3f} ms ({t * 1e6 / max(pairs, 1):.2f} ns/pair, same {bool(torch.equal(got, want))})")
     for warps, stages in TC_VARIANTS:
         def tc_gather(warps: int = warps, stages: int = stages) -> torch.Tensor:
