@@ -33,18 +33,14 @@ TILE, CAP = 128, 16
 #: slower in session 10; fewer warps per token (SB 4 / 2, SB 2 / 2, SB 1 / 1) slower in session 13
 #: (cold_pack_gather_probe_session13_warps.log); a step's Wu and Wd rows in one round trip (``rows_together``,
 #: GATHER_ROWS_TOGETHER) faster at every point (_session13_together.log: 2.145 -> 1.881 ms at M=131072,
-#: l0=28), on since.  Now the next step's entries requested a step ahead (``entries_ahead``,
-#: GATHER_ENTRIES_AHEAD): ptxas (sm_90a, offline, built as launched) 141 registers (3 programs per SM) left
-#: alone, 128 with 4 bytes spilled under the 128-register cap it ships with (4 programs), SB 4 on 4 warps.
+#: l0=28), on since.  The next step's container entries requested a step ahead as well (commit 2d56834,
+#: since removed; _session13_ahead.log) was slower: 1.990 vs 1.861 ms at M=131072 / l0=28 capped at 128
+#: registers (4 B spilled), 2.281 uncapped (141 registers, 3 programs per SM), 0.288 vs 0.277 at M=16384.
 GATHER_VARIANTS = (
-    ("SB 4 / 4 warps, Wd after u", dict(sb=4, num_warps=4, rows_together=False, entries_ahead=False)),
-    ("SB 4 / 4 warps, rows together", dict(sb=4, num_warps=4, rows_together=True, entries_ahead=False)),
-    ("SB 4 / 4 warps, entries ahead <= 128 regs", dict(sb=4, num_warps=4, rows_together=True, entries_ahead=True,
-                                                        max_registers=128)),
-    ("SB 4 / 4 warps, entries ahead 141 regs", dict(sb=4, num_warps=4, rows_together=True, entries_ahead=True,
-                                                     max_registers=0)),
-    ("SB 2 / 4 warps, entries ahead", dict(sb=2, num_warps=4, rows_together=True, entries_ahead=True)),
-    ("SB 1 / 4 warps, entries ahead", dict(sb=1, num_warps=4, rows_together=True, entries_ahead=True)),
+    ("SB 4 / 4 warps, Wd after u", dict(sb=4, num_warps=4, rows_together=False)),
+    ("SB 4 / 4 warps, rows together", dict(sb=4, num_warps=4, rows_together=True)),
+    ("SB 2 / 4 warps, rows together", dict(sb=2, num_warps=4, rows_together=True)),
+    ("SB 1 / 4 warps, rows together", dict(sb=1, num_warps=4, rows_together=True)),
 )
 #: The block tensor-core kernel (twell_ffn_kernel.GATHER_TENSOR_CORES) as ``(num_warps, num_stages)``:
 #: slower than the row kernel at every setting in session 10 (3.195-4.779 vs 2.146 ms at M=131072, l0=28;

@@ -47,9 +47,6 @@ SPILL_BUDGET_BYTES = {
     # multiples of 16, so 16-byte loads): the prefetch at SB 2 (GATHER_PREFETCH) and the row kernel skipping
     # the tensor-core kernel's rows (GATHER_TENSOR_CORES); the shipped gathers spill nothing
     "ffn_gated1_spill0_split1_ids_preload_prefetch_sb2": 12, "ffn_gated1_spill0_split1_ids_skip_tc": 20,
-    # the split's gather with the next step's entries requested ahead, capped at 128 registers (4 programs
-    # per SM; 141 uncapped, 3 per SM): twell_ffn_kernel.GATHER_ENTRIES_AHEAD_MAX_REGISTERS
-    "ffn_gated1_spill0_split1_ids_ahead": 4,
 }
 
 
@@ -67,8 +64,7 @@ def test_no_kernel_uses_local_memory(compiled):
         "gate_epilogue0", "gate_epilogue2", "pack", "pack_ids", "ffn_gated1_spill0_split0",
         "ffn_gated0_spill1_split0", "ffn_gated1_spill0_split1", "ffn_gated1_spill0_split1_ids",
         "ffn_gated1_spill0_split1_ids_preload", "ffn_gated1_spill0_split1_ids_preload_prefetch_sb2",
-        "ffn_gated1_spill0_split1_ids_skip_tc", "ffn_gated1_spill0_split1_ids_together",
-        "ffn_gated1_spill0_split1_ids_ahead", "ffn_tc_block", "hot_hidden",
+        "ffn_gated1_spill0_split1_ids_skip_tc", "ffn_gated1_spill0_split1_ids_together", "ffn_tc_block", "hot_hidden",
         "pack_bitmap", "bitmap_ffn", "block_union", "union_up", "union_down", "train_pack_rows",
         "train_forward_rows", "train_backward_rows", "train_unit_grads", "decode_hidden_bm16",
         "decode_hidden_bm16_gate_in", "decode_down_bm16", "decode_hidden_bm64", "decode_hidden_bm64_gate_in",

@@ -1,8 +1,7 @@
 """The row-gather kernel with the row's TwELL container preloaded (``launch_twell_ffn(preload=True)``,
 ``twell_ffn_kernel.GATHER_PRELOAD``), with the next step's weight rows prefetched as well
-(``prefetch``, ``GATHER_PREFETCH``), with each step's Wu and Wd rows requested together (``rows_together``,
-``GATHER_ROWS_TOGETHER``), and with those and the next step's entries requested a step ahead
-(``entries_ahead``, ``GATHER_ENTRIES_AHEAD``), against the per-step slot loads: the same bits on every path the
+(``prefetch``, ``GATHER_PREFETCH``), and with each step's Wu and Wd rows requested together
+(``rows_together``, ``GATHER_ROWS_TOGETHER``) against the per-step slot loads: the same bits on every path the
 kernel has (gated / non-gated, overflow recompute, spill area, unit map, unit ids, fp32 init rows, NaN,
 empty rows), and slots past a tile's count never read into the result.
 
@@ -25,9 +24,8 @@ from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.tolerances import REL_TOL, rel_error
 
-#: the preloaded container, the prefetch, the step's Wu and Wd rows requested together (GATHER_ROWS_TOGETHER),
-#: and with them the next step's entries requested a step ahead (GATHER_ENTRIES_AHEAD)
-MODES = ["preload", "prefetch", "rows-together", "entries-ahead"]
+#: the preloaded container, the prefetch, and the step's Wu and Wd rows requested together (GATHER_ROWS_TOGETHER)
+MODES = ["preload", "prefetch", "rows-together"]
 
 
 @pytest.fixture(params=MODES)
@@ -42,12 +40,10 @@ def _both(monkeypatch, fn, mode: str) -> tuple:
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PRELOAD", False)
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PREFETCH", False)
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_ROWS_TOGETHER", False)
-    monkeypatch.setattr(twell_ffn_kernel, "GATHER_ENTRIES_AHEAD", False)
     off = fn()
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PRELOAD", mode == "preload")
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PREFETCH", mode == "prefetch")
-    monkeypatch.setattr(twell_ffn_kernel, "GATHER_ROWS_TOGETHER", mode in ("rows-together", "entries-ahead"))
-    monkeypatch.setattr(twell_ffn_kernel, "GATHER_ENTRIES_AHEAD", mode == "entries-ahead")
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_ROWS_TOGETHER", mode == "rows-together")
     return off, fn()
 
 
@@ -119,24 +115,23 @@ def test_unused_slots_are_never_read_into_the_result(unit_ids, device):
     wdt = p["w_down"].t().contiguous()
     init = torch.randn(m, d, generator=torch.Generator().manual_seed(5)).to(device)
 
-    def run(values, indices, preload, prefetch=False, together=False, ahead=False):
+    def run(values, indices, preload, prefetch=False, together=False):
         out = torch.empty(m, d, dtype=p["x"].dtype, device=device)
         return launch_twell_ffn(p["x"], values, indices, c, None, None, p["w_gate"], p["w_up"], wdt, n_cols=f,
                                 tile=tile, round_hidden=True, out=out, unit_map=unit_map, init=init,
                                 idx_is_unit=unit_ids, preload=preload, prefetch=prefetch, sb=2,
-                                rows_together=together, entries_ahead=ahead)
+                                rows_together=together)
 
     want = run(v, i, False)
     assert torch.equal(run(v_bad, i_bad, True), want) and torch.equal(run(v, i, True), want)
     assert torch.equal(run(v_bad, i_bad, False, True), want)
     assert torch.equal(run(v_bad, i_bad, False, False, True), want)
-    assert torch.equal(run(v_bad, i_bad, False, False, True, True), want)
 
 
 @pytest.mark.gpu
 def test_gpu_hot_cold_real_shape(monkeypatch, mode):
     """d=2048, F=5632, 4096 tokens at ~0.5 % density (the synthetic generator), hot units as the module
-    picks them: the preload, the rows together and the entries ahead give the same bits; the prefetch (SB 2
+    picks them: the preload and the rows requested together give the same bits; the prefetch (SB 2
     against 4: its fp32 sums grouped differently, on random data) stays within the bf16 tolerance."""
     off, on = _both(monkeypatch, mode=mode, fn=real_shape_hot_cold_op())
     if mode != "prefetch":

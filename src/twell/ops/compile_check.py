@@ -153,13 +153,6 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
     consts.update({"SKIP_TC_ROWS": False, "ROWS_TOGETHER": True})
     results["ffn_gated1_spill0_split1_ids_together"] = _stats(
         _compile(_twell_ffn_row_kernel, ffn_sig, consts, target, num_warps=4, divisible=row_divisible), arch)
-    # and the next step's entries requested a step ahead, under the register cap it launches with
-    from .twell_ffn_kernel import GATHER_ENTRIES_AHEAD_MAX_REGISTERS
-
-    consts["ENTRIES_AHEAD"] = True
-    results["ffn_gated1_spill0_split1_ids_ahead"] = _stats(
-        _compile(_twell_ffn_row_kernel, ffn_sig, consts, target, num_warps=4, divisible=row_divisible,
-                 maxnreg=GATHER_ENTRIES_AHEAD_MAX_REGISTERS), arch)
     from .twell_ffn_tc_kernel import _twell_ffn_tc_kernel
 
     tc_sig = {n: "*bf16" for n in ("x_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr")}

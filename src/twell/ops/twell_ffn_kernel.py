@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import interpreting, next_pow2
+from ._runtime import next_pow2
 from .gate_kernel import relu_keep_nan, round_to
 from .twell_ffn_tc_kernel import launch_twell_ffn_tc, tc_eligible
 
@@ -77,17 +77,10 @@ GATHER_TENSOR_CORES = False
 #: .log): 2.145 -> 1.881 ms at M=131072 / l0=28, 2.416 -> 2.135 at l0=56, 0.323 -> 0.279 at M=16384 / l0=28,
 #: bit for bit the same output.  SB 1 with it was faster at one point (1.782 at M=131072, l0=28) and slower at
 #: the other two (0.405, 2.489); SB 2 (96 registers, 5 programs per SM) 1.977 / 2.359 / 0.319; SB 8 (182, 2
-#: programs) 3.771.  On.
+#: programs) 3.771.  On.  Requesting the next step's container entries a step ahead as well (one round trip
+#: fewer per token) measured slower: 1.990 vs 1.861 ms at M=131072, l0=28 under a 128-register cap, 2.281 at
+#: its uncapped 141 registers (cold_pack_gather_probe_session13_ahead.log; removed after commit 2d56834).
 GATHER_ROWS_TOGETHER = True
-#: Default of ``launch_twell_ffn``'s ``entries_ahead``: the list loop requests step s+1's container entries
-#: (values and weight-row ids: SB scalars) at the top of step s, before step s's rows are used, so they
-#: arrive during step s's round trip.  With the rows together a token then waits on counts, its first
-#: entries, and one round trip per step: 4 instead of 5 for ~7 cold pairs in two steps of 4.
-GATHER_ENTRIES_AHEAD = False
-#: ptxas's register limit for the kernel with ``entries_ahead``: left alone it takes 141 registers at SB 4 on
-#: 4 warps (3 programs per SM), against 128 (4 per SM) without; capped at 128 it spills 4 bytes (sm_90a,
-#: offline, built as launched).
-GATHER_ENTRIES_AHEAD_MAX_REGISTERS = 128
 
 
 @triton.jit
@@ -233,7 +226,6 @@ def _twell_ffn_row_kernel(
     PREFETCH: tl.constexpr = False,
     SKIP_TC_ROWS: tl.constexpr = False,
     ROWS_TOGETHER: tl.constexpr = False,
-    ENTRIES_AHEAD: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = val_ptr.dtype.element_ty
@@ -279,21 +271,6 @@ def _twell_ffn_row_kernel(
             wu_n, wd_n = _unit_rows(live_n, unit_n, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
             out += _rows_contribution(a_p, live_p, wu_p, wd_p, x, dtype, GATED, ROUND_HIDDEN)
             a_p, live_p, wu_p, wd_p = a_n, live_n, wu_n, wd_n
-    elif ENTRIES_AHEAD and not PRELOAD:
-        # each step requests the next step's container entries before waiting on its own rows, so a step's
-        # entries arrive during the previous step's round trip (see launch_twell_ffn's ``entries_ahead``)
-        a_c, unit_c, ok_c = _listed_entries(tl.arange(0, SB), total, incl, excl, tiles, row, n_tiles, val_ptr,
-                                            idx_ptr, unit_map_ptr, TILE, CAP, HAS_MAP, IDX_IS_UNIT)
-        for k0 in range(0, total, SB):
-            a_n, unit_n, ok_n = _listed_entries(k0 + SB + tl.arange(0, SB), total, incl, excl, tiles, row, n_tiles,
-                                                val_ptr, idx_ptr, unit_map_ptr, TILE, CAP, HAS_MAP, IDX_IS_UNIT)
-            if ROWS_TOGETHER:
-                wu_c, wd_c = _unit_rows(ok_c, unit_c, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
-                out += _rows_contribution(a_c, ok_c, wu_c, wd_c, x, dtype, GATED, ROUND_HIDDEN)
-            else:
-                out += _units_contribution(a_c, ok_c, unit_c, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED,
-                                           ROUND_HIDDEN)
-            a_c, unit_c, ok_c = a_n, unit_n, ok_n
     else:
         for k0 in range(0, total, SB):
             k = k0 + tl.arange(0, SB)
@@ -367,8 +344,6 @@ def launch_twell_ffn(
     tc_config: tuple[int, int] = (4, 3),
     taken: torch.Tensor | None = None,
     rows_together: bool | None = None,
-    entries_ahead: bool | None = None,
-    max_registers: int | None = None,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -391,10 +366,6 @@ def launch_twell_ffn(
     (:mod:`twell.ops.cold_down_kernel`); the row kernel reads and writes nothing for them.
     ``rows_together`` (None: :data:`GATHER_ROWS_TOGETHER`; without the preload): each step requests its Wu and
     Wd rows together instead of the Wd rows after u's reduction (same results, bit for bit).
-    ``entries_ahead`` (None: :data:`GATHER_ENTRIES_AHEAD`; without the preload): each step requests the next
-    step's container entries before its own rows are used (same results, bit for bit).
-    ``max_registers``: ptxas's register limit per thread (None: :data:`GATHER_ENTRIES_AHEAD_MAX_REGISTERS` with
-    ``entries_ahead``, else none; 0: none).
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -422,9 +393,6 @@ def launch_twell_ffn(
                                     init=init, idx_is_unit=idx_is_unit, num_warps=tc_config[0],
                                     num_stages=tc_config[1])
     dummy = values  # any pointer for unused arguments (their loads are compiled out)
-    ahead = GATHER_ENTRIES_AHEAD if entries_ahead is None else entries_ahead
-    if max_registers is None and ahead and not interpreting():
-        max_registers = GATHER_ENTRIES_AHEAD_MAX_REGISTERS
     _twell_ffn_row_kernel[(m,)](
         x,
         w_source if w_source is not None else dummy,
@@ -460,8 +428,6 @@ def launch_twell_ffn(
         PREFETCH=prefetch,
         SKIP_TC_ROWS=skip_tc_rows,
         ROWS_TOGETHER=GATHER_ROWS_TOGETHER if rows_together is None else rows_together,
-        ENTRIES_AHEAD=ahead,
         num_warps=num_warps or 4,
-        **({"maxnreg": max_registers} if max_registers else {}),
     )
     return out
