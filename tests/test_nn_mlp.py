@@ -322,10 +322,12 @@ def test_policy_device_types_and_constructors():
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.0, device_type="cpu")
     shape = (2048, 5632)
     assert not DEFAULT_POLICY.use_sparse(2047, 0.0, shape=shape)
-    assert DEFAULT_POLICY.use_sparse(2048, 13.495 / 5632, shape=shape)  # the measured winning points
+    assert DEFAULT_POLICY.use_sparse(2048, 13.569 / 5632, shape=shape)  # the measured winning points
     assert not DEFAULT_POLICY.use_sparse(2048, 0.005, shape=shape)
-    assert DEFAULT_POLICY.use_sparse(8192, 55.68 / 5632, shape=shape)
-    assert not DEFAULT_POLICY.use_sparse(8192, 0.015, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(4096, 556.2 / 5632, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(4096, 0.1, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(8192, 559.49 / 5632, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(8192, 0.1, shape=shape)
     assert DEFAULT_POLICY.use_sparse(16384, 561.04 / 5632, shape=shape)
     assert DEFAULT_POLICY.use_sparse(131072, 562.2 / 5632, shape=shape)
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.1, shape=shape)

@@ -35,17 +35,20 @@ DispatchTable = tuple[tuple[int, float], ...]
 #: this table to 4096 x 14336 only, and 2048 x 5632 follows its tuned one below.
 H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 
-#: The 2048 x 5632 table from ``twell tune-dispatch`` (H200, bf16, commit 513fa3a, session 11,
-#: bench_results/h200/dispatch_2048x5632_session11.json): the module held on its sparse path against the
-#: dense module, call by call interleaved with a 2 ms hold, 8 token counts x 9 densities (0.25-10 %), a
-#: row where every density up to its limit won by >= 1.05x.  Sparse wins from 2048 tokens at 0.25 %
-#: (1.10x), 4096 at 0.5 % (1.07x; 1 % 1.00x), 8192 at 1 % (1.12x; 1.5 % 1.01x), and from 16384 tokens at
-#: every density measured, 10 % included (1.19x at 16384, 1.13x at 131072); 1024 tokens lost at every
-#: density (0.68-0.85x).  Each limit is the density the synthetic problem actually had at the last
-#: winning point (l0 / F, e.g. 13.495 / 5632 at 0.25 %, 561.05 / 5632 at 10 %), rounded up in its 7th
-#: decimal, so the measured point itself is inside; above 10 % nothing was measured.
+#: The 2048 x 5632 table from ``twell tune-dispatch`` (H200, bf16): the module held on its sparse path against
+#: the dense module, call by call interleaved with a 2 ms hold, a row where every density up to its limit
+#: won by >= 1.05x.  Rows from 16384 tokens: session 11 (commit 513fa3a, bench_results/h200/
+#: dispatch_2048x5632_session11.json, 8 token counts x 9 densities, 0.25-10 %): sparse wins at every density
+#: measured, 10 % included (1.19x at 16384, 1.13x at 131072).  Rows below: session 13 (commit 3bc72d4, after
+#: the cold gather's rows-together loads, dispatch_2048x5632_session13_small_m.json, 1024-8192 tokens x the
+#: same 9 densities): 2048 tokens at 0.25 % (1.24x; 0.5-10 % 0.90-1.04x), 4096 at every density (1.12-1.46x;
+#: session 11 had 1.00x at 1 %), 8192 at every density (1.16-1.64x); 1024 lost everywhere (0.86-0.99x).
+#: The sparse path only got faster between the two runs, so the rows from 16384 still hold.  Each limit is
+#: the density the synthetic problem actually had at the last winning point (l0 / F, e.g. 13.569 / 5632 at
+#: 0.25 % and 2048 tokens), rounded up in its 7th decimal, so the measured point itself is inside; above
+#: 10 % nothing was measured.
 H200_BF16_2048X5632_TABLE: DispatchTable = (
-    (2048, 0.0023962), (4096, 0.0048960), (8192, 0.0098864), (16384, 0.0996176), (32768, 0.0998369),
+    (2048, 0.0024093), (4096, 0.0987608), (8192, 0.0993416), (16384, 0.0996176), (32768, 0.0998369),
     (65536, 0.0997857), (131072, 0.0998256),
 )
 
