@@ -13,6 +13,7 @@ from torch import nn
 from twell.nn import (
     DEFAULT_POLICY,
     H200_BF16_2048X5632_TABLE,
+    H200_BF16_4096X14336_TABLE,
     H200_BF16_TABLE,
     DenseReluGatedMLP,
     DispatchPolicy,
@@ -331,16 +332,20 @@ def test_policy_device_types_and_constructors():
     assert DEFAULT_POLICY.use_sparse(16384, 561.04 / 5632, shape=shape)
     assert DEFAULT_POLICY.use_sparse(131072, 562.2 / 5632, shape=shape)
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.1, shape=shape)
-    big = (4096, 14336)  # measured in session 8: the shared table
+    big = (4096, 14336)  # measured in session 8: its own table since session 13
+    assert DEFAULT_POLICY.table_for(big) == H200_BF16_4096X14336_TABLE
     assert not DEFAULT_POLICY.use_sparse(8192, 0.001, shape=big)
-    assert DEFAULT_POLICY.use_sparse(16384, 0.05, shape=big)
+    assert DEFAULT_POLICY.use_sparse(16384, 717.0119 / 14336, shape=big)  # the measured 5 % points themselves
+    assert DEFAULT_POLICY.use_sparse(131072, 718.0941 / 14336, shape=big)
+    assert not DEFAULT_POLICY.use_sparse(65536, 718.0941 / 14336, shape=big)  # above 16384's limit
     assert not DEFAULT_POLICY.use_sparse(16384, 0.051, shape=big)
     # shapes the tables were not measured for, or an unknown shape, get the dense path
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001, shape=(768, 2112))
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001)
     with pytest.raises(TypeError, match="shapes"):
         DispatchPolicy(shapes=("2048x5632",))
-    assert hash(DEFAULT_POLICY) == hash(DispatchPolicy(shape_tables=(((2048, 5632), H200_BF16_2048X5632_TABLE),)))
+    assert hash(DEFAULT_POLICY) == hash(DispatchPolicy(shape_tables=(((2048, 5632), H200_BF16_2048X5632_TABLE),
+                                                                     ((4096, 14336), H200_BF16_4096X14336_TABLE))))
     # the constructors and an explicit table ignore the default's per-shape tables
     assert not DispatchPolicy.always_dense().use_sparse(10**9, 0.0, shape=shape)
     assert DispatchPolicy(table=((0, 0.5),), shapes=None).table_for(shape) == ((0, 0.5),)

@@ -1,6 +1,12 @@
 """``torch.nn`` layers built on the TwELL ops: the sparse ReLU-gated MLP and its dispatch policy."""
 
-from .dispatch import DEFAULT_POLICY, H200_BF16_2048X5632_TABLE, H200_BF16_TABLE, DispatchPolicy
+from .dispatch import (
+    DEFAULT_POLICY,
+    H200_BF16_2048X5632_TABLE,
+    H200_BF16_4096X14336_TABLE,
+    H200_BF16_TABLE,
+    DispatchPolicy,
+)
 from .dispatch_file import load_policy, save_policy
 from .mlp import DenseReluGatedMLP, SparseGatedMLP, static_dispatch
 from .norm import FusedRMSNorm, fuse_rms_norms, unfuse_rms_norms
@@ -9,6 +15,7 @@ from .rope import fuse_rotary, unfuse_rotary
 __all__ = [
     "DEFAULT_POLICY",
     "H200_BF16_2048X5632_TABLE",
+    "H200_BF16_4096X14336_TABLE",
     "H200_BF16_TABLE",
     "DenseReluGatedMLP",
     "DispatchPolicy",

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_POLICY", "H200_BF16_2048X5632_TABLE", "H200_BF16_TABLE", "DispatchPolicy", "DispatchTable",
+__all__ = ["DEFAULT_POLICY", "H200_BF16_2048X5632_TABLE", "H200_BF16_4096X14336_TABLE", "H200_BF16_TABLE",
+           "DispatchPolicy", "DispatchTable",
            "density_of"]
 
 #: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
@@ -31,8 +32,9 @@ DispatchTable = tuple[tuple[int, float], ...]
 #: the op alone gave 1.21x); from 16384 tokens the hot/cold op won at every measured density up to 5 %
 #: (1.56x at 0.25 %, 1.40x at 0.5 %, 1.17x at 1 %, 1.15x at 2 %, 1.06x at 5 %; at 131072 tokens 1.60x to
 #: 1.10x), so the sparse path starts at 16384 tokens and up to 5 % density.  4096 x 14336 measured the
-#: same in session 8 (DispatchPolicy's ``shapes`` note); since session 11 :data:`DEFAULT_POLICY` applies
-#: this table to 4096 x 14336 only, and 2048 x 5632 follows its tuned one below.
+#: same in session 8 (DispatchPolicy's ``shapes`` note).  Since session 13 both measured shapes follow
+#: their own tables below in :data:`DEFAULT_POLICY`; this one stays ``DispatchPolicy``'s default ``table``
+#: (what a policy built with ``shapes=None`` applies to every shape).
 H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 
 #: The 2048 x 5632 table from ``twell tune-dispatch`` (H200, bf16): the module held on its sparse path against
@@ -51,6 +53,16 @@ H200_BF16_2048X5632_TABLE: DispatchTable = (
     (2048, 0.0024093), (4096, 0.0987608), (8192, 0.0993416), (16384, 0.0996176), (32768, 0.0998369),
     (65536, 0.0997857), (131072, 0.0998256),
 )
+
+
+#: 4096 x 14336 (H200, bf16; ``twell bench ffn``, session 8, bench_results/h200/ffn_large_session8_a.json and
+#: _b.json, the hot/cold op with the fused gate): 1.52x / 1.57x at M=16384 / 131072 and 0.5 %, 1.30x / 1.35x at
+#: 1 %, 1.24x / 1.23x at 2 %, 1.25x / 1.27x at 5 %; 0.88x at 4096 tokens and 0.5 %.  Until session 13 this
+#: shape followed :data:`H200_BF16_TABLE`, whose 5 % limit sent the 5 % points themselves (l0 717.0 and 718.1
+#: of 14336, 5.0015 % and 5.0090 %) to the dense path (1.01x); the limits here are those points' own
+#: densities rounded up in the 7th decimal, as for 2048 x 5632.  Below 16384 tokens and above 5 %: not
+#: measured, dense.
+H200_BF16_4096X14336_TABLE: DispatchTable = ((16384, 0.0500148), (131072, 0.0500903))
 
 
 def _check_table(table: object) -> DispatchTable:
@@ -110,7 +122,8 @@ class DispatchPolicy:
         shape_tables: ``((hidden_size, intermediate_size), table)`` pairs: a layer of a listed shape
             follows its own table instead of ``table`` (still subject to ``device_types`` and
             ``shapes``).  Empty by default; :data:`DEFAULT_POLICY` gives 2048 x 5632 the table that
-            ``twell tune-dispatch`` measured for it (:data:`H200_BF16_2048X5632_TABLE`).
+            ``twell tune-dispatch`` measured for it (:data:`H200_BF16_2048X5632_TABLE`) and 4096 x 14336 the
+            one from its sweep points (:data:`H200_BF16_4096X14336_TABLE`).
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
@@ -250,6 +263,7 @@ def _check_tokens(n_tokens: object) -> None:
         raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
 
 
-#: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables,
-#: 2048 x 5632 its own tuned one, 4096 x 14336 :data:`H200_BF16_TABLE`.
-DEFAULT_POLICY = DispatchPolicy(shape_tables=(((2048, 5632), H200_BF16_2048X5632_TABLE),))
+#: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables of
+#: 2048 x 5632 (tuned) and 4096 x 14336 (from its sweep points).
+DEFAULT_POLICY = DispatchPolicy(shape_tables=(((2048, 5632), H200_BF16_2048X5632_TABLE),
+                                              ((4096, 14336), H200_BF16_4096X14336_TABLE)))
