@@ -8,8 +8,9 @@ frequent dropped: a strided column slice, as ``hot_cold_gated_ffn`` packs it); t
 column indices and with unit ids (medians of ``twell.bench.timing.time_ms``), and whether both list the
 same pairs (same counts and values, each id the map's entry for its column).  Then the gather over each
 cold container (unit map and an fp32 init row, as the split runs it) per (SB units per step, warps): the
-row-gather kernel is latency-bound, and ptxas puts SB 4 on 4 warps (shipped) at 227 registers = 2 tokens
-per SM; the variants (GATHER_VARIANTS) trade SB against warps per token and so pairs in flight per SM.
+row-gather kernel is latency-bound; built as launched (d and the row strides multiples of 16) ptxas puts
+SB 4 on 4 warps at 106 registers, 128 with a step's rows requested together (shipped): 4 tokens per SM.
+The variants (GATHER_VARIANTS) trade pairs per step against tokens per SM and round trips per step.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/cold_pack_gather_probe.py``; ``--device cpu --tiny``
 under TRITON_INTERPRET=1 is the smoke test.
 """

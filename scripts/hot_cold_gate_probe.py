@@ -42,8 +42,10 @@ from twell.tolerances import rel_error
 #: during this tile's epilogue), which spilled 556 B with the scan's epilogue and builds with none with
 #: the lean one (ptxas, sm_90a, 248 registers, 164 KB of shared memory; session 12, offline).  Session 13
 #: (_session13_flat.log, timed after the unflattened one): the fused gate alone the same (5.672 vs 5.671 ms at
-#: M=131072, l0=28) but the op 8.077 vs 8.200, 1.056 vs 1.078 at M=16384, 9.549 vs 9.849 at l0=56; so the
-#: two are timed again in the other order, the rank and scan slots (slower every time) left out.
+#: M=131072, l0=28) but the op 8.077 vs 8.200, 1.056 vs 1.078 at M=16384, 9.549 vs 9.849 at l0=56; timed
+#: again flattened first (_session13_flat_first.log; the rank and scan slots, slower every time, left out):
+#: 5.450 vs 5.498 ms, the op 7.944 vs 7.897, at 16384 1.047 vs 1.034: within the order effect, so
+#: FUSED_FLATTEN stays off.
 CONFIGS = [((128, 64, 3, 8), "lean-flat"), ((128, 64, 3, 8), "lean")]
 SLOTS = tuple(slots for _, slots in CONFIGS)
 
