@@ -57,7 +57,10 @@ FUSED_PREFIX_DOT = False
 #: identical PTX with Triton 3.6 on sm_90 (no producer warps), so it is not a knob here.  With the lean
 #: keys (FUSED_LEAN_KEYS) the flattened build has no spill (ptxas, sm_90a: 248 registers, 164 KB of shared
 #: memory; session 12, offline), and the ncu source view puts ~12 % of the stall samples on the mainloop's
-#: wait for TMA data (ncu_fused_gate_session12_lean_sass.csv.gz): in the probe for the next GPU session.
+#: wait for TMA data (ncu_fused_gate_session12_lean_sass.csv.gz).  Measured in session 13 (H200, M=131072,
+#: l0=28): 5.672 vs 5.671 ms timed after the unflattened kernel, 5.450 vs 5.498 timed before it; the op
+#: 8.077 vs 8.200 and 7.944 vs 7.897 (hot_cold_gate_probe_session13_flat.log, _flat_first.log): within the
+#: order effect of the two runs; at the power cap overlap does not buy time.  Off.
 FUSED_FLATTEN = False
 #: The cold epilogue's slots rank by rank (``_twell_epilogue_by_rank``: per step one min over each row
 #: of int32 ``column << 16 | value bits`` keys, the steps running to the tile's largest row count) instead
