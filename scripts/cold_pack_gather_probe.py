@@ -11,8 +11,8 @@ cold container (unit map and an fp32 init row, as the split runs it) per (SB uni
 row-gather kernel is latency-bound; built as launched (d and the row strides multiples of 16) ptxas puts
 SB 4 on 4 warps at 106 registers, 128 with a step's rows requested together (shipped): 4 tokens per SM.
 The variants (GATHER_VARIANTS) trade pairs per step against tokens per SM and round trips per step.
-Usage (GPU machine): ``PYTHONPATH=src python3 scripts/cold_pack_gather_probe.py``; ``--device cpu --tiny``
-under TRITON_INTERPRET=1 is the smoke test.
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/cold_pack_gather_probe.py [--shape 4096x14336]``
+(default 2048x5632); ``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke test.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from twell.bench.probe import probe_args
+from twell.bench.probe import probe_shape_args
 from twell.bench.timing import time_ms
 from twell.ops.gate_kernel import launch_pack_twell
+from twell.ops.hot_cold_plan import choose_hot_units, unit_frequency
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import REL_TOL, rel_error
@@ -95,25 +96,29 @@ def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: to
 
 
 def main() -> None:
-    dev, tiny = probe_args(__doc__)
-    d, f, points, hot = 2048, 5632, ((16384, 28.0), (131072, 28.0), (131072, 56.0)), {28.0: 576, 56.0: 1344}
-    rep_ms = 100.0
+    dev, tiny, (d, f) = probe_shape_args(__doc__, "2048x5632")
+    # 0.5 % and 1 % density (l0 28 and 56 at F=5632); the hot units as SparseGatedMLP picks them (576 and 1344
+    # there), or a fixed 64 on the tiny CPU problem
+    points = ((16384, float(round(0.005 * f))), (131072, float(round(0.005 * f))), (131072, float(round(0.01 * f))))
+    rep_ms, tiny_hot = 100.0, None
     if tiny:
-        d, f, points, hot, rep_ms = 64, 700, ((64, 4.0),), {4.0: 64}, 1.0
+        d, f, points, rep_ms, tiny_hot = 64, 700, ((64, 4.0),), 1.0, 64
+    print(f"d x F = {d} x {f}", flush=True)
     for m, l0 in points:
         gen = torch.Generator(device=dev).manual_seed(0)
         p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
         x, wg, wu, wdt = p["x"], p["w_gate"], p["w_up"], p["w_down"].t().contiguous()
         g = F.linear(x, wg)
         del p
+        n_hot = tiny_hot if tiny_hot is not None else choose_hot_units(unit_frequency(x, wg)).numel()
         order = torch.argsort((g[:4096] > 0).float().mean(0), descending=True)
-        cold = g[:, order].contiguous()[:, hot[l0]:]  # the cold columns of a hot-first gate output
-        unit_map = order[hot[l0]:].to(torch.int32).contiguous()
+        cold = g[:, order].contiguous()[:, n_hot:]  # the cold columns of a hot-first gate output
+        unit_map = order[n_hot:].to(torch.int32).contiguous()
         t_cols, t_ids = (time_ms(lambda cold=cold, ids=ids: launch_pack_twell(cold, TILE, CAP, unit_map=ids),
                                  device=dev, rep_ms=rep_ms) for ids in (None, unit_map))
         columns = launch_pack_twell(cold, TILE, CAP)
         with_ids = launch_pack_twell(cold, TILE, CAP, unit_map=unit_map)
-        print(f"M={m:6d} l0={l0:5.1f} cold (H={hot[l0]}) [{cold.shape[0]} x {cold.shape[1]}] pack: column indices "
+        print(f"M={m:6d} l0={l0:5.1f} cold (H={n_hot}) [{cold.shape[0]} x {cold.shape[1]}] pack: column indices "
               f"{t_cols:.3f} ms, unit ids {t_ids:.3f} ms ({t_ids - t_cols:+.3f} ms) "
               f"| same pairs {same_pairs(columns, with_ids, unit_map)}", flush=True)
         line, want = time_gathers(x, columns, (wg, wu, wdt), unit_map, dev, rep_ms)

@@ -15,7 +15,7 @@ OUT=${OUT:-out}
 RUN="$OUT/run"
 mkdir -p "$RUN"
 STAGES=${STAGES:-"tests ffn train-ffn model"}
-# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), tune (twell tune-dispatch, ARGS_TUNE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe l2probe colddown timing gemmprobe fusedgate ncu ncusrc clock overhead (the
+# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), tune (twell tune-dispatch, ARGS_TUNE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe (ARGS_COLDPROBE, e.g. --shape 4096x14336) l2probe colddown timing gemmprobe fusedgate ncu ncusrc clock overhead (the
 # diagnostics).
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv
@@ -50,7 +50,7 @@ for stage in $STAGES; do
     decodeprobe) run_stage decodeprobe 90 python3 scripts/decode_probe.py ${ARGS_DECODEPROBE:-} ;;
     decodestep) run_stage decodestep 150 python3 scripts/decode_step_profile.py ${ARGS_DECODESTEP:-} ;;
     launchcost) run_stage launchcost 90 python3 scripts/launch_overhead.py ;;
-    coldprobe) run_stage coldprobe 240 python3 scripts/cold_pack_gather_probe.py ;;
+    coldprobe) run_stage coldprobe 240 python3 scripts/cold_pack_gather_probe.py ${ARGS_COLDPROBE:-} ;;
     l2probe) run_stage l2probe 120 python3 scripts/l2_gather_probe.py ;;
     colddown) run_stage colddown 200 python3 scripts/cold_down_probe.py ;;
     timing) run_stage timing 200 python3 scripts/timing_probe.py ;;

@@ -11,18 +11,40 @@ import torch
 import triton
 
 
+def _probe_parser(doc: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="small shapes (CPU interpreter smoke test)")
+    return ap
+
+
+def _probe_device(name: str) -> torch.device:
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        print(torch.cuda.get_device_name(dev), "torch", torch.__version__, "triton", triton.__version__, flush=True)
+    return dev
+
+
 def probe_args(doc: str) -> tuple[torch.device, bool]:
     """``(device, tiny)`` from the command line of a probe whose module docstring is ``doc`` (its first line
     is the help text); on a CUDA device prints the GPU and the torch / Triton versions first, so that each
     log says what it ran on.  ``--tiny`` (small shapes, for TRITON_INTERPRET=1 on the CPU) is the smoke test."""
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--tiny", action="store_true", help="small shapes (CPU interpreter smoke test)")
+    a = _probe_parser(doc).parse_args()
+    return _probe_device(a.device), a.tiny
+
+
+def probe_shape_args(doc: str, default_shape: str) -> tuple[torch.device, bool, tuple[int, int]]:
+    """:func:`probe_args` plus ``--shape HIDDENxFFN`` (default ``default_shape``): ``(device, tiny, (d, f))``."""
+    ap = _probe_parser(doc)
+    ap.add_argument("--shape", default=default_shape, help=f"HIDDENxFFN of the problem (default {default_shape})")
     a = ap.parse_args()
-    dev = torch.device(a.device)
-    if dev.type == "cuda":
-        print(torch.cuda.get_device_name(dev), "torch", torch.__version__, "triton", triton.__version__, flush=True)
-    return dev, a.tiny
+    try:
+        d, f = (int(v) for v in a.shape.lower().split("x"))
+    except ValueError:
+        ap.error(f"--shape must be HIDDENxFFN with two positive integers, e.g. 2048x5632; got {a.shape!r}")
+    if d < 1 or f < 1:
+        ap.error(f"--shape must be HIDDENxFFN with two positive integers, e.g. 2048x5632; got {a.shape!r}")
+    return _probe_device(a.device), a.tiny, (d, f)
 
 
 @dataclass(frozen=True)
