@@ -110,8 +110,9 @@ def main() -> None:
         x, wg, wu, wdt = p["x"], p["w_gate"], p["w_up"], p["w_down"].t().contiguous()
         g = F.linear(x, wg)
         del p
-        n_hot = tiny_hot if tiny_hot is not None else choose_hot_units(unit_frequency(x, wg)).numel()
-        order = torch.argsort((g[:4096] > 0).float().mean(0), descending=True)
+        frequency = unit_frequency(x, wg)  # the module's own sample (4096 evenly spaced tokens)
+        n_hot = tiny_hot if tiny_hot is not None else choose_hot_units(frequency).numel()
+        order = torch.argsort(frequency, descending=True, stable=True)
         cold = g[:, order].contiguous()[:, n_hot:]  # the cold columns of a hot-first gate output
         unit_map = order[n_hot:].to(torch.int32).contiguous()
         t_cols, t_ids = (time_ms(lambda cold=cold, ids=ids: launch_pack_twell(cold, TILE, CAP, unit_map=ids),

@@ -1,4 +1,5 @@
-"""The shared command line of the GPU probe scripts (``twell.bench.probe``): ``--shape`` parsing and its errors."""
+"""The shared command line of the GPU probe scripts (``twell.bench.probe``) and the ``--shape`` parser of the
+benchmark CLIs (``twell.bench.shape_arg``): parsing and its errors."""
 
 from __future__ import annotations
 
@@ -26,4 +27,4 @@ def test_probe_shape_args_refuses_a_bad_shape(monkeypatch, capsys, bad):
         probe_shape_args("doc", "2048x5632")
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "--shape must be HIDDENxFFN" in err and repr(bad) in err
+    assert "argument --shape: shape must be HIDDENxFFN" in err and repr(bad) in err

@@ -36,6 +36,7 @@ from ..tolerances import REL_TOL, rel_error
 from .environment import environment
 from .model_energy import EnergyMeter
 from .results import plot_speedup, record_row, write_results
+from .shape_arg import parse_shape
 from .timing import DEFAULT_HOLD_MS, time_ms, time_ms_interleaved
 
 DEFAULT_MS = (1, 16, 256, 1024, 4096, 16384, 131072)
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="twell bench ffn", description=__doc__)
     p.add_argument("--ms", type=int, nargs="*", default=list(DEFAULT_MS), help="token counts M")
     p.add_argument("--densities", type=float, nargs="*", default=list(DEFAULT_DENSITIES), help="percent active")
-    p.add_argument("--shape", type=str, nargs="*", default=[f"{d}x{f}" for d, f in DEFAULT_SHAPES],
+    p.add_argument("--shape", type=parse_shape, nargs="*", default=list(DEFAULT_SHAPES),
                    help="hidden x FFN sizes, e.g. 2048x5632")
     p.add_argument("--extra", type=str, nargs="*", default=["2048x5632:524288:0.5"],
                    help="single points dxF:M:density_pct (default: the M=524288 point)")
@@ -273,9 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--energy-seconds must be a number of seconds >= 0 (0: off), got {a.energy_seconds}")
     hot_cold_plan.FUSED_GATE = a.fused_gate
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shapes = tuple(tuple(int(v) for v in s.lower().split("x")) for s in a.shape)
     cfg = FfnSweep(
-        shapes=shapes,  # type: ignore[arg-type]
+        shapes=tuple(a.shape),
         ms=tuple(a.ms),
         densities=tuple(a.densities),
         extra_points=tuple(_parse_point(e) for e in a.extra),
@@ -293,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_sweep(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, a.stem))
     paths = write_results(rows, meta, a.out, a.stem)
     good = [r for r in rows if "error" not in r]
-    plot = plot_speedup([r for r in good if (r["d"], r["f"]) == shapes[0]], a.out / f"{a.stem}_speedup.png",
-                        title=f"TwELL FFN speedup, {meta['device']}, d={shapes[0][0]} F={shapes[0][1]}")
+    plot = plot_speedup([r for r in good if (r["d"], r["f"]) == cfg.shapes[0]], a.out / f"{a.stem}_speedup.png",
+                        title=f"TwELL FFN speedup, {meta['device']}, d={cfg.shapes[0][0]} F={cfg.shapes[0][1]}")
     if plot:
         paths.append(plot)
     print("\n" + summary_table(good))

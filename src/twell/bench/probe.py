@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from .shape_arg import parse_shape
+
 
 def _probe_parser(doc: str) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -36,15 +38,10 @@ def probe_args(doc: str) -> tuple[torch.device, bool]:
 def probe_shape_args(doc: str, default_shape: str) -> tuple[torch.device, bool, tuple[int, int]]:
     """:func:`probe_args` plus ``--shape HIDDENxFFN`` (default ``default_shape``): ``(device, tiny, (d, f))``."""
     ap = _probe_parser(doc)
-    ap.add_argument("--shape", default=default_shape, help=f"HIDDENxFFN of the problem (default {default_shape})")
+    ap.add_argument("--shape", type=parse_shape, default=parse_shape(default_shape),
+                    help=f"HIDDENxFFN of the problem (default {default_shape})")
     a = ap.parse_args()
-    try:
-        d, f = (int(v) for v in a.shape.lower().split("x"))
-    except ValueError:
-        ap.error(f"--shape must be HIDDENxFFN with two positive integers, e.g. 2048x5632; got {a.shape!r}")
-    if d < 1 or f < 1:
-        ap.error(f"--shape must be HIDDENxFFN with two positive integers, e.g. 2048x5632; got {a.shape!r}")
-    return _probe_device(a.device), a.tiny, (d, f)
+    return _probe_device(a.device), a.tiny, a.shape
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ from ..tolerances import REL_TOL, REL_TOL_GRAD
 from .environment import environment
 from .ffn import _rows_for
 from .results import plot_speedup, write_results
+from .shape_arg import parse_shape
 from .timing import time_ms, time_ms_interleaved
 
 DEFAULT_MS = (4096, 16384, 65536, 131072)
@@ -525,21 +526,13 @@ def _hotcold_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _parse_shape(text: str) -> tuple[int, int]:
-    try:
-        d, f = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise SystemExit(f"--shape takes hidden x FFN sizes like 2048x5632, got {text!r}") from None
-    return d, f
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="twell bench train-ffn", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ms", type=int, nargs="+", default=None, help=f"token counts M (default {DEFAULT_MS})")
     p.add_argument("--densities", type=float, nargs="+", default=None,
                    help=f"percent of FFN units active per token (default {DEFAULT_DENSITIES})")
-    p.add_argument("--shape", type=str, nargs="+", default=[f"{DEFAULT_SHAPE[0]}x{DEFAULT_SHAPE[1]}"],
+    p.add_argument("--shape", type=parse_shape, nargs="+", default=[DEFAULT_SHAPE],
                    help="hidden x FFN sizes, e.g. 2048x5632")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--quick", action="store_true", help=f"M in {QUICK_MS}, densities {QUICK_DENSITIES} %% "
@@ -566,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = TrainFfnSweep(
-        shapes=tuple(_parse_shape(s) for s in a.shape),
+        shapes=tuple(a.shape),
         ms=tuple(a.ms or (QUICK_MS if a.quick else DEFAULT_MS)),
         densities=tuple(a.densities or (QUICK_DENSITIES if a.quick else DEFAULT_DENSITIES)),
         dtype=getattr(torch, a.dtype), seed=a.seed, rep_ms=a.rep_ms, warmup_ms=a.warmup_ms, width=a.width,

@@ -37,6 +37,7 @@ from ..tolerances import REL_TOL, rel_error
 from .environment import environment
 from .ffn import _rows_for
 from .results import record_row, write_results
+from .shape_arg import parse_shape
 from .timing import time_ms_interleaved
 
 DEFAULT_MS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -144,20 +145,10 @@ def table_text(policy: DispatchPolicy) -> str:
     return "\n".join(lines)
 
 
-def _parse_shape(text: str) -> tuple[int, int]:
-    try:
-        d, f = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape must be HIDDENxFFN, e.g. 4096x11008, got {text!r}") from None
-    if d < 1 or f < 1:
-        raise argparse.ArgumentTypeError(f"shape sizes must be >= 1, got {text!r}")
-    return d, f
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="twell tune-dispatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", type=_parse_shape, default=None, help="HIDDENxFFN of the layer, e.g. 4096x11008")
+    p.add_argument("--shape", type=parse_shape, default=None, help="HIDDENxFFN of the layer, e.g. 4096x11008")
     p.add_argument("--ms", type=int, nargs="+", default=list(DEFAULT_MS), help="token counts per call")
     p.add_argument("--densities", type=float, nargs="+", default=list(DEFAULT_DENSITIES), help="percent active")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
