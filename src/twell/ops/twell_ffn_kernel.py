@@ -70,7 +70,8 @@ GATHER_TENSOR_CORES = False
 #: token of ~7 cold pairs in two steps of 4 then waits on 4 round trips (counts, container entries, two
 #: steps) instead of 6.  ptxas (sm_90a, offline, built as launched: D and the row strides specialised as
 #: multiples of 16, unit ids + init, SB 4 on 4 warps): 128 registers against 106, 4 programs per SM either
-#: way.  (Register figures quoted in this module before session 13 came from a build without that
+#: way (bench_results/sm90_offline/session13_row_gather_offline.log, as are the other register figures
+#: here).  (Register figures quoted in this module before session 13 came from a build without that
 #: specialisation, whose weight rows load 2 bytes at a time: 227 registers for the shipped kernel.)
 #: Predicted: the cold gather 2.15 -> 1.6-1.8 ms at M=131072, l0=28.  Measured (H200, bf16, 2048 x 5632,
 #: synthetic, unit ids + init as the split runs it; bench_results/h200/cold_pack_gather_probe_session13_together
@@ -81,7 +82,8 @@ GATHER_TENSOR_CORES = False
 #: fewer per token) measured slower: 1.990 vs 1.861 ms at M=131072, l0=28 under a 128-register cap, 2.281 at
 #: its uncapped 141 registers (cold_pack_gather_probe_session13_ahead.log; removed after commit 2d56834).
 #: Not timed against the flag off at other widths: at d=4096 (SB 2) it holds 168 registers against 128 (3
-#: programs per SM against 4), at d=8192 (SB 1) 222 against 168 with 28 B spilled (offline, as launched);
+#: programs per SM against 4), at d=8192 (SB 1) 222 against 168 (the latter spilling 28 B), both with 128
+#: tile slots;
 #: the 4096 x 14336 points of ffn_headline_session13.json ran with it on (the hot/cold op 1.62x / 1.72x at
 #: M=16384 / 131072, 0.5 %).
 GATHER_ROWS_TOGETHER = True
