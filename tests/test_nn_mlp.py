@@ -332,13 +332,16 @@ def test_policy_device_types_and_constructors():
     assert DEFAULT_POLICY.use_sparse(16384, 561.04 / 5632, shape=shape)
     assert DEFAULT_POLICY.use_sparse(131072, 562.2 / 5632, shape=shape)
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.1, shape=shape)
-    big = (4096, 14336)  # measured in session 8: its own table since session 13
+    big = (4096, 14336)  # its own table, from twell tune-dispatch since session 14
     assert DEFAULT_POLICY.table_for(big) == H200_BF16_4096X14336_TABLE
-    assert not DEFAULT_POLICY.use_sparse(8192, 0.001, shape=big)
-    assert DEFAULT_POLICY.use_sparse(16384, 717.0119 / 14336, shape=big)  # the measured 5 % points themselves
-    assert DEFAULT_POLICY.use_sparse(131072, 718.0941 / 14336, shape=big)
-    assert not DEFAULT_POLICY.use_sparse(65536, 718.0941 / 14336, shape=big)  # above 16384's limit
-    assert not DEFAULT_POLICY.use_sparse(16384, 0.051, shape=big)
+    assert not DEFAULT_POLICY.use_sparse(4095, 0.0, shape=big)
+    assert DEFAULT_POLICY.use_sparse(4096, 0.004989760262625558, shape=big)  # the measured winning points
+    assert not DEFAULT_POLICY.use_sparse(4096, 0.0099954, shape=big)  # 1 % lost there (0.91x)
+    assert DEFAULT_POLICY.use_sparse(8192, 0.09963200773511614, shape=big)
+    assert not DEFAULT_POLICY.use_sparse(8192, 0.1, shape=big)
+    assert DEFAULT_POLICY.use_sparse(65536, 0.10017321790967669, shape=big)
+    assert DEFAULT_POLICY.use_sparse(131072, 0.1001609308379037, shape=big)
+    assert not DEFAULT_POLICY.use_sparse(10**9, 0.1002, shape=big)
     # shapes the tables were not measured for, or an unknown shape, get the dense path
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001, shape=(768, 2112))
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001)

@@ -55,14 +55,19 @@ H200_BF16_2048X5632_TABLE: DispatchTable = (
 )
 
 
-#: 4096 x 14336 (H200, bf16; ``twell bench ffn``, session 8, bench_results/h200/ffn_large_session8_a.json and
-#: _b.json, the hot/cold op with the fused gate): 1.52x / 1.57x at M=16384 / 131072 and 0.5 %, 1.30x / 1.35x at
-#: 1 %, 1.24x / 1.23x at 2 %, 1.25x / 1.27x at 5 %; 0.88x at 4096 tokens and 0.5 %.  Until session 13 this
-#: shape followed :data:`H200_BF16_TABLE`, whose 5 % limit sent the 5 % points themselves (l0 717.0 and 718.1
-#: of 14336, 5.0015 % and 5.0090 %) to the dense path (1.01x); the limits here are those points' own
-#: densities rounded up in the 7th decimal, as for 2048 x 5632.  Below 16384 tokens and above 5 %: not
-#: measured, dense.
-H200_BF16_4096X14336_TABLE: DispatchTable = ((16384, 0.0500148), (131072, 0.0500903))
+#: 4096 x 14336 (H200, bf16): ``twell tune-dispatch --shape 4096x14336``, session 14 (commit 8695a49, two calls:
+#: 4096-32768 tokens, then 65536 and 131072, 8 densities 0.25-10 %; bench_results/h200/
+#: dispatch_4096x14336_session14.json, merged from _s14_a.json and _s14_b.json), the module held sparse against
+#: the dense module, interleaved with a 2 ms hold.  From 8192 tokens sparse wins at every density measured
+#: (8192: 1.18-1.52x; 16384-131072: 1.14-2.05x, the lowest 1.14x at 65536 / 1 %); 4096 tokens win at 0.25 % and
+#: 0.5 % (1.44x, 1.18x), lose at 1 % (0.91x) and win again from 2 % (1.04-1.22x), so the row stops at 0.5 %.
+#: Limits: the last winning point's own density rounded up in its 7th decimal, as for 2048 x 5632.  (Until
+#: session 13 this shape followed H200_BF16_TABLE, then a table from session 8's sweep points, sparse from
+#: 16384 tokens to 5 %.)  Below 4096 tokens and above 10 %: not measured, dense.
+H200_BF16_4096X14336_TABLE: DispatchTable = (
+    (4096, 0.0049898), (8192, 0.0996321), (16384, 0.1000298), (32768, 0.1000031), (65536, 0.1001733),
+    (131072, 0.1001610),
+)
 
 
 def _check_table(table: object) -> DispatchTable:
@@ -122,8 +127,8 @@ class DispatchPolicy:
         shape_tables: ``((hidden_size, intermediate_size), table)`` pairs: a layer of a listed shape
             follows its own table instead of ``table`` (still subject to ``device_types`` and
             ``shapes``).  Empty by default; :data:`DEFAULT_POLICY` gives 2048 x 5632 the table that
-            ``twell tune-dispatch`` measured for it (:data:`H200_BF16_2048X5632_TABLE`) and 4096 x 14336 the
-            one from its sweep points (:data:`H200_BF16_4096X14336_TABLE`).
+            ``twell tune-dispatch`` measured for each (:data:`H200_BF16_2048X5632_TABLE`,
+            :data:`H200_BF16_4096X14336_TABLE`).
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
@@ -264,6 +269,6 @@ def _check_tokens(n_tokens: object) -> None:
 
 
 #: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables of
-#: 2048 x 5632 (tuned) and 4096 x 14336 (from its sweep points).
+#: 2048 x 5632 and 4096 x 14336 (both from ``twell tune-dispatch``).
 DEFAULT_POLICY = DispatchPolicy(shape_tables=(((2048, 5632), H200_BF16_2048X5632_TABLE),
                                               ((4096, 14336), H200_BF16_4096X14336_TABLE)))
