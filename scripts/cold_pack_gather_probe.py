@@ -20,11 +20,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from twell.bench.probe import probe_shape_args
+from twell.bench.probe import builds_of, new_build_resources, probe_shape_args
 from twell.bench.timing import time_ms
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.hot_cold_plan import choose_hot_units, unit_frequency
-from twell.ops.twell_ffn_kernel import launch_twell_ffn
+from twell.ops.twell_ffn_kernel import _twell_ffn_row_kernel, launch_twell_ffn
+from twell.ops.twell_list_kernel import launch_list_twell_rows
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import REL_TOL, rel_error
 
@@ -39,10 +40,9 @@ TILE, CAP = 128, 16
 #: since removed; _session13_ahead.log) was slower: 1.990 vs 1.861 ms at M=131072 / l0=28 capped at 128
 #: registers (4 B spilled), 2.281 uncapped (141 registers, 3 programs per SM), 0.288 vs 0.277 at M=16384.
 GATHER_VARIANTS = (
-    ("SB 4 / 4 warps, Wd after u", dict(sb=4, num_warps=4, rows_together=False)),
-    ("SB 4 / 4 warps, rows together", dict(sb=4, num_warps=4, rows_together=True)),
-    ("SB 2 / 4 warps, rows together", dict(sb=2, num_warps=4, rows_together=True)),
-    ("SB 1 / 4 warps, rows together", dict(sb=1, num_warps=4, rows_together=True)),
+    ("SB 4 / 4 warps, rows together", dict(sb=4, num_warps=4, rows_together=True, listed=False)),
+    ("SB 4 / 4 warps, listed", dict(sb=4, num_warps=4, listed=True)),
+    ("SB 2 / 4 warps, listed", dict(sb=2, num_warps=4, listed=True)),
 )
 #: The block tensor-core kernel (twell_ffn_kernel.GATHER_TENSOR_CORES) as ``(num_warps, num_stages)``:
 #: slower than the row kernel at every setting in session 10 (3.195-4.779 vs 2.146 ms at M=131072, l0=28;
@@ -79,10 +79,17 @@ def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: to
             return launch_twell_ffn(x, v, i, c, None, None, wg, wu, wdt, n_cols=unit_map.numel(), tile=TILE,
                                     round_hidden=True, out=out, unit_map=unit_map, init=init,
                                     idx_is_unit=idx_is_unit, **kwargs)
-        t = time_ms(gather, device=dev, rep_ms=rep_ms)
+        before = builds_of(_twell_ffn_row_kernel)
         got = gather().clone()
+        resources = new_build_resources(_twell_ffn_row_kernel, before)
+        t = time_ms(gather, device=dev, rep_ms=rep_ms)
         want = got if want is None else want
-        parts.append(f"{name} {t:.3f} ms ({t * 1e6 / max(pairs, 1):.2f} ns/pair, same {bool(torch.equal(got, want))})")
+        parts.append(f"{name} {t:.3f} ms ({t * 1e6 / max(pairs, 1):.2f} ns/pair, same {bool(torch.equal(got, want))}"
+                     + (f"; {resources}" if resources else "") + ")")
+    lst_n = launch_list_twell_rows(v, i, c, tile=TILE, unit_map=unit_map, idx_is_unit=idx_is_unit)[1]
+    t_list = time_ms(lambda: launch_list_twell_rows(v, i, c, tile=TILE, unit_map=unit_map, idx_is_unit=idx_is_unit),
+                     device=dev, rep_ms=rep_ms)
+    parts.append(f"the list pass alone {t_list:.3f} ms ({float((lst_n >= 0).float().mean()) * 100:.2f} % of rows listed)")
     for warps, stages in TC_VARIANTS:
         def tc_gather(warps: int = warps, stages: int = stages) -> torch.Tensor:
             return launch_twell_ffn(x, v, i, c, None, None, wg, wu, wdt, n_cols=unit_map.numel(), tile=TILE,

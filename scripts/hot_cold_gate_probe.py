@@ -17,6 +17,8 @@ under TRITON_INTERPRET=1 is the smoke test.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from unittest import mock
 
 import torch
@@ -25,7 +27,7 @@ import torch.nn.functional as F
 from twell.bench.ffn import _dense_ffn
 from twell.bench.probe import probe_args, run_points, split_probe_setup
 from twell.bench.timing import time_ms
-from twell.ops import hot_cold, hot_cold_gate_kernel
+from twell.ops import hot_cold, hot_cold_gate_kernel, twell_ffn_kernel
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
 from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
@@ -46,15 +48,21 @@ from twell.tolerances import rel_error
 #: again flattened first (_session13_flat_first.log; the rank and scan slots, slower every time, left out):
 #: 5.450 vs 5.498 ms, the op 7.944 vs 7.897, at 16384 1.047 vs 1.034: within the order effect, so
 #: FUSED_FLATTEN stays off.
-CONFIGS = [((128, 64, 3, 8), "lean-flat"), ((128, 64, 3, 8), "lean")]
-SLOTS = tuple(slots for _, slots in CONFIGS)
+#: Session 14: the lean keys with the cold gather walking flat per-row lists (``+listed``:
+#: twell_ffn_kernel.GATHER_LISTED, the list pass included), timed between two runs of the shipped op so that the
+#: order effect shows.
+CONFIGS = [((128, 64, 3, 8), "lean"), ((128, 64, 3, 8), "lean+listed"), ((128, 64, 3, 8), "lean")]
 
 
-def _variant(cfg: tuple) -> mock._patch:
-    """The fused kernel's module settings for one entry of CONFIGS."""
+@contextlib.contextmanager
+def _variant(cfg: tuple) -> Iterator[None]:
+    """The fused kernel's module settings (and the cold gather's list flag) for one entry of CONFIGS."""
     tiles, slots = cfg
-    return mock.patch.multiple(hot_cold_gate_kernel, _GPU_CONFIG=tiles, FUSED_LEAN_KEYS=slots.startswith("lean"),
-                               FUSED_RANK_SLOTS=slots != "scan", FUSED_FLATTEN=slots.endswith("-flat"))
+    keys = slots.removesuffix("+listed")
+    with mock.patch.multiple(hot_cold_gate_kernel, _GPU_CONFIG=tiles, FUSED_LEAN_KEYS=keys.startswith("lean"),
+                             FUSED_RANK_SLOTS=keys != "scan", FUSED_FLATTEN=keys.endswith("-flat")), \
+            mock.patch.object(twell_ffn_kernel, "GATHER_LISTED", slots.endswith("+listed")):
+        yield
 
 
 def _name(cfg: tuple) -> str:
@@ -122,7 +130,7 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
 def main() -> None:
     dev, tiny = probe_args(__doc__)
     setup = split_probe_setup(tiny)
-    configs = [((16, 16, 1, 4), slots) for slots in SLOTS] if tiny else CONFIGS
+    configs = [((16, 16, 1, 4), slots) for _, slots in CONFIGS] if tiny else CONFIGS
     run_points(setup, lambda m, l0: probe_point(m, l0, setup.d, setup.f, setup.hot_units[l0], setup.tile, setup.cap,
                                                 configs, dev, setup.rep_ms), dev)
 

@@ -1,8 +1,9 @@
 """The row-gather kernel with the row's TwELL container preloaded (``launch_twell_ffn(preload=True)``,
 ``twell_ffn_kernel.GATHER_PRELOAD``), with the next step's weight rows prefetched as well
 (``prefetch``, ``GATHER_PREFETCH``), and with each step's Wu and Wd rows requested together
-(``rows_together``, ``GATHER_ROWS_TOGETHER``) against the per-step slot loads: the same bits on every path the
-kernel has (gated / non-gated, overflow recompute, spill area, unit map, unit ids, fp32 init rows, NaN,
+(``rows_together``, ``GATHER_ROWS_TOGETHER``), and walking each row's entries as a flat list written by a pass
+before it (``listed``, ``GATHER_LISTED``, :mod:`twell.ops.twell_list_kernel`) against the per-step slot loads: the
+same bits on every path the kernel has (gated / non-gated, overflow recompute, spill area, unit map, unit ids, fp32 init rows, NaN,
 empty rows), and slots past a tile's count never read into the result.
 
 Triton under TRITON_INTERPRET=1 on the CPU (CI), natively on the GPU.
@@ -24,8 +25,9 @@ from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.tolerances import REL_TOL, rel_error
 
-#: the preloaded container, the prefetch, and the step's Wu and Wd rows requested together (GATHER_ROWS_TOGETHER)
-MODES = ["preload", "prefetch", "rows-together"]
+#: the preloaded container, the prefetch, the step's Wu and Wd rows requested together (GATHER_ROWS_TOGETHER), the
+#: flat per-row lists (GATHER_LISTED)
+MODES = ["preload", "prefetch", "rows-together", "listed"]
 
 
 @pytest.fixture(params=MODES)
@@ -40,10 +42,12 @@ def _both(monkeypatch, fn, mode: str) -> tuple:
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PRELOAD", False)
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PREFETCH", False)
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_ROWS_TOGETHER", False)
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_LISTED", False)
     off = fn()
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PRELOAD", mode == "preload")
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_PREFETCH", mode == "prefetch")
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_ROWS_TOGETHER", mode == "rows-together")
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_LISTED", mode == "listed")
     return off, fn()
 
 
@@ -115,17 +119,18 @@ def test_unused_slots_are_never_read_into_the_result(unit_ids, device):
     wdt = p["w_down"].t().contiguous()
     init = torch.randn(m, d, generator=torch.Generator().manual_seed(5)).to(device)
 
-    def run(values, indices, preload, prefetch=False, together=False):
+    def run(values, indices, preload, prefetch=False, together=False, listed=False):
         out = torch.empty(m, d, dtype=p["x"].dtype, device=device)
         return launch_twell_ffn(p["x"], values, indices, c, None, None, p["w_gate"], p["w_up"], wdt, n_cols=f,
                                 tile=tile, round_hidden=True, out=out, unit_map=unit_map, init=init,
                                 idx_is_unit=unit_ids, preload=preload, prefetch=prefetch, sb=2,
-                                rows_together=together)
+                                rows_together=together, listed=listed)
 
     want = run(v, i, False)
     assert torch.equal(run(v_bad, i_bad, True), want) and torch.equal(run(v, i, True), want)
     assert torch.equal(run(v_bad, i_bad, False, True), want)
     assert torch.equal(run(v_bad, i_bad, False, False, True), want)
+    assert torch.equal(run(v_bad, i_bad, False, False, False, True), want)
 
 
 @pytest.mark.gpu

@@ -74,3 +74,23 @@ def run_points(setup: SplitProbeSetup, probe: Callable[[int, float], None], devi
         probe(m, l0)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def builds_of(kernel: object) -> dict[str, object]:
+    """The compiled builds of a ``@triton.jit`` kernel launched so far in this process, by cache key (empty under
+    the interpreter, which compiles nothing)."""
+    caches = getattr(kernel, "device_caches", None) or {}
+    return {f"{dev}:{key}": build for dev, cache in caches.items() for key, build in cache[0].items()}
+
+
+def new_build_resources(kernel: object, before: dict[str, object]) -> str:
+    """Registers, spilled bytes and warps of the builds of ``kernel`` that are not in ``before`` (a
+    :func:`builds_of` taken earlier), as the driver loaded them: the ground truth behind the offline ptxas
+    figures.  '' when there is none (the interpreter, or a build launched before)."""
+    parts = []
+    for key, build in builds_of(kernel).items():
+        if key not in before:
+            regs, spills = getattr(build, "n_regs", None), getattr(build, "n_spills", None)
+            warps = getattr(getattr(build, "metadata", None), "num_warps", None)
+            parts.append(f"{regs} registers, {spills} B spilled, {warps} warps")
+    return "; ".join(parts)

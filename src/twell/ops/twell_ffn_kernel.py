@@ -27,6 +27,7 @@ import triton.language as tl
 from ._runtime import next_pow2
 from .gate_kernel import relu_keep_nan, round_to
 from .twell_ffn_tc_kernel import launch_twell_ffn_tc, tc_eligible
+from .twell_list_kernel import launch_list_twell_rows, list_eligible, unpack_list_entries
 
 #: Default of ``launch_twell_ffn``'s ``preload``: each program loads its row's whole TwELL container
 #: ([n_tiles, CAP] values and indices, 2.5 KB at the hot/cold split's 40 cold tiles x 16 slots) with its
@@ -87,6 +88,15 @@ GATHER_TENSOR_CORES = False
 #: the 4096 x 14336 points of ffn_headline_session13.json ran with it on (the hot/cold op 1.62x / 1.72x at
 #: M=16384 / 131072, 0.5 %).
 GATHER_ROWS_TOGETHER = True
+#: Default of ``launch_twell_ffn``'s ``listed``: a pass of :mod:`twell.ops.twell_list_kernel` first writes each
+#: row's entries as one flat list (16-bit value and weight-row id per int32), and the row kernel walks it with no
+#: search for each entry's tile and slot (~70 SASS instructions per entry, ~280 of the 839-868 per step of 4 in
+#: the offline sm_90a build) and with each step's entries requested a step ahead (a plain load, same 128-byte
+#: line): a token of ~7 cold pairs waits on 3 L2 round trips (count + first entries, then each step's rows)
+#: instead of 5.  Same bits (same entries in the same order).  Rows with an overflowing tile or more than
+#: ``LIST_MAX`` entries keep the searched path.  Prediction (H200, 2048 x 5632, M=131072, l0=28): the cold gather
+#: 1.88 -> ~1.4-1.6 ms, the list pass ~0.03-0.05 ms.
+GATHER_LISTED = False
 
 
 @triton.jit
@@ -232,6 +242,10 @@ def _twell_ffn_row_kernel(
     PREFETCH: tl.constexpr = False,
     SKIP_TC_ROWS: tl.constexpr = False,
     ROWS_TOGETHER: tl.constexpr = False,
+    lst_ptr=None,
+    lst_n_ptr=None,
+    LISTED: tl.constexpr = False,
+    LIST_MAX: tl.constexpr = 1,
 ):
     row = tl.program_id(0).to(tl.int64)
     dtype = val_ptr.dtype.element_ty
@@ -243,6 +257,19 @@ def _twell_ffn_row_kernel(
         keep = tl.load(taken_ptr + row) == 0
         d_ok = d_ok & keep
     x, out = _row_input_and_acc(x_ptr, init_ptr, row, stride_xm, stride_im, offs_d, d_ok, D_PAD, HAS_INIT)
+    n_list = -1
+    if LISTED:  # the row's entries as one flat list (twell_list_kernel): no search, rows -1 take the path below
+        n_list = tl.load(lst_n_ptr + row)
+        k = tl.arange(0, SB)
+        p = tl.load(lst_ptr + row * LIST_MAX + k)  # the first step's entries, requested with the row's count
+        for k0 in range(0, n_list, SB):
+            live = k0 + k < n_list
+            a, unit = unpack_list_entries(p, live, dtype)
+            nxt = k0 + SB + k
+            p = tl.load(lst_ptr + row * LIST_MAX + nxt, mask=nxt < n_list, other=0)  # the next step's (same line)
+            wu_s, wd_s = _unit_rows(live, unit, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
+            out += _rows_contribution(a, live, wu_s, wd_s, x, dtype, GATED, ROUND_HIDDEN)
+    searched = n_list < 0
 
     if PRELOAD or PREFETCH:
         # the row's whole container (every slot, used or not: [n_tiles, CAP] values and indices, contiguous)
@@ -252,7 +279,7 @@ def _twell_ffn_row_kernel(
         flat_ok = flat < n_tiles * CAP
         row_vals = tl.load(val_ptr + row * n_tiles * CAP + flat, mask=flat_ok & keep, other=0.0).to(tl.float32)
         row_idx = tl.load(idx_ptr + row * n_tiles * CAP + flat, mask=flat_ok & keep, other=0).to(tl.int32)
-    cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=tiles < n_tiles, other=0)
+    cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=(tiles < n_tiles) & searched, other=0)
     ell = tl.where(cnt <= CAP, cnt, 0)  # overflowing tiles are handled densely below
     if SKIP_TC_ROWS:
         ell = tl.where(keep, ell, 0)  # such a row has no overflowing tile either: nothing runs below
@@ -350,6 +377,7 @@ def launch_twell_ffn(
     tc_config: tuple[int, int] = (4, 3),
     taken: torch.Tensor | None = None,
     rows_together: bool | None = None,
+    listed: bool | None = None,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -372,6 +400,10 @@ def launch_twell_ffn(
     (:mod:`twell.ops.cold_down_kernel`); the row kernel reads and writes nothing for them.
     ``rows_together`` (None: :data:`GATHER_ROWS_TOGETHER`; without the preload): each step requests its Wu and
     Wd rows together instead of the Wd rows after u's reduction (same results, bit for bit).
+    ``listed`` (None: :data:`GATHER_LISTED` where the container allows it): the rows' entries are first written
+    as flat lists (:mod:`twell.ops.twell_list_kernel`), which the row kernel walks without searching (same
+    results, bit for bit); it needs 16-bit values and weight-row ids below 2**16, and excludes the preload, the
+    prefetch, the tensor-core gather and ``taken``: asking for it where they are raises ValueError.
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -398,6 +430,20 @@ def launch_twell_ffn(
         taken = launch_twell_ffn_tc(x, values, indices, counts, w_up, w_down_t, tile=tile, out=out, unit_map=unit_map,
                                     init=init, idx_is_unit=idx_is_unit, num_warps=tc_config[0],
                                     num_stages=tc_config[1])
+    n_weight_rows = w_down_t.shape[0]
+    unlisted = list_eligible(values, n_weight_rows) or (
+        "it excludes the preload, the prefetch, the tensor-core gather and `taken`"
+        if (preload or prefetch or skip_tc_rows) else None)
+    if listed and unlisted:
+        raise ValueError(f"launch_twell_ffn: listed=True but {unlisted}")
+    if listed is None:
+        listed = GATHER_LISTED and unlisted is None
+    lst = lst_n = None
+    if listed:
+        lst, lst_n = launch_list_twell_rows(values, indices, counts, tile=tile, unit_map=unit_map,
+                                            idx_is_unit=idx_is_unit)
+        if lst.shape[1] < sb:
+            raise ValueError(f"launch_twell_ffn: the list holds {lst.shape[1]} entries a row, fewer than a step's {sb}")
     dummy = values  # any pointer for unused arguments (their loads are compiled out)
     _twell_ffn_row_kernel[(m,)](
         x,
@@ -434,6 +480,10 @@ def launch_twell_ffn(
         PREFETCH=prefetch,
         SKIP_TC_ROWS=skip_tc_rows,
         ROWS_TOGETHER=GATHER_ROWS_TOGETHER if rows_together is None else rows_together,
+        lst_ptr=lst if listed else counts,
+        lst_n_ptr=lst_n if listed else counts,
+        LISTED=bool(listed),
+        LIST_MAX=lst.shape[1] if listed else 1,
         num_warps=num_warps or 4,
     )
     return out

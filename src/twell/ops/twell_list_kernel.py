@@ -1,0 +1,98 @@
+"""Triton kernel: each row's TwELL entries as one flat list, for the row-gather kernel (``GATHER_LISTED``).
+
+The row-gather kernel (:mod:`twell.ops.twell_ffn_kernel`) walks a row's active units SB at a time.  Over
+the TwELL container it must find, for each list position k, the tile holding entry k (a search over the
+prefix sums of the row's per-tile counts, reduced across the program's lanes) and the slot inside it, then
+load that slot: ~70 SASS instructions per entry before any arithmetic (sm_90a, offline, the shipped loop at
+d=2048: ~280 of its 839-868 instructions per step of 4 entries), and one more dependent L2 round trip per
+step.  This kernel does the search once per row and for all of its entries at once, with no per-entry
+search: every used slot (t, s) of row r goes to position ``excl[t] + s`` of the row's list (``excl``: the
+exclusive prefix sum of the row's non-overflowing tiles' counts), the same order the search walks, so the
+gather sums the same products in the same order and its output keeps its bits.
+
+One list entry is one int32: the gate value's 16 bits (bf16 or fp16) above the weight row's 16-bit id
+(after the unit map, when there is one), so the gather reads a step's entries in one 16-byte load and gets
+both with a shift and a mask.  ``lst_n[r]`` is the row's entry count, or -1 where the row has an
+overflowing tile or more than ``LIST_MAX`` entries: those rows keep the searched path (and its dense pass
+over overflowing tiles), so nothing is dropped at any density.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._runtime import next_pow2
+
+#: List entries per row (int32 each: 16.8 MB at M=131072).  Rows with more entries keep the searched path.
+#: The hot/cold split at d=2048, F=5632 leaves ~7 cold pairs per token at 0.5 % density (l0 28) and ~17 at
+#: 4096 x 14336 (l0 72; bench_results/h200/cold_pack_gather_probe_session14_4096x14336.log).
+LIST_MAX = 32
+
+
+@triton.jit
+def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, lst_n_ptr, n_tiles,
+                            TILE: tl.constexpr, CAP: tl.constexpr, NT_PAD: tl.constexpr, LIST_MAX: tl.constexpr,
+                            HAS_MAP: tl.constexpr, IDX_IS_UNIT: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    tiles = tl.arange(0, NT_PAD)
+    cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=tiles < n_tiles, other=0)
+    ell = tl.where(cnt <= CAP, cnt, 0)
+    n_over = tl.sum((cnt > CAP).to(tl.int32), axis=0)
+    incl = tl.cumsum(ell, axis=0)
+    excl = incl - ell
+    total = tl.sum(ell, axis=0)
+    listed = (n_over == 0) & (total <= LIST_MAX)
+    slots = tl.arange(0, CAP)
+    used = (slots[None, :] < ell[:, None]) & listed
+    flat = (row * n_tiles + tiles[:, None]) * CAP + slots[None, :]
+    v = tl.load(val_ptr + flat, mask=used, other=0.0)
+    unit = tl.load(idx_ptr + flat, mask=used, other=0).to(tl.int32)
+    if not IDX_IS_UNIT:  # a column inside its tile: the tile's first column, then the unit map
+        unit += tiles[:, None] * TILE
+        if HAS_MAP:
+            unit = tl.load(unit_map_ptr + unit, mask=used, other=0)
+    bits = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    packed = (bits << 16) | (unit & 0xFFFF)
+    tl.store(lst_ptr + row * LIST_MAX + excl[:, None] + slots[None, :], packed, mask=used)
+    tl.store(lst_n_ptr + row, tl.where(listed, total, -1))
+
+
+@triton.jit
+def unpack_list_entries(p, live, dtype: tl.constexpr):
+    """Gate values (fp32, 0 where not ``live``) and weight rows (int64, 0 where not) of packed list entries."""
+    a = (p >> 16).to(tl.int16).to(dtype, bitcast=True).to(tl.float32)
+    return tl.where(live, a, 0.0), tl.where(live, p & 0xFFFF, 0).to(tl.int64)
+
+
+def list_eligible(values: torch.Tensor, n_weight_rows: int) -> str | None:
+    """Why a container cannot be listed (None: it can): values of 16 bits, weight-row ids below 2**16."""
+    if values.element_size() != 2:
+        return f"the list packs 16-bit gate values; got {values.dtype}"
+    if n_weight_rows > 1 << 16:
+        return f"the list packs 16-bit weight-row ids; got {n_weight_rows} rows"
+    return None
+
+
+def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, *, tile: int,
+                           unit_map: torch.Tensor | None, idx_is_unit: bool,
+                           list_max: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lst int32 [M, list_max], lst_n int32 [M])`` of a TwELL container (values [M, T, CAP], indices,
+    counts [M, T]; contiguous, validated by the caller): see the module docstring.  ``list_max`` None:
+    :data:`LIST_MAX`.  Check :func:`list_eligible` first."""
+    list_max = LIST_MAX if list_max is None else list_max
+    if list_max < 1:
+        raise ValueError(f"list_max must be >= 1, got {list_max}")
+    m, n_tiles, cap = values.shape
+    lst = torch.empty(m, list_max, dtype=torch.int32, device=values.device)
+    lst_n = torch.empty(m, dtype=torch.int32, device=values.device)
+    if m == 0:
+        return lst, lst_n
+    nt_pad = next_pow2(n_tiles)
+    _list_twell_rows_kernel[(m,)](
+        values, indices, counts, unit_map if unit_map is not None else counts, lst, lst_n, n_tiles,
+        TILE=tile, CAP=cap, NT_PAD=nt_pad, LIST_MAX=list_max, HAS_MAP=unit_map is not None,
+        IDX_IS_UNIT=idx_is_unit, num_warps=max(1, min(4, nt_pad * cap // 256)),
+    )
+    return lst, lst_n
