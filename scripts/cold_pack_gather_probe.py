@@ -89,7 +89,8 @@ def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: to
     lst_n = launch_list_twell_rows(v, i, c, tile=TILE, unit_map=unit_map, idx_is_unit=idx_is_unit)[1]
     t_list = time_ms(lambda: launch_list_twell_rows(v, i, c, tile=TILE, unit_map=unit_map, idx_is_unit=idx_is_unit),
                      device=dev, rep_ms=rep_ms)
-    parts.append(f"the list pass alone {t_list:.3f} ms ({float((lst_n >= 0).float().mean()) * 100:.2f} % of rows listed)")
+    listed_pct = float((lst_n >= 0).float().mean()) * 100
+    parts.append(f"the list pass alone {t_list:.3f} ms ({listed_pct:.2f} % of rows listed)")
     for warps, stages in TC_VARIANTS:
         def tc_gather(warps: int = warps, stages: int = stages) -> torch.Tensor:
             return launch_twell_ffn(x, v, i, c, None, None, wg, wu, wdt, n_cols=unit_map.numel(), tile=TILE,

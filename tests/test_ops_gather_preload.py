@@ -2,9 +2,9 @@
 ``twell_ffn_kernel.GATHER_PRELOAD``), with the next step's weight rows prefetched as well
 (``prefetch``, ``GATHER_PREFETCH``), and with each step's Wu and Wd rows requested together
 (``rows_together``, ``GATHER_ROWS_TOGETHER``), and walking each row's entries as a flat list written by a pass
-before it (``listed``, ``GATHER_LISTED``, :mod:`twell.ops.twell_list_kernel`) against the per-step slot loads: the
-same bits on every path the kernel has (gated / non-gated, overflow recompute, spill area, unit map, unit ids, fp32 init rows, NaN,
-empty rows), and slots past a tile's count never read into the result.
+before it (``listed``, ``GATHER_LISTED``, :mod:`twell.ops.twell_list_kernel`) against the per-step slot loads:
+the same bits on every path the kernel has (gated / non-gated, overflow recompute, spill area, unit map, unit
+ids, fp32 init rows, NaN, empty rows), and slots past a tile's count never read into the result.
 
 Triton under TRITON_INTERPRET=1 on the CPU (CI), natively on the GPU.
 """
