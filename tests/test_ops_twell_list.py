@@ -22,10 +22,12 @@ def reference_lists(values: torch.Tensor, indices: torch.Tensor, counts: torch.T
     """Per row: None where the row is not listed (a tile over capacity, or more than ``list_max`` entries),
     else its [(value bits, weight row)] in tile order then slot order; and the expected ``lst_n``."""
     cap = values.shape[2]
-    bits = values.cpu().view(torch.int16).int() & 0xFFFF
+    bits = (values.cpu().view(torch.int16).int() & 0xFFFF).tolist()
+    indices, all_counts = indices.cpu().tolist(), counts.cpu().tolist()
+    unit_map = unit_map.cpu().tolist() if unit_map is not None else None
     rows, ns = [], []
-    for r in range(values.shape[0]):
-        c = counts[r].cpu().tolist()
+    for r in range(len(all_counts)):
+        c = all_counts[r]
         total = sum(n for n in c if n <= cap)
         if any(n > cap for n in c) or total > list_max:
             rows.append(None)
@@ -34,12 +36,12 @@ def reference_lists(values: torch.Tensor, indices: torch.Tensor, counts: torch.T
         entries = []
         for t, n in enumerate(c):
             for s in range(n):
-                unit = int(indices[r, t, s])
+                unit = indices[r][t][s]
                 if not idx_is_unit:
                     unit += t * tile
                     if unit_map is not None:
-                        unit = int(unit_map[unit])
-                entries.append((int(bits[r, t, s]), unit))
+                        unit = unit_map[unit]
+                entries.append((bits[r][t][s], unit))
         rows.append(entries)
         ns.append(total)
     return rows, ns
@@ -154,3 +156,42 @@ def test_list_refusals(device):
         launch_list_twell_rows(*c16, tile=tile, unit_map=None, idx_is_unit=False, list_max=0)
     # the default (listed=None) takes the searched path where the list cannot be used, with the same result
     assert torch.equal(_gather(p, container, tile=tile, listed=None), _gather(p, container, tile=tile, listed=False))
+
+
+@pytest.mark.gpu
+def test_gpu_lists_of_the_split_cold_container():
+    """d=2048, F=5632, 4096 synthetic tokens at ~0.5 % density, the cold container as the fused hot/cold gate
+    writes it (unit ids): every listed row's entries as the reference lists them, and every row listed."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from twell import ops
+    from twell.ops.hot_cold import launch_hot_cold_ffn
+    from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+    dev = torch.device("cuda")
+    q = synthetic_ffn_problem(4096, 2048, 5632, SparsityProfile(mean_l0=28.0),
+                              generator=torch.Generator(device=dev).manual_seed(0), device=dev)
+    plan = ops.build_hot_cold_plan(q["w_gate"], q["w_up"], q["w_down"],
+                                   ops.choose_hot_units(ops.unit_frequency(q["x"], q["w_gate"])), fused_tile=128)
+    seen = []
+    original = launch_list_twell_rows
+
+    def spy(*args, **kwargs):
+        lists = original(*args, **kwargs)
+        seen.append((args, kwargs, lists))
+        return lists
+
+    import twell.ops.twell_ffn_kernel as row_kernel
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(row_kernel, "launch_list_twell_rows", spy)
+        mp.setattr(row_kernel, "GATHER_LISTED", True)
+        launch_hot_cold_ffn(q["x"], plan, q["w_gate"], q["w_up"], q["w_down"].t().contiguous(), tile=128, capacity=16)
+    assert len(seen) == 1
+    (v, i, c), kwargs, (lst, lst_n) = seen[0]
+    want_rows, want_n = reference_lists(v, i, c, tile=kwargs["tile"], unit_map=kwargs["unit_map"],
+                                        idx_is_unit=kwargs["idx_is_unit"], list_max=lst.shape[1])
+    assert lst_n.cpu().tolist() == want_n and min(want_n) >= 0
+    got = lst.cpu()
+    for r, entries in enumerate(want_rows):
+        assert [(int(p) >> 16 & 0xFFFF, int(p) & 0xFFFF) for p in got[r, : len(entries)]] == entries, f"row {r}"
