@@ -17,6 +17,8 @@ Usage (GPU machine): ``PYTHONPATH=src python3 scripts/cold_pack_gather_probe.py 
 
 from __future__ import annotations
 
+from unittest import mock
+
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +27,7 @@ from twell.bench.timing import time_ms
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.hot_cold_plan import choose_hot_units, unit_frequency
 from twell.ops.twell_ffn_kernel import _twell_ffn_row_kernel, launch_twell_ffn
+from twell.ops import twell_list_kernel
 from twell.ops.twell_list_kernel import launch_list_twell_rows
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import REL_TOL, rel_error
@@ -44,6 +47,8 @@ GATHER_VARIANTS = (
     ("SB 4 / 4 warps, listed", dict(sb=4, num_warps=4, listed=True)),
     ("SB 2 / 4 warps, listed", dict(sb=2, num_warps=4, listed=True)),
 )
+#: Rows per program of the list pass (twell_list_kernel.LIST_ROWS), each timed alone.
+LIST_ROWS = (4, 16)
 #: The block tensor-core kernel (twell_ffn_kernel.GATHER_TENSOR_CORES) as ``(num_warps, num_stages)``:
 #: slower than the row kernel at every setting in session 10 (3.195-4.779 vs 2.146 ms at M=131072, l0=28;
 #: cold_pack_gather_probe_session10.log, which timed (4, 3), (4, 2), (8, 3)), so no longer timed here.  Its
@@ -87,10 +92,13 @@ def time_gathers(x: torch.Tensor, container: tuple, weights: tuple, unit_map: to
         parts.append(f"{name} {t:.3f} ms ({t * 1e6 / max(pairs, 1):.2f} ns/pair, same {bool(torch.equal(got, want))}"
                      + (f"; {resources}" if resources else "") + ")")
     lst_n = launch_list_twell_rows(v, i, c, tile=TILE, unit_map=unit_map, idx_is_unit=idx_is_unit)[1]
-    t_list = time_ms(lambda: launch_list_twell_rows(v, i, c, tile=TILE, unit_map=unit_map, idx_is_unit=idx_is_unit),
-                     device=dev, rep_ms=rep_ms)
     listed_pct = float((lst_n >= 0).float().mean()) * 100
-    parts.append(f"the list pass alone {t_list:.3f} ms ({listed_pct:.2f} % of rows listed)")
+    for rows in LIST_ROWS:
+        with mock.patch.object(twell_list_kernel, "LIST_ROWS", rows):
+            t_list = time_ms(lambda: launch_list_twell_rows(v, i, c, tile=TILE, unit_map=unit_map,
+                                                            idx_is_unit=idx_is_unit), device=dev, rep_ms=rep_ms)
+        parts.append(f"the list pass alone ({rows} rows a program) {t_list:.3f} ms")
+    parts.append(f"{listed_pct:.2f} % of rows listed")
     for warps, stages in TC_VARIANTS:
         def tc_gather(warps: int = warps, stages: int = stages) -> torch.Tensor:
             return launch_twell_ffn(x, v, i, c, None, None, wg, wu, wdt, n_cols=unit_map.numel(), tile=TILE,

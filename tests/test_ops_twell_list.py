@@ -161,7 +161,8 @@ def test_list_refusals(device):
 @pytest.mark.gpu
 def test_gpu_lists_of_the_split_cold_container():
     """d=2048, F=5632, 4096 synthetic tokens at ~0.5 % density, the cold container as the fused hot/cold gate
-    writes it (unit ids): every listed row's entries as the reference lists them, and every row listed."""
+    writes it (unit ids): every row's count and every listed row's entries as the reference has them, and most
+    rows listed (97.7 % at 16384 tokens on the H200, bench_results/h200/cold_pack_gather_probe_session14_*.log)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from twell import ops
@@ -191,7 +192,9 @@ def test_gpu_lists_of_the_split_cold_container():
     (v, i, c), kwargs, (lst, lst_n) = seen[0]
     want_rows, want_n = reference_lists(v, i, c, tile=kwargs["tile"], unit_map=kwargs["unit_map"],
                                         idx_is_unit=kwargs["idx_is_unit"], list_max=lst.shape[1])
-    assert lst_n.cpu().tolist() == want_n and min(want_n) >= 0
+    assert lst_n.cpu().tolist() == want_n and sum(n >= 0 for n in want_n) >= 0.9 * len(want_n)
     got = lst.cpu()
     for r, entries in enumerate(want_rows):
+        if entries is None:
+            continue
         assert [(int(p) >> 16 & 0xFFFF, int(p) & 0xFFFF) for p in got[r, : len(entries)]] == entries, f"row {r}"

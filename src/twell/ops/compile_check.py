@@ -163,8 +163,9 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
 
     ptx = _compile(_list_twell_rows_kernel, {"val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32",
                                              "unit_map_ptr": "*i32", "lst_ptr": "*i32", "lst_n_ptr": "*i32",
-                                             "n_tiles": "i32"},
-                   {"TILE": 128, "CAP": 16, "NT_PAD": 64, "LIST_MAX": 32, "HAS_MAP": True, "IDX_IS_UNIT": True},
+                                             "M": "i32", "n_tiles": "i32"},
+                   {"TILE": 128, "CAP": 16, "NT_PAD": 64, "LIST_MAX": 32, "ROWS": 16, "HAS_MAP": True,
+                    "IDX_IS_UNIT": True},
                    target, num_warps=4)
     results["list_rows"] = _stats(ptx, arch)
     from .twell_ffn_tc_kernel import _twell_ffn_tc_kernel

@@ -29,34 +29,42 @@ from ._runtime import next_pow2
 #: The hot/cold split at d=2048, F=5632 leaves ~7 cold pairs per token at 0.5 % density (l0 28) and ~17 at
 #: 4096 x 14336 (l0 72; bench_results/h200/cold_pack_gather_probe_session14_4096x14336.log).
 LIST_MAX = 32
+#: Rows per program of the list pass (at most 1024 // next_pow2(tiles) of them).  One row per program took
+#: 0.219 ms at M=131072 (H200, 40 cold tiles of 16 slots tested whole as one [tiles, 16] tensor; bench_results/
+#: h200/cold_pack_gather_probe_session14_listed_v1.log), 5x the ~0.04 ms predicted: two dependent round trips
+#: per row and one 4-warp program per row; 16 rows share a program's round trips.
+LIST_ROWS = 16
 
 
 @triton.jit
-def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, lst_n_ptr, n_tiles,
+def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, lst_n_ptr, M, n_tiles,
                             TILE: tl.constexpr, CAP: tl.constexpr, NT_PAD: tl.constexpr, LIST_MAX: tl.constexpr,
-                            HAS_MAP: tl.constexpr, IDX_IS_UNIT: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+                            ROWS: tl.constexpr, HAS_MAP: tl.constexpr, IDX_IS_UNIT: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < M
     tiles = tl.arange(0, NT_PAD)
-    cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=tiles < n_tiles, other=0)
+    cnt = tl.load(cnt_ptr + rows[:, None] * n_tiles + tiles[None, :], mask=row_ok[:, None] & (tiles < n_tiles)[None, :],
+                  other=0)
     ell = tl.where(cnt <= CAP, cnt, 0)
-    n_over = tl.sum((cnt > CAP).to(tl.int32), axis=0)
-    incl = tl.cumsum(ell, axis=0)
-    excl = incl - ell
-    total = tl.sum(ell, axis=0)
-    listed = (n_over == 0) & (total <= LIST_MAX)
-    slots = tl.arange(0, CAP)
-    used = (slots[None, :] < ell[:, None]) & listed
-    flat = (row * n_tiles + tiles[:, None]) * CAP + slots[None, :]
-    v = tl.load(val_ptr + flat, mask=used, other=0.0)
-    unit = tl.load(idx_ptr + flat, mask=used, other=0).to(tl.int32)
-    if not IDX_IS_UNIT:  # a column inside its tile: the tile's first column, then the unit map
-        unit += tiles[:, None] * TILE
-        if HAS_MAP:
-            unit = tl.load(unit_map_ptr + unit, mask=used, other=0)
-    bits = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-    packed = (bits << 16) | (unit & 0xFFFF)
-    tl.store(lst_ptr + row * LIST_MAX + excl[:, None] + slots[None, :], packed, mask=used)
-    tl.store(lst_n_ptr + row, tl.where(listed, total, -1))
+    n_over = tl.sum((cnt > CAP).to(tl.int32), axis=1)
+    excl = tl.cumsum(ell, axis=1) - ell
+    total = tl.sum(ell, axis=1)
+    listed = (n_over == 0) & (total <= LIST_MAX) & row_ok
+    ell = tl.where(listed[:, None], ell, 0)
+    # slot rank by slot rank: a row's tiles hold a few entries each (at 0.5 % density ~7 over 40 tiles), so
+    # this loop runs 1-3 times where a [ROWS, tiles, CAP] tensor would test every slot
+    for s in range(0, tl.max(tl.max(ell, axis=1), axis=0)):
+        used = s < ell
+        flat = (rows[:, None] * n_tiles + tiles[None, :]) * CAP + s
+        v = tl.load(val_ptr + flat, mask=used, other=0.0)
+        unit = tl.load(idx_ptr + flat, mask=used, other=0).to(tl.int32)
+        if not IDX_IS_UNIT:  # a column inside its tile: the tile's first column, then the unit map
+            unit += tiles[None, :] * TILE
+            if HAS_MAP:
+                unit = tl.load(unit_map_ptr + unit, mask=used, other=0)
+        bits = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        tl.store(lst_ptr + rows[:, None] * LIST_MAX + excl + s, (bits << 16) | (unit & 0xFFFF), mask=used)
+    tl.store(lst_n_ptr + rows, tl.where(listed, total, -1), mask=row_ok)
 
 
 @triton.jit
@@ -90,9 +98,10 @@ def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: 
     if m == 0:
         return lst, lst_n
     nt_pad = next_pow2(n_tiles)
-    _list_twell_rows_kernel[(m,)](
-        values, indices, counts, unit_map if unit_map is not None else counts, lst, lst_n, n_tiles,
-        TILE=tile, CAP=cap, NT_PAD=nt_pad, LIST_MAX=list_max, HAS_MAP=unit_map is not None,
-        IDX_IS_UNIT=idx_is_unit, num_warps=max(1, min(4, nt_pad * cap // 256)),
+    rows = max(1, min(LIST_ROWS, 1024 // nt_pad))
+    _list_twell_rows_kernel[(triton.cdiv(m, rows),)](
+        values, indices, counts, unit_map if unit_map is not None else counts, lst, lst_n, m, n_tiles,
+        TILE=tile, CAP=cap, NT_PAD=nt_pad, LIST_MAX=list_max, ROWS=rows, HAS_MAP=unit_map is not None,
+        IDX_IS_UNIT=idx_is_unit, num_warps=4,
     )
     return lst, lst_n
