@@ -24,10 +24,10 @@ import torch.nn.functional as F
 
 from twell.bench.probe import builds_of, new_build_resources, probe_shape_args
 from twell.bench.timing import time_ms
+from twell.ops import twell_list_kernel
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.hot_cold_plan import choose_hot_units, unit_frequency
 from twell.ops.twell_ffn_kernel import _twell_ffn_row_kernel, launch_twell_ffn
-from twell.ops import twell_list_kernel
 from twell.ops.twell_list_kernel import launch_list_twell_rows
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import REL_TOL, rel_error
