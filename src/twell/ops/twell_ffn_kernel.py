@@ -95,8 +95,14 @@ GATHER_ROWS_TOGETHER = True
 #: line): a token of ~7 cold pairs waits on 3 L2 round trips (count + first entries, then each step's rows)
 #: instead of 5.  Same bits (same entries in the same order).  Rows with an overflowing tile or more than
 #: ``LIST_MAX`` entries keep the searched path.  Prediction (H200, 2048 x 5632, M=131072, l0=28): the cold gather
-#: 1.88 -> ~1.4-1.6 ms, the list pass ~0.03-0.05 ms.
-GATHER_LISTED = False
+#: 1.88 -> ~1.4-1.6 ms, the list pass ~0.03-0.05 ms.  Measured (H200, bf16, synthetic, unit ids + init as the
+#: split runs it; bench_results/h200/cold_pack_gather_probe_session14_listed_v2.log, the list pass included):
+#: 1.865 -> 1.540 ms at M=131072 / l0=28 (the list pass 0.078-0.085 of it; 97.5 % of the rows listed), 2.172 ->
+#: 1.813 at l0=56, 0.298 -> 0.273 at 16384; same bits.  The op with the fused gate (hot_cold_gate_probe_
+#: session14_listed_v2.log, timed between two runs without): 7.537 vs 7.828 / 7.745 ms at 131072 / l0=28 (dense
+#: 13.575), 8.837 vs 9.287 / 9.162 at l0=56, 0.960 vs 1.017 / 0.993 at 16384.  SB 2 over the lists: slower at
+#: every point (1.572, 1.947, 0.312 ms).  On.
+GATHER_LISTED = True
 
 
 @triton.jit

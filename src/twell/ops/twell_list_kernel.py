@@ -32,8 +32,9 @@ LIST_MAX = 32
 #: Rows per program of the list pass (at most 1024 // next_pow2(tiles) of them).  One row per program took
 #: 0.219 ms at M=131072 (H200, 40 cold tiles of 16 slots tested whole as one [tiles, 16] tensor; bench_results/
 #: h200/cold_pack_gather_probe_session14_listed_v1.log), 5x the ~0.04 ms predicted: two dependent round trips
-#: per row and one 4-warp program per row; 16 rows share a program's round trips.
-LIST_ROWS = 16
+#: per row, one 4-warp program per row, every slot tested.  Several rows a program, slot rank by slot rank
+#: (_listed_v2.log): 4 rows 0.078 ms, 16 rows 0.085 ms at M=131072, l0=28; 0.015 / 0.016 ms at 16384.
+LIST_ROWS = 4
 
 
 @triton.jit
