@@ -152,6 +152,12 @@ def test_list_refusals(device):
         out = torch.empty(m, d, dtype=torch.bfloat16, device=device)
         launch_twell_ffn(q["x"], *c16, None, None, q["w_gate"], q["w_up"], q["w_down"].t().contiguous(), n_cols=f,
                          tile=tile, round_hidden=True, out=out, preload=True, listed=True)
+    with pytest.raises(ValueError, match="fewer than a step's 4"):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(twell_list_kernel, "LIST_MAX", 2)
+            out = torch.empty(m, d, dtype=torch.bfloat16, device=device)
+            launch_twell_ffn(q["x"], *c16, None, None, q["w_gate"], q["w_up"], q["w_down"].t().contiguous(),
+                             n_cols=f, tile=tile, round_hidden=True, out=out, sb=4, listed=True)
     with pytest.raises(ValueError, match="list_max must be >= 1"):
         launch_list_twell_rows(*c16, tile=tile, unit_map=None, idx_is_unit=False, list_max=0)
     # the default (listed=None) takes the searched path where the list cannot be used, with the same result

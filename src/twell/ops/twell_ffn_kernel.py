@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import twell_list_kernel
 from ._runtime import next_pow2
 from .gate_kernel import relu_keep_nan, round_to
 from .twell_ffn_tc_kernel import launch_twell_ffn_tc, tc_eligible
@@ -267,7 +268,9 @@ def _twell_ffn_row_kernel(
     if LISTED:  # the row's entries as one flat list (twell_list_kernel): no search, rows -1 take the path below
         n_list = tl.load(lst_n_ptr + row)
         k = tl.arange(0, SB)
-        p = tl.load(lst_ptr + row * LIST_MAX + k)  # the first step's entries, requested with the row's count
+        # the first step's entries, requested with the row's count (in bounds: LIST_MAX >= SB; slots past the
+        # count hold whatever was there and are never used)
+        p = tl.load(lst_ptr + row * LIST_MAX + k)
         for k0 in range(0, n_list, SB):
             live = k0 + k < n_list
             a, unit = unpack_list_entries(p, live, dtype)
@@ -436,10 +439,12 @@ def launch_twell_ffn(
         taken = launch_twell_ffn_tc(x, values, indices, counts, w_up, w_down_t, tile=tile, out=out, unit_map=unit_map,
                                     init=init, idx_is_unit=idx_is_unit, num_warps=tc_config[0],
                                     num_stages=tc_config[1])
-    n_weight_rows = w_down_t.shape[0]
-    unlisted = list_eligible(values, n_weight_rows) or (
-        "it excludes the preload, the prefetch, the tensor-core gather and `taken`"
-        if (preload or prefetch or skip_tc_rows) else None)
+    list_max = twell_list_kernel.LIST_MAX
+    unlisted = list_eligible(values, w_down_t.shape[0])
+    if unlisted is None and (preload or prefetch or skip_tc_rows):
+        unlisted = "it excludes the preload, the prefetch, the tensor-core gather and `taken`"
+    if unlisted is None and list_max < sb:
+        unlisted = f"the list holds {list_max} entries a row (LIST_MAX), fewer than a step's {sb}"
     if listed and unlisted:
         raise ValueError(f"launch_twell_ffn: listed=True but {unlisted}")
     if listed is None:
@@ -447,9 +452,7 @@ def launch_twell_ffn(
     lst = lst_n = None
     if listed:
         lst, lst_n = launch_list_twell_rows(values, indices, counts, tile=tile, unit_map=unit_map,
-                                            idx_is_unit=idx_is_unit)
-        if lst.shape[1] < sb:
-            raise ValueError(f"launch_twell_ffn: the list holds {lst.shape[1]} entries a row, fewer than a step's {sb}")
+                                            idx_is_unit=idx_is_unit, list_max=list_max)
     dummy = values  # any pointer for unused arguments (their loads are compiled out)
     _twell_ffn_row_kernel[(m,)](
         x,
