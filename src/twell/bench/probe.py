@@ -1,5 +1,5 @@
-"""What the GPU probe scripts share (``scripts/*_probe.py``): the command line (``--device``, ``--tiny``) and
-the hot/cold split probes' points."""
+"""What the GPU probe scripts share (``scripts/*_probe.py``): the command line (``--device``, ``--tiny``), the
+hot/cold split probes' points, and the registers and spills of the kernel builds a probe launched."""
 
 from __future__ import annotations
 

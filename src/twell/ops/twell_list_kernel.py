@@ -5,10 +5,11 @@ the TwELL container it must find, for each list position k, the tile holding ent
 prefix sums of the row's per-tile counts, reduced across the program's lanes) and the slot inside it, then
 load that slot: ~70 SASS instructions per entry before any arithmetic (sm_90a, offline, the shipped loop at
 d=2048: ~280 of its 839-868 instructions per step of 4 entries), and one more dependent L2 round trip per
-step.  This kernel does the search once per row and for all of its entries at once, with no per-entry
-search: every used slot (t, s) of row r goes to position ``excl[t] + s`` of the row's list (``excl``: the
-exclusive prefix sum of the row's non-overflowing tiles' counts), the same order the search walks, so the
-gather sums the same products in the same order and its output keeps its bits.
+step.  This kernel inverts the mapping instead of searching it: every used slot (t, s) of row r goes to
+position ``excl[t] + s`` of the row's list (``excl``: the exclusive prefix sum of the row's non-overflowing
+tiles' counts), the order the search walks, so the gather sums the same products in the same order and its
+output keeps its bits.  It runs a few rows per program, slot rank by slot rank (a row's tiles hold one or two
+entries each at the densities it serves).
 
 One list entry is one int32: the gate value's 16 bits (bf16 or fp16) above the weight row's 16-bit id
 (after the unit map, when there is one), so the gather reads a step's entries in one 16-byte load and gets
