@@ -83,11 +83,11 @@ GATHER_TENSOR_CORES = False
 #: programs) 3.771.  On.  Requesting the next step's container entries a step ahead as well (one round trip
 #: fewer per token) measured slower: 1.990 vs 1.861 ms at M=131072, l0=28 under a 128-register cap, 2.281 at
 #: its uncapped 141 registers (cold_pack_gather_probe_session13_ahead.log; removed after commit 2d56834).
-#: Not timed against the flag off at other widths: at d=4096 (SB 2) it holds 168 registers against 128 (3
-#: programs per SM against 4), at d=8192 (SB 1) 222 against 168 (the latter spilling 28 B), both with 128
-#: tile slots;
-#: the 4096 x 14336 points of ffn_headline_session13.json ran with it on (the hot/cold op 1.62x / 1.72x at
-#: M=16384 / 131072, 0.5 %).
+#: At d=4096 (SB 2) it holds 168 registers against 128 (3 programs per SM against 4), at d=8192 (SB 1) 222
+#: against 168 (the latter spilling 28 B), both with 128 tile slots; timed at 4096 x 14336 in session 14
+#: (cold_pack_gather_probe_session14_4096x14336.log, unit ids, the searched loop): at SB 4 15.954 -> 12.257 ms
+#: at M=131072 / l0=72 and 2.073 -> 1.485 at 16384, the shipped SB 2 with it 11.759 / 1.535.  Not timed at
+#: d=8192.
 GATHER_ROWS_TOGETHER = True
 #: Default of ``launch_twell_ffn``'s ``listed``: a pass of :mod:`twell.ops.twell_list_kernel` first writes each
 #: row's entries as one flat list (16-bit value and weight-row id per int32), and the row kernel walks it with no
