@@ -49,8 +49,9 @@ from twell.tolerances import rel_error
 #: 5.450 vs 5.498 ms, the op 7.944 vs 7.897, at 16384 1.047 vs 1.034: within the order effect, so
 #: FUSED_FLATTEN stays off.
 #: Session 14: the lean keys with the cold gather walking flat per-row lists (``+listed``:
-#: twell_ffn_kernel.GATHER_LISTED, the list pass included), timed between two runs of the shipped op so that the
-#: order effect shows.
+#: twell_ffn_kernel.GATHER_LISTED, the list pass included), timed between two runs without them so that the
+#: order effect shows (_session14_listed_v2.log): the op 7.537 vs 7.828 / 7.745 ms at M=131072 / l0=28, 8.837
+#: vs 9.287 / 9.162 at l0=56, 0.960 vs 1.017 / 0.993 at 16384; GATHER_LISTED is on since.
 CONFIGS = [((128, 64, 3, 8), "lean"), ((128, 64, 3, 8), "lean+listed"), ((128, 64, 3, 8), "lean")]
 
 
