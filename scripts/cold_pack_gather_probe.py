@@ -42,6 +42,11 @@ TILE, CAP = 128, 16
 #: l0=28), on since.  The next step's container entries requested a step ahead as well (commit 2d56834,
 #: since removed; _session13_ahead.log) was slower: 1.990 vs 1.861 ms at M=131072 / l0=28 capped at 128
 #: registers (4 B spilled), 2.281 uncapped (141 registers, 3 programs per SM), 0.288 vs 0.277 at M=16384.
+#: Session 14: each row's entries as a flat list written by a pass before the gather (``listed``,
+#: GATHER_LISTED, twell.ops.twell_list_kernel; the pass's time included in the variant's) against the
+#: rows-together loop (_session14_listed_v2.log, unit ids): 1.540 vs 1.865 ms at M=131072 / l0=28, 1.813 vs
+#: 2.172 at l0=56, 0.273 vs 0.298 at 16384; over the lists SB 2 slower than SB 4 at every point; on since.
+#: Every variant's registers and spills as the driver loaded it are printed after its timing.
 GATHER_VARIANTS = (
     ("SB 4 / 4 warps, rows together", dict(sb=4, num_warps=4, rows_together=True, listed=False)),
     ("SB 4 / 4 warps, listed", dict(sb=4, num_warps=4, listed=True)),
