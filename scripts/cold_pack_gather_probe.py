@@ -9,7 +9,8 @@ column indices and with unit ids (medians of ``twell.bench.timing.time_ms``), an
 same pairs (same counts and values, each id the map's entry for its column).  Then the gather over each
 cold container (unit map and an fp32 init row, as the split runs it) per (SB units per step, warps): the
 row-gather kernel is latency-bound; built as launched (d and the row strides multiples of 16) ptxas puts
-SB 4 on 4 warps at 106 registers, 128 with a step's rows requested together (shipped): 4 tokens per SM.
+SB 4 on 4 warps at 106 registers, 128 with a step's rows requested together and 128 over the flat lists
+(shipped): 4 tokens per SM.
 The variants (GATHER_VARIANTS) trade pairs per step against tokens per SM and round trips per step.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/cold_pack_gather_probe.py [--shape 4096x14336]``
 (default 2048x5632); ``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke test.

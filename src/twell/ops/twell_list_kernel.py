@@ -76,6 +76,12 @@ def unpack_list_entries(p, live, dtype: tl.constexpr):
     return tl.where(live, a, 0.0), tl.where(live, p & 0xFFFF, 0).to(tl.int64)
 
 
+def rows_per_program(nt_pad: int) -> int:
+    """Rows a list-pass program takes for a container of ``nt_pad`` (padded) tiles: :data:`LIST_ROWS`, at most
+    1024 // nt_pad (a [rows, nt_pad] tile of counts per program), at least one."""
+    return max(1, min(LIST_ROWS, 1024 // nt_pad))
+
+
 def list_eligible(values: torch.Tensor, n_weight_rows: int) -> str | None:
     """Why a container cannot be listed (None: it can): values of 16 bits, weight-row ids below 2**16."""
     if values.element_size() != 2:
@@ -100,7 +106,7 @@ def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: 
     if m == 0:
         return lst, lst_n
     nt_pad = next_pow2(n_tiles)
-    rows = max(1, min(LIST_ROWS, 1024 // nt_pad))
+    rows = rows_per_program(nt_pad)
     _list_twell_rows_kernel[(triton.cdiv(m, rows),)](
         values, indices, counts, unit_map if unit_map is not None else counts, lst, lst_n, m, n_tiles,
         TILE=tile, CAP=cap, NT_PAD=nt_pad, LIST_MAX=list_max, ROWS=rows, HAS_MAP=unit_map is not None,
