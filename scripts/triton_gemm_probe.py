@@ -47,10 +47,12 @@ CONFIGS = [
 
 @triton.jit
 def _tma_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                     GROUP_M: tl.constexpr, N_PROGRAMS: tl.constexpr, WS: tl.constexpr, DOT_FP32: tl.constexpr):
+                     GROUP_M: tl.constexpr, N_PROGRAMS: tl.constexpr, WS: tl.constexpr, DOT_FP32: tl.constexpr,
+                     store=1):
     """c = a @ b^T, a [M, K], b [N, K], c [M, N] (fp32 accumulation, rounded to c's dtype); N_PROGRAMS
     programs loop over the output tiles (a persistent grid when it is the SM count, one tile each when it
-    is the tile count)."""
+    is the tile count).  ``store`` 0 (a runtime value, so the mainloop is still built) skips the stores:
+    the mainloop's own time and energy (scripts/clock_probe.py)."""
     num_pid_m = tl.cdiv(M, BM)
     num_pid_n = tl.cdiv(N, BN)
     k_tiles = tl.cdiv(K, BK)
@@ -63,11 +65,13 @@ def _tma_gemm_kernel(a_desc, b_desc, c_desc, M, N, K, BM: tl.constexpr, BN: tl.c
             a = a_desc.load([off_m, ki * BK])
             b = b_desc.load([off_n, ki * BK])
             acc = dot_acc(a, b.T, acc, DOT_FP32)
-        c_desc.store([off_m, off_n], round_to(acc, c_desc.dtype))
+        if store != 0:
+            c_desc.store([off_m, off_n], round_to(acc, c_desc.dtype))
 
 
-def tma_gemm(x: torch.Tensor, w: torch.Tensor, cfg: tuple, out: torch.Tensor) -> torch.Tensor:
-    """``x @ w^T`` into ``out`` through :func:`_tma_gemm_kernel` with configuration ``cfg``."""
+def tma_gemm(x: torch.Tensor, w: torch.Tensor, cfg: tuple, out: torch.Tensor, store: bool = True) -> torch.Tensor:
+    """``x @ w^T`` into ``out`` through :func:`_tma_gemm_kernel` with configuration ``cfg`` (``store`` False:
+    the GEMM without writing ``out``)."""
     bm, bn, bk, stages, warps, per_sm, ws = cfg
     m, k = x.shape
     n = w.shape[0]
@@ -77,8 +81,8 @@ def tma_gemm(x: torch.Tensor, w: torch.Tensor, cfg: tuple, out: torch.Tensor) ->
     b_desc = TensorDescriptor.from_tensor(w, [bn, bk])
     c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
     _tma_gemm_kernel[(programs,)](a_desc, b_desc, c_desc, m, n, k, BM=bm, BN=bn, BK=bk, GROUP_M=8,
-                                  N_PROGRAMS=programs, WS=ws, DOT_FP32=interpreting(), num_stages=stages,
-                                  num_warps=warps)
+                                  N_PROGRAMS=programs, WS=ws, DOT_FP32=interpreting(), store=int(store),
+                                  num_stages=stages, num_warps=warps)
     return out
 
 
