@@ -279,6 +279,7 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         FUSED_LEAN_KEYS,
         FUSED_PREFIX_DOT,
         FUSED_RANK_SLOTS,
+        FUSED_TMA_SLOTS,
         _hot_cold_gate_kernel,
     )
 
@@ -291,6 +292,10 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         consts = {"BM": bm, "BK": bk, "TILE": tile, "CAP": tile // 8, "GROUP_M": 8, "MAP_IDS": True,
                   "PREFIX_DOT": FUSED_PREFIX_DOT, "DOT_FP32": False, "FLATTEN": FUSED_FLATTEN,
                   "RANK_SLOTS": FUSED_RANK_SLOTS, "LEAN_KEYS": FUSED_LEAN_KEYS, "LEAN_PTX": FUSED_LEAN_KEYS}
+        cap = consts["CAP"]
+        if FUSED_TMA_SLOTS and FUSED_LEAN_KEYS and cap * 2 >= 16:  # as launch_hot_cold_gate builds it
+            sig.update({"val_desc": f"tensordesc<bf16[{bm}, {cap}]>", "idx_desc": f"tensordesc<i16[{bm}, {cap}]>"})
+            consts["TMA_SLOTS"] = True
         ptx = _compile(_hot_cold_gate_kernel, sig, consts, target, num_warps=warps, num_stages=stages)
         results[f"hot_cold_gate_t{tile}"] = _stats(ptx, arch, wgmma=True)
     from .cold_down_kernel import _GPU_CONFIG as _DOWN_CONFIG

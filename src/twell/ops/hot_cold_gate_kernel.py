@@ -109,6 +109,18 @@ FUSED_PROGRAMS_PER_SM = 1
 #: (clock_probe_session12_final.log).  BK 128 on 2 stages, which halves the K loop's ~78 scalar
 #: instructions per step, ran slower: 6.254 ms (hot_cold_gate_probe_session12_bk128.log).
 FUSED_LEAN_KEYS = True
+#: The lean cold epilogue's [BM, CAP] slots of a TwELL tile stored by TMA (one tensor-descriptor store of
+#: the values and one of the weight-row ids, every slot written: unused ones as 0) instead of masked
+#: scattered 2-byte stores.  Why: clock_probe (H200, session 15, bench_results/h200/clock_probe_session15.log,
+#: M=131072, l0=28) split the fused gate's joules: its mainloop as a plain TMA GEMM without stores 3.333 J per
+#: call (cuBLAS's GEMM with its 1.6 GB output 3.431, ours with it 3.510), the fused gate 4.012: the epilogue
+#: costs ~0.68 J, 12 % of the op's 5.536.  In the offline sm_90a build the slot stores of each cold half-tile
+#: take ~220 of its ~870 SASS instructions per thread (a layout conversion through shared memory, 8 map
+#: loads, 16 predicated 2-byte stores per thread); a TMA store is a shared-memory write and one bulk copy.
+#: The price: the whole container is written (369 MB at M=131072, 44 tiles x 16 slots x 4 bytes per row,
+#: against ~4 MB of used slots), ~0.08 ms of HBM write bandwidth beside a compute-bound GEMM.  Needs CAP
+#: x 2 bytes >= 16 (TMA's smallest box row): CAP >= 8; smaller capacities keep the scattered stores.
+FUSED_TMA_SLOTS = True
 
 
 @triton.jit
@@ -170,6 +182,21 @@ def _store_slots(firsts, live, pid_m, twell_tile, map_ptr, val_ptr, idx_ptr, n_c
 
 
 @triton.jit
+def _store_slots_tma(firsts, live, pid_m, twell_tile, map_ptr, val_desc, idx_desc, BM: tl.constexpr,
+                     TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr):
+    """:func:`_store_slots` by two TMA stores of the whole [BM, CAP] block (rows past M are dropped by the
+    copy): values and weight-row ids where ``live``, 0 in the unused slots."""
+    col = (firsts >> 16).to(tl.int32)
+    value = tl.where(live, firsts & 0xFFFF, 0).to(tl.int16).to(val_desc.dtype, bitcast=True)
+    if MAP_IDS:
+        unit = tl.load(map_ptr + twell_tile * TILE + col, mask=live, other=0)
+    else:
+        unit = tl.where(live, col, 0)
+    val_desc.store([pid_m * BM, twell_tile * CAP], value)
+    idx_desc.store([pid_m * BM, twell_tile * CAP], unit.to(tl.int16))
+
+
+@triton.jit
 def round_relu(acc, dtype: tl.constexpr, ASM: tl.constexpr):
     """``relu_keep_nan(round_to(acc, dtype))`` in ``dtype``.  With ``ASM`` (bf16 or fp16 only) one PTX
     ``cvt.rn.relu`` per two elements, where Triton's lowering spends a conversion, a compare against the
@@ -221,7 +248,7 @@ def _keys(act, col_bits, ASM: tl.constexpr):
 @triton.jit
 def _twell_epilogue_by_keys(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
                             BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr,
-                            ASM: tl.constexpr):
+                            ASM: tl.constexpr, val_desc, idx_desc, TMA_SLOTS: tl.constexpr):
     """``_twell_epilogue_by_rank`` with fewer instructions per element: the key is built from the value's
     magnitude bits alone (a ReLU output is +0, positive or NaN, so ``bits & 0x7FFF`` is non-zero exactly
     where it fires; stored values carry a clear sign bit), rows past M are left out at the stores only
@@ -243,20 +270,25 @@ def _twell_epilogue_by_keys(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr,
         first = tl.min(key - below[:, None], axis=1) + below
         firsts = tl.where(slot == k, first[:, None], firsts)
         below = first + 1
-    _store_slots(firsts, (firsts != 0xFFFFFFFF) & m_ok[:, None], pid_m, twell_tile, map_ptr, val_ptr, idx_ptr,
-                 n_cold_tiles, BM, TILE, CAP, MAP_IDS)
+    if TMA_SLOTS:  # every slot written: the used ones by count (a row's slots past its count may repeat keys)
+        _store_slots_tma(firsts, slot < count[:, None], pid_m, twell_tile, map_ptr, val_desc, idx_desc, BM, TILE, CAP,
+                         MAP_IDS)
+    else:
+        _store_slots(firsts, (firsts != 0xFFFFFFFF) & m_ok[:, None], pid_m, twell_tile, map_ptr, val_ptr, idx_ptr,
+                     n_cold_tiles, BM, TILE, CAP, MAP_IDS)
 
 
 @triton.jit
 def _cold_epilogue(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
                    BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr,
-                   PREFIX_DOT: tl.constexpr, RANK_SLOTS: tl.constexpr, LEAN_KEYS: tl.constexpr, ASM: tl.constexpr):
+                   PREFIX_DOT: tl.constexpr, RANK_SLOTS: tl.constexpr, LEAN_KEYS: tl.constexpr, ASM: tl.constexpr,
+                   val_desc, idx_desc, TMA_SLOTS: tl.constexpr):
     """One [BM, TILE] TwELL tile of the cold container (skipped past the last tile)."""
     if twell_tile >= n_cold_tiles:
         pass
     elif LEAN_KEYS:
         _twell_epilogue_by_keys(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
-                                BM, TILE, CAP, MAP_IDS, ASM)
+                                BM, TILE, CAP, MAP_IDS, ASM, val_desc, idx_desc, TMA_SLOTS)
     else:
         cols = twell_tile * TILE + tl.arange(0, TILE)
         n_ok = cols < N_COLD
@@ -280,6 +312,7 @@ def _hot_cold_gate_kernel(
     BM: tl.constexpr, BK: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, GROUP_M: tl.constexpr,
     MAP_IDS: tl.constexpr, PREFIX_DOT: tl.constexpr, DOT_FP32: tl.constexpr, FLATTEN: tl.constexpr,
     RANK_SLOTS: tl.constexpr = False, LEAN_KEYS: tl.constexpr = False, LEAN_PTX: tl.constexpr = False,
+    val_desc=None, idx_desc=None, TMA_SLOTS: tl.constexpr = False,
 ):
     """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
     ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each)."""
@@ -301,9 +334,11 @@ def _hot_cold_gate_kernel(
             left, right = tl.split(tl.permute(tl.reshape(act, (BM, 2, TILE)), (0, 2, 1)))
             first = 2 * (pid_n - n_hot_tiles)
             _cold_epilogue(left, pid_m, first, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles, BM,
-                           TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, LEAN_PTX)
+                           TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, LEAN_PTX, val_desc, idx_desc,
+                           TMA_SLOTS)
             _cold_epilogue(right, pid_m, first + 1, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
-                           BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, LEAN_PTX)
+                           BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, LEAN_PTX, val_desc, idx_desc,
+                           TMA_SLOTS)
 
 
 def launch_hot_cold_gate(
@@ -347,6 +382,11 @@ def launch_hot_cold_gate(
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
     w_desc = TensorDescriptor.from_tensor(w_fused, [2 * tile, bk])
     lean = FUSED_LEAN_KEYS and x.element_size() == 2
+    tma_slots = FUSED_TMA_SLOTS and lean and capacity * values.element_size() >= 16 and n_cold_tiles > 0
+    val_desc = idx_desc = None
+    if tma_slots:  # the container as [M, tiles x CAP]: one [BM, CAP] box per TwELL tile
+        val_desc = TensorDescriptor.from_tensor(values.view(m, n_cold_tiles * capacity), [bm, capacity])
+        idx_desc = TensorDescriptor.from_tensor(indices.view(m, n_cold_tiles * capacity), [bm, capacity])
     _hot_cold_gate_kernel[(programs,)](
         x_desc, w_desc, h_hot, hot_counts, values, indices, cold_counts, cold_map, m, n_hot, n_cold, d, n_hot_tiles,
         n_cold_tiles, n_out_tiles, programs,
@@ -355,6 +395,6 @@ def launch_hot_cold_gate(
         PREFIX_DOT=FUSED_PREFIX_DOT and not interpreting() and x.dtype != torch.float32,
         DOT_FP32=interpreting() or x.dtype == torch.float32, FLATTEN=FUSED_FLATTEN and not interpreting(),
         RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, LEAN_KEYS=lean, LEAN_PTX=lean and not interpreting(),
-        num_stages=stages, num_warps=warps,
+        val_desc=val_desc, idx_desc=idx_desc, TMA_SLOTS=tma_slots, num_stages=stages, num_warps=warps,
     )
     return h_hot, hot_counts, values, indices, cold_counts
