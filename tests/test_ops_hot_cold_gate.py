@@ -52,12 +52,12 @@ def _three_kernels(x, plan, tile, cap, unit_ids):
 
 
 #: (dtype, cold slot method): the three ways of the cold epilogue to find slots (``scan``: prefix scan;
-#: ``rank``: FUSED_RANK_SLOTS; ``lean``: FUSED_LEAN_KEYS, its ReLU by PTX on the GPU, its slots stored by
-#: TMA where the capacity allows (FUSED_TMA_SLOTS); ``lean-scatter``: the same with masked stores); the
-#: last three take 16-bit inputs only (float32 runs the scan whatever the switches say).
+#: ``rank``: FUSED_RANK_SLOTS; ``lean``: FUSED_LEAN_KEYS, its ReLU by PTX on the GPU; ``lean-tma``: the same
+#: with its slots stored by TMA where the capacity allows, FUSED_TMA_SLOTS); the last three take 16-bit
+#: inputs only (float32 runs the scan whatever the switches say).
 SLOT_CASES = [(torch.float32, "scan"), (torch.float16, "scan"), (torch.float16, "rank"), (torch.float16, "lean"),
-              (torch.float16, "lean-scatter"), (torch.bfloat16, "scan"), (torch.bfloat16, "rank"),
-              (torch.bfloat16, "lean"), (torch.bfloat16, "lean-scatter")]
+              (torch.float16, "lean-tma"), (torch.bfloat16, "scan"), (torch.bfloat16, "rank"),
+              (torch.bfloat16, "lean"), (torch.bfloat16, "lean-tma")]
 SLOT_IDS = [f"{str(dt).removeprefix('torch.')}-{slots}" for dt, slots in SLOT_CASES]
 
 
@@ -67,7 +67,7 @@ def _slots(monkeypatch, slots):
     monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_RANK_SLOTS", slots != "scan")
     monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_LEAN_KEYS", slots.startswith("lean"))
     monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_FLATTEN", slots.endswith("-flat"))
-    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_TMA_SLOTS", not slots.endswith("-scatter"))
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_TMA_SLOTS", slots.endswith("-tma"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -87,7 +87,7 @@ def test_equals_the_three_kernels_it_replaces(case, dtype, slots, unit_ids, devi
     assert torch.equal(cold[2], want_cold[2])  # per-row counts of every cold row-tile, overflow included
     used = used_slots(want_cold, cap)
     assert torch.equal(cold[0][used], want_cold[0][used]) and torch.equal(cold[1][used], want_cold[1][used])
-    if slots == "lean" and dtype != torch.float32 and cap >= 8 and f > n_hot:  # TMA slots: the unused ones are 0
+    if slots == "lean-tma" and dtype != torch.float32 and cap >= 8 and f > n_hot:  # TMA slots: the unused ones are 0
         assert not bool(cold[0][~used].any()) and not bool(cold[1][~used].any())
     g = p["x"].float() @ p["w_gate"].float().T  # every firing unit counted once, hot or cold
     assert torch.equal((cold[2].sum(1) + hot_counts.sum(1)).cpu(), (g > 0).sum(1).to(torch.int32).cpu())
@@ -206,7 +206,7 @@ def test_fused_gate_tile_follows_the_switch_and_the_layer(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4097, 16384])
-@pytest.mark.parametrize("slots", ["scan", "rank", "lean", "lean-scatter", "lean-flat"])
+@pytest.mark.parametrize("slots", ["scan", "rank", "lean", "lean-tma", "lean-flat"])
 def test_gpu_bf16_real_shape_with_poisoned_outputs(m, slots, monkeypatch):
     """d=2048, F=5632 on random data at ~0.5 % density, 576 hot units: the GEMM's summation order differs
     from cuBLAS's, so counts may differ only where a gate value rounds to either side of 0; the caching

@@ -120,7 +120,13 @@ FUSED_LEAN_KEYS = True
 #: The price: the whole container is written (369 MB at M=131072, 44 tiles x 16 slots x 4 bytes per row,
 #: against ~4 MB of used slots), ~0.08 ms of HBM write bandwidth beside a compute-bound GEMM.  Needs CAP
 #: x 2 bytes >= 16 (TMA's smallest box row): CAP >= 8; smaller capacities keep the scattered stores.
-FUSED_TMA_SLOTS = True
+#: Offline (sm_90a): the half-tile's store phase 217 -> 154 SASS lines, spills 80 -> 36 B.  Predicted: the
+#: fused gate -0.03 to -0.06 J and ~-0.05 ms at M=131072.  Measured (H200, session 15, scripts/fused_gate_ab.py,
+#: bench_results/h200/fused_gate_ab_tma_slots_session15.log; on, off, on again, back to back): slower, the fused
+#: gate 5.848 / 5.850 vs 5.779 ms and 4.10 / 4.16 vs 4.07 J at M=131072, l0=28, 0.734 / 0.738 vs 0.728 ms at
+#: 16384; the op 7.966 / 7.979 vs 7.909 ms (same bits): the whole-container writes and each store's wait for
+#: its shared-memory buffer cost more than the scattered stores' instructions.  Off.
+FUSED_TMA_SLOTS = False
 
 
 @triton.jit
