@@ -52,12 +52,15 @@ def _three_kernels(x, plan, tile, cap, unit_ids):
 
 
 #: (dtype, cold slot method): the three ways of the cold epilogue to find slots (``scan``: prefix scan;
-#: ``rank``: FUSED_RANK_SLOTS; ``lean``: FUSED_LEAN_KEYS, its ReLU by PTX on the GPU; ``lean-tma``: the same
-#: with its slots stored by TMA where the capacity allows, FUSED_TMA_SLOTS); the last three take 16-bit
-#: inputs only (float32 runs the scan whatever the switches say).
+#: ``rank``: FUSED_RANK_SLOTS; ``lean``: as shipped, FUSED_LEAN_KEYS with the slots thread by thread in PTX
+#: on the GPU (FUSED_PTX_SLOTS; the interpreter, which runs no PTX, takes the keys); ``lean-keys``: the
+#: Triton keys with their ReLU by PTX on the GPU; ``lean-tma``: the keys with the slots stored by TMA where
+#: the capacity allows, FUSED_TMA_SLOTS); the last four take 16-bit inputs only (float32 runs the scan
+#: whatever the switches say).
 SLOT_CASES = [(torch.float32, "scan"), (torch.float16, "scan"), (torch.float16, "rank"), (torch.float16, "lean"),
-              (torch.float16, "lean-tma"), (torch.bfloat16, "scan"), (torch.bfloat16, "rank"),
-              (torch.bfloat16, "lean"), (torch.bfloat16, "lean-tma")]
+              (torch.float16, "lean-keys"), (torch.float16, "lean-tma"), (torch.bfloat16, "scan"),
+              (torch.bfloat16, "rank"), (torch.bfloat16, "lean"), (torch.bfloat16, "lean-keys"),
+              (torch.bfloat16, "lean-tma")]
 SLOT_IDS = [f"{str(dt).removeprefix('torch.')}-{slots}" for dt, slots in SLOT_CASES]
 
 
@@ -68,6 +71,7 @@ def _slots(monkeypatch, slots):
     monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_LEAN_KEYS", slots.startswith("lean"))
     monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_FLATTEN", slots.endswith("-flat"))
     monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_TMA_SLOTS", slots.endswith("-tma"))
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_PTX_SLOTS", slots in ("lean", "lean-flat"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -121,7 +125,7 @@ def test_nan_gate_fires_in_the_hot_and_the_cold_part(dtype, slots, device, monke
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("slots", ["scan", "rank", "lean"])
+@pytest.mark.parametrize("slots", ["scan", "rank", "lean", "lean-keys"])
 def test_gpu_bf16_nan_gate_fires_in_the_hot_and_the_cold_part(slots, monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -206,7 +210,7 @@ def test_fused_gate_tile_follows_the_switch_and_the_layer(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 4097, 16384])
-@pytest.mark.parametrize("slots", ["scan", "rank", "lean", "lean-tma", "lean-flat"])
+@pytest.mark.parametrize("slots", ["scan", "rank", "lean", "lean-keys", "lean-tma", "lean-flat"])
 def test_gpu_bf16_real_shape_with_poisoned_outputs(m, slots, monkeypatch):
     """d=2048, F=5632 on random data at ~0.5 % density, 576 hot units: the GEMM's summation order differs
     from cuBLAS's, so counts may differ only where a gate value rounds to either side of 0; the caching

@@ -37,6 +37,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._runtime import interpreting, sm_count
+from .cold_slots_ptx import cold_slots_asm
 from .gate_kernel import _twell_epilogue, dot_acc, nonzeros_and_counts, relu_keep_nan, round_to, tile_coords
 from .hot_cold_plan import FUSED_TILES
 
@@ -127,6 +128,11 @@ FUSED_LEAN_KEYS = True
 #: 16384; the op 7.966 / 7.979 vs 7.909 ms (same bits): the whole-container writes and each store's wait for
 #: its shared-memory buffer cost more than the scattered stores' instructions.  Off.
 FUSED_TMA_SLOTS = False
+#: The cold epilogue thread by thread in PTX (``cold_slots_ptx``; 16-bit inputs, on the GPU): each thread
+#: masks its own non-zeros (two instructions per pair of elements), sees its quad's masks by shuffles and
+#: writes each of its non-zeros to the slot its rank in column order names; no [BM, TILE] keys, no slot loop
+#: over whole rows, no layout change for the stores.  Same container as the Triton epilogues.
+FUSED_PTX_SLOTS = True
 
 
 @triton.jit
@@ -312,6 +318,30 @@ def _cold_epilogue(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr,
 
 
 @triton.jit
+def _cold_epilogue_ptx(act, pid_m, out_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
+                       BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, ASM_TEXT: tl.constexpr,
+                       ASM_CONSTRAINTS: tl.constexpr, ASM_PACK: tl.constexpr):
+    """Both TwELL tiles of cold output tile ``out_tile`` (``act``: its [BM, 2 TILE] ReLU output) through the
+    thread-by-thread PTX of ``cold_slots_ptx``: counts and used slots, as the other cold epilogues write them."""
+    BN: tl.constexpr = 2 * TILE
+    first = 2 * out_tile
+    rows = pid_m * BM + tl.arange(0, BM)
+    lim = tl.where(rows < M, N_COLD - first * TILE, 0)  # valid columns from the tile's first; 0 past M
+    base = rows.to(tl.int64) * n_cold_tiles + first
+    vrow = (val_ptr + base * CAP).to(tl.int64)
+    irow = (idx_ptr + base * CAP).to(tl.int64)
+    crow = (ccnt_ptr + base).to(tl.int64)
+    mbase = (map_ptr + first * TILE).to(tl.int64) + tl.zeros((BM,), tl.int64)
+    shape: tl.constexpr = (BM, BN)
+    tl.inline_asm_elementwise(
+        ASM_TEXT, ASM_CONSTRAINTS,
+        [act, tl.broadcast_to(lim[:, None], shape), tl.broadcast_to(vrow[:, None], shape),
+         tl.broadcast_to(irow[:, None], shape), tl.broadcast_to(crow[:, None], shape),
+         tl.broadcast_to(mbase[:, None], shape)],
+        dtype=tl.int8, is_pure=False, pack=ASM_PACK)
+
+
+@triton.jit
 def _hot_cold_gate_kernel(
     x_desc, w_desc, h_ptr, hcnt_ptr, val_ptr, idx_ptr, ccnt_ptr, map_ptr, M, H, N_COLD, K, n_hot_tiles,
     n_cold_tiles, n_out_tiles, n_programs,
@@ -319,6 +349,7 @@ def _hot_cold_gate_kernel(
     MAP_IDS: tl.constexpr, PREFIX_DOT: tl.constexpr, DOT_FP32: tl.constexpr, FLATTEN: tl.constexpr,
     RANK_SLOTS: tl.constexpr = False, LEAN_KEYS: tl.constexpr = False, LEAN_PTX: tl.constexpr = False,
     val_desc=None, idx_desc=None, TMA_SLOTS: tl.constexpr = False,
+    ASM_TEXT: tl.constexpr = None, ASM_CONSTRAINTS: tl.constexpr = None, ASM_PACK: tl.constexpr = 0,
 ):
     """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
     ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each)."""
@@ -334,6 +365,9 @@ def _hot_cold_gate_kernel(
             acc = dot_acc(a, b.T, acc, DOT_FP32)
         if pid_n < n_hot_tiles:
             _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE)
+        elif ASM_PACK > 0:
+            _cold_epilogue_ptx(round_relu(acc, dtype, True), pid_m, pid_n - n_hot_tiles, M, N_COLD, map_ptr, val_ptr,
+                               idx_ptr, ccnt_ptr, n_cold_tiles, BM, TILE, CAP, ASM_TEXT, ASM_CONSTRAINTS, ASM_PACK)
         else:
             act = round_relu(acc, dtype, LEAN_PTX)  # LEAN_PTX only with LEAN_KEYS
             # the two TwELL tiles of this output tile: columns [0, TILE) and [TILE, 2 TILE)
@@ -393,6 +427,12 @@ def launch_hot_cold_gate(
     if tma_slots:  # the container as [M, tiles x CAP]: one [BM, CAP] box per TwELL tile
         val_desc = TensorDescriptor.from_tensor(values.view(m, n_cold_tiles * capacity), [bm, capacity])
         idx_desc = TensorDescriptor.from_tensor(indices.view(m, n_cold_tiles * capacity), [bm, capacity])
+    asm = {}
+    if FUSED_PTX_SLOTS and lean and not interpreting():
+        pack = bm * 2 * tile // (32 * warps)
+        text, constraints = cold_slots_asm(2 * tile, tile, capacity, pack, unit_ids,
+                                           "bf16" if x.dtype == torch.bfloat16 else "f16")
+        asm = {"ASM_TEXT": text, "ASM_CONSTRAINTS": constraints, "ASM_PACK": pack}
     _hot_cold_gate_kernel[(programs,)](
         x_desc, w_desc, h_hot, hot_counts, values, indices, cold_counts, cold_map, m, n_hot, n_cold, d, n_hot_tiles,
         n_cold_tiles, n_out_tiles, programs,
@@ -401,6 +441,6 @@ def launch_hot_cold_gate(
         PREFIX_DOT=FUSED_PREFIX_DOT and not interpreting() and x.dtype != torch.float32,
         DOT_FP32=interpreting() or x.dtype == torch.float32, FLATTEN=FUSED_FLATTEN and not interpreting(),
         RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, LEAN_KEYS=lean, LEAN_PTX=lean and not interpreting(),
-        val_desc=val_desc, idx_desc=idx_desc, TMA_SLOTS=tma_slots, num_stages=stages, num_warps=warps,
+        val_desc=val_desc, idx_desc=idx_desc, TMA_SLOTS=tma_slots, num_stages=stages, num_warps=warps, **asm,
     )
     return h_hot, hot_counts, values, indices, cold_counts
