@@ -29,6 +29,8 @@ element) is a dummy: the asm writes memory.
 
 from __future__ import annotations
 
+import functools
+
 __all__ = ["cold_slots_asm"]
 
 
@@ -138,8 +140,14 @@ def _slot_stores(lines: list[str], ti: int, tile: int, cap: int, map_ids: bool) 
             lines.append(f"DONE{tag}:")
 
 
+@functools.cache
 def cold_slots_asm(bn: int, tile: int, cap: int, pack: int, map_ids: bool, half: str) -> tuple[str, str]:
     """``(asm text, constraints)`` for ``tl.inline_asm_elementwise`` over one output tile's cold epilogue.
+
+    Cached: the same string objects on every launch, so that neither building the ~20 KB text nor hashing
+    it for Triton's kernel cache costs host time per call (uncached, the first H200 run spent ~1 ms of host
+    time a call on it: at M=16384 the fused gate timed 1.31-1.69 ms against 0.72 for the Triton epilogue,
+    host-bound; bench_results/h200/fused_gate_ab_ptx_slots_session15.log).
 
     ``bn``: the output tile's width (two TwELL tiles of ``tile`` columns); ``pack``: elements per thread
     (BM * BN / threads; the thread's two rows times bn / 4 columns); ``half``: "bf16" or "f16".
