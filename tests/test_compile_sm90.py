@@ -39,10 +39,9 @@ def test_tensor_core_kernels_use_wgmma(compiled):
 SPILL_BUDGET_BYTES = {
     "gate_epilogue0": 540, "gate_epilogue2": 420, "union_up": 460, "union_down": 344, "train_pack_rows": 356,
     "train_backward_rows": 52, "train_unit_grads": 208, "decode_hidden_bm16": 16, "decode_hidden_bm64": 60,
-    # the fused hot/cold gate's epilogue at BN = 256 next to its 128-register accumulator (1308 B with the
-    # tensor-core prefix, which ran 8.871 vs 6.038 ms; hot_cold_gate_kernel.FUSED_PREFIX_DOT; 324 B with
-    # the scan's slots, 92 with the rank-by-rank slots of FUSED_RANK_SLOTS)
-    "hot_cold_gate_t128": 92,
+    # (the fused hot/cold gate's epilogue at BN = 256 spilled 1308 B with the tensor-core prefix, 324 with the
+    # scan's slots, 92 rank by rank, 80 with the lean keys; with its cold slots thread by thread in PTX,
+    # hot_cold_gate_kernel.FUSED_PTX_SLOTS, it takes 175 registers and spills nothing)
     # row-gather variants that are off by default, built since session 13 as launched (d and the row strides
     # multiples of 16, so 16-byte loads): the prefetch at SB 2 (GATHER_PREFETCH) and the row kernel skipping
     # the tensor-core kernel's rows (GATHER_TENSOR_CORES); the shipped gathers spill nothing

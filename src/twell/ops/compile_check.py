@@ -279,9 +279,11 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         FUSED_LEAN_KEYS,
         FUSED_PREFIX_DOT,
         FUSED_RANK_SLOTS,
+        FUSED_PTX_SLOTS,
         FUSED_TMA_SLOTS,
         _hot_cold_gate_kernel,
     )
+    from .cold_slots_ptx import cold_slots_asm
 
     bm, bk, stages, warps = _GPU_CONFIG
     for tile in (128, 64):  # BN = 256 (the default tile) and 128
@@ -296,6 +298,10 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         if FUSED_TMA_SLOTS and FUSED_LEAN_KEYS and cap * 2 >= 16:  # as launch_hot_cold_gate builds it
             sig.update({"val_desc": f"tensordesc<bf16[{bm}, {cap}]>", "idx_desc": f"tensordesc<i16[{bm}, {cap}]>"})
             consts["TMA_SLOTS"] = True
+        if FUSED_PTX_SLOTS and FUSED_LEAN_KEYS:  # the cold epilogue thread by thread, as launched on the GPU
+            pack = bm * 2 * tile // (32 * warps)
+            text, constraints = cold_slots_asm(2 * tile, tile, cap, pack, True, "bf16")
+            consts.update({"ASM_TEXT": text, "ASM_CONSTRAINTS": constraints, "ASM_PACK": pack})
         ptx = _compile(_hot_cold_gate_kernel, sig, consts, target, num_warps=warps, num_stages=stages)
         results[f"hot_cold_gate_t{tile}"] = _stats(ptx, arch, wgmma=True)
     from .cold_down_kernel import _GPU_CONFIG as _DOWN_CONFIG

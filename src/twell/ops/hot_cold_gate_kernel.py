@@ -131,7 +131,14 @@ FUSED_TMA_SLOTS = False
 #: The cold epilogue thread by thread in PTX (``cold_slots_ptx``; 16-bit inputs, on the GPU): each thread
 #: masks its own non-zeros (two instructions per pair of elements), sees its quad's masks by shuffles and
 #: writes each of its non-zeros to the slot its rank in column order names; no [BM, TILE] keys, no slot loop
-#: over whole rows, no layout change for the stores.  Same container as the Triton epilogues.
+#: over whole rows, no layout change for the stores.  Same container as the Triton epilogues, so the same
+#: bits downstream.  Offline sm_90a build: ~370 SASS instructions per thread and cold output tile before its
+#: non-zeros (64 F2FP, 64 HSET2, 74 LOP3, 12 shuffles, 16 POPC) against ~1900 (two half-tiles of ~950),
+#: 175 registers and no spill against 255 and 80 B.  Predicted: the fused gate 4.07 -> ~3.7-3.8 J and 5.78
+#: -> ~5.4-5.5 ms at M=131072, l0=28; the op 7.91 -> ~7.5-7.6 ms.  Measured (H200, session 15, on / off / on
+#: back to back, bench_results/h200/fused_gate_ab_ptx_slots_session15_cached.log): the fused gate 5.288 /
+#: 5.310 vs 5.711 ms and 3.75 / 3.72 vs 3.96 J, the op 7.395 / 7.396 vs 7.822 ms at M=131072; at 16384 the
+#: gate 0.669 / 0.667 vs 0.720 ms, the op 0.975 / 0.977 vs 1.022; same bits.  On.
 FUSED_PTX_SLOTS = True
 
 
