@@ -273,17 +273,17 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
                "stride_om": "i32"}
     ptx = _compile(_decode_column_sum_kernel, sum_sig, {"BD": obd, "BP": obp}, target, num_warps=osum_warps)
     results["decode_column_sum"] = _stats(ptx, arch)
+    from .cold_slots_ptx import cold_slots_asm
     from .hot_cold_gate_kernel import (
         _GPU_CONFIG,
         FUSED_FLATTEN,
         FUSED_LEAN_KEYS,
         FUSED_PREFIX_DOT,
-        FUSED_RANK_SLOTS,
         FUSED_PTX_SLOTS,
+        FUSED_RANK_SLOTS,
         FUSED_TMA_SLOTS,
         _hot_cold_gate_kernel,
     )
-    from .cold_slots_ptx import cold_slots_asm
 
     bm, bk, stages, warps = _GPU_CONFIG
     for tile in (128, 64):  # BN = 256 (the default tile) and 128
