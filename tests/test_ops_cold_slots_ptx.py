@@ -9,6 +9,7 @@ import re
 import pytest
 
 from twell.ops.cold_slots_ptx import cold_slots_asm
+from twell.ops.hot_cold_gate_kernel import ptx_slots_supported
 
 CONFIGS = [(256, 128, 16, 128, True, "bf16"), (256, 128, 16, 128, False, "f16"), (128, 64, 8, 64, True, "bf16")]
 
@@ -46,3 +47,8 @@ def test_refusals():
         cold_slots_asm(256, 128, 16, 64, True, "bf16")
     with pytest.raises(ValueError, match="half must be 'bf16' or 'f16', got 'f32'"):
         cold_slots_asm(256, 128, 16, 128, True, "f32")
+
+
+def test_ptx_slots_only_under_the_checked_triton_release():
+    assert ptx_slots_supported("3.6.0") and ptx_slots_supported("3.6.1")
+    assert not ptx_slots_supported("3.7.0") and not ptx_slots_supported("3.5.1") and not ptx_slots_supported("3.60.0")

@@ -283,6 +283,7 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         FUSED_RANK_SLOTS,
         FUSED_TMA_SLOTS,
         _hot_cold_gate_kernel,
+        ptx_slots_supported,
     )
 
     bm, bk, stages, warps = _GPU_CONFIG
@@ -298,7 +299,7 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         if FUSED_TMA_SLOTS and FUSED_LEAN_KEYS and cap * 2 >= 16:  # as launch_hot_cold_gate builds it
             sig.update({"val_desc": f"tensordesc<bf16[{bm}, {cap}]>", "idx_desc": f"tensordesc<i16[{bm}, {cap}]>"})
             consts["TMA_SLOTS"] = True
-        if FUSED_PTX_SLOTS and FUSED_LEAN_KEYS:  # the cold epilogue thread by thread, as launched on the GPU
+        if FUSED_PTX_SLOTS and FUSED_LEAN_KEYS and ptx_slots_supported(triton.__version__):  # as launched
             pack = bm * 2 * tile // (32 * warps)
             text, constraints = cold_slots_asm(2 * tile, tile, cap, pack, True, "bf16")
             consts.update({"ASM_TEXT": text, "ASM_CONSTRAINTS": constraints, "ASM_PACK": pack})

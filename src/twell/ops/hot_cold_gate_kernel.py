@@ -140,6 +140,16 @@ FUSED_TMA_SLOTS = False
 #: 5.310 vs 5.711 ms and 3.75 / 3.72 vs 3.96 J, the op 7.395 / 7.396 vs 7.822 ms at M=131072; at 16384 the
 #: gate 0.669 / 0.667 vs 0.720 ms, the op 0.975 / 0.977 vs 1.022; same bits.  On.
 FUSED_PTX_SLOTS = True
+#: Triton releases whose accumulator layout and inline-asm operand order the PTX slots were checked against
+#: on the GPU (tests/test_ops_hot_cold_gate.py natively: the containers equal the three unfused kernels'
+#: bit for bit).  The asm reads its elements' columns from the lane and the register order, which a Triton
+#: release could change without notice: under any other release the Triton keys run instead.
+PTX_SLOTS_TRITON = ("3.6.",)
+
+
+def ptx_slots_supported(triton_version: str) -> bool:
+    """Whether the PTX cold slots may run under this Triton release (see :data:`PTX_SLOTS_TRITON`)."""
+    return triton_version.startswith(PTX_SLOTS_TRITON)
 
 
 @triton.jit
@@ -435,7 +445,7 @@ def launch_hot_cold_gate(
         val_desc = TensorDescriptor.from_tensor(values.view(m, n_cold_tiles * capacity), [bm, capacity])
         idx_desc = TensorDescriptor.from_tensor(indices.view(m, n_cold_tiles * capacity), [bm, capacity])
     asm = {}
-    if FUSED_PTX_SLOTS and lean and not interpreting():
+    if FUSED_PTX_SLOTS and lean and not interpreting() and ptx_slots_supported(triton.__version__):
         pack = bm * 2 * tile // (32 * warps)
         text, constraints = cold_slots_asm(2 * tile, tile, capacity, pack, unit_ids,
                                            "bf16" if x.dtype == torch.bfloat16 else "f16")
