@@ -97,6 +97,23 @@ def test_equals_the_three_kernels_it_replaces(case, dtype, slots, unit_ids, devi
     assert torch.equal((cold[2].sum(1) + hot_counts.sum(1)).cpu(), (g > 0).sum(1).to(torch.int32).cpu())
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c[6]], ids=[i for c, i in zip(CASES, IDS, strict=True) if c[6]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_hot_block_by_tma_equals_the_masked_stores(case, dtype, device, monkeypatch):
+    """FUSED_TMA_HOT (off by default, not yet timed): the hot hidden state stored as [BM, TILE] TMA blocks
+    equals the masked stores' (rows past M and units past H dropped by the copy), and so the three kernels'."""
+    m, d, f, tile, cap, frac, n_hot = case
+    p = make_problem(m, d, f, frac_pos=frac, seed=53 + n_hot, dtype=dtype, device=device)
+    plan = _plan(p, n_hot)
+    fused = _fused(p, plan, tile)
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_TMA_HOT", True)
+    h_hot, hot_counts, *cold = launch_hot_cold_gate(p["x"], fused.w_gemm, n_hot, f - n_hot, plan.cold, tile=tile,
+                                                    capacity=cap, unit_ids=True)
+    want_h, want_counts, want_cold = _three_kernels(p["x"], plan, tile, cap, True)
+    assert torch.equal(h_hot, want_h) and torch.equal(hot_counts, want_counts)
+    assert torch.equal(cold[2], want_cold[2])
+
+
 def _check_nan_gate(dtype, device):
     """A NaN in row 2 of x: every gate of the row NaN, every unit fires, hot and cold; F=120 leaves the last
     cold tile 24 columns of 32, whose padding (zero weight rows, NaN products) must not count."""

@@ -140,6 +140,14 @@ FUSED_TMA_SLOTS = False
 #: 5.310 vs 5.711 ms and 3.75 / 3.72 vs 3.96 J, the op 7.395 / 7.396 vs 7.822 ms at M=131072; at 16384 the
 #: gate 0.669 / 0.667 vs 0.720 ms, the op 0.975 / 0.977 vs 1.022; same bits.  On.
 FUSED_PTX_SLOTS = True
+#: The hot epilogue's [BM, TILE] block of h stored by one TMA store (``_hot_epilogue``' TMA_HOT; H x itemsize
+#: a multiple of 16 bytes) instead of masked stores with H a runtime row stride.  Why: with the cold
+#: epilogue in PTX the hot half is about half of the epilogue's instructions (offline sm_90a: ~1750 SASS
+#: instructions per thread and hot tile, a shared-memory transpose and 64 two-byte stores per thread, 5 of
+#: a row block's 27 output tiles at H=576, against ~370 per cold tile).  Unlike the cold slots (the TMA
+#: slot stores above lost: they wrote the whole container), h is a dense block written whole either way.
+#: Built and tested in the interpreter in session 15, when no device time was left: not measured, off.
+FUSED_TMA_HOT = False
 #: Triton releases whose accumulator layout and inline-asm operand order the PTX slots were checked against
 #: on the GPU (tests/test_ops_hot_cold_gate.py natively: the containers equal the three unfused kernels'
 #: bit for bit).  The asm reads its elements' columns from the lane and the register order, which a Triton
@@ -154,8 +162,10 @@ def ptx_slots_supported(triton_version: str) -> bool:
 
 @triton.jit
 def _hot_epilogue(acc, pid_m, hot_tile, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype: tl.constexpr,
-                  BM: tl.constexpr, TILE: tl.constexpr):
-    """h = round(relu(g) u) for the TILE hot units of ``hot_tile`` and their per-row non-zero count."""
+                  BM: tl.constexpr, TILE: tl.constexpr, h_desc, TMA_HOT: tl.constexpr):
+    """h = round(relu(g) u) for the TILE hot units of ``hot_tile`` and their per-row non-zero count (with
+    ``TMA_HOT`` the [BM, TILE] block of h goes out by one TMA store, which drops rows past M and units
+    past H)."""
     g, u = tl.split(tl.reshape(acc, (BM, TILE, 2)))
     g = round_to(g, dtype).to(tl.float32)
     u = round_to(u, dtype).to(tl.float32)
@@ -164,7 +174,10 @@ def _hot_epilogue(acc, pid_m, hot_tile, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtyp
     units = hot_tile * TILE + tl.arange(0, TILE)
     m_ok = rows < M
     ok = m_ok[:, None] & (units < H)[None, :]
-    tl.store(h_ptr + rows.to(tl.int64)[:, None] * H + units[None, :], round_to(act * u, dtype), mask=ok)
+    if TMA_HOT:
+        h_desc.store([pid_m * BM, hot_tile * TILE], round_to(act * u, dtype))
+    else:
+        tl.store(h_ptr + rows.to(tl.int64)[:, None] * H + units[None, :], round_to(act * u, dtype), mask=ok)
     nz = ((act != 0) & ok).to(tl.int32)
     tl.store(hcnt_ptr + rows.to(tl.int64) * n_hot_tiles + hot_tile, tl.sum(nz, axis=1), mask=m_ok)
 
@@ -367,6 +380,7 @@ def _hot_cold_gate_kernel(
     RANK_SLOTS: tl.constexpr = False, LEAN_KEYS: tl.constexpr = False, LEAN_PTX: tl.constexpr = False,
     val_desc=None, idx_desc=None, TMA_SLOTS: tl.constexpr = False,
     ASM_TEXT: tl.constexpr = None, ASM_CONSTRAINTS: tl.constexpr = None, ASM_PACK: tl.constexpr = 0,
+    h_desc=None, TMA_HOT: tl.constexpr = False,
 ):
     """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
     ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each)."""
@@ -381,7 +395,7 @@ def _hot_cold_gate_kernel(
             b = w_desc.load([pid_n * BN, k0])
             acc = dot_acc(a, b.T, acc, DOT_FP32)
         if pid_n < n_hot_tiles:
-            _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE)
+            _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE, h_desc, TMA_HOT)
         elif ASM_PACK > 0:
             _cold_epilogue_ptx(round_relu(acc, dtype, True), pid_m, pid_n - n_hot_tiles, M, N_COLD, map_ptr, val_ptr,
                                idx_ptr, ccnt_ptr, n_cold_tiles, BM, TILE, CAP, ASM_TEXT, ASM_CONSTRAINTS, ASM_PACK)
@@ -444,6 +458,10 @@ def launch_hot_cold_gate(
     if tma_slots:  # the container as [M, tiles x CAP]: one [BM, CAP] box per TwELL tile
         val_desc = TensorDescriptor.from_tensor(values.view(m, n_cold_tiles * capacity), [bm, capacity])
         idx_desc = TensorDescriptor.from_tensor(indices.view(m, n_cold_tiles * capacity), [bm, capacity])
+    if FUSED_TMA_HOT and n_hot and (n_hot * x.element_size()) % 16 == 0:  # TMA rows: 16-byte multiples
+        asm_or_tma = {"h_desc": TensorDescriptor.from_tensor(h_hot, [bm, tile]), "TMA_HOT": True}
+    else:
+        asm_or_tma = {}
     asm = {}
     if FUSED_PTX_SLOTS and lean and not interpreting() and ptx_slots_supported(triton.__version__):
         pack = bm * 2 * tile // (32 * warps)
@@ -459,5 +477,6 @@ def launch_hot_cold_gate(
         DOT_FP32=interpreting() or x.dtype == torch.float32, FLATTEN=FUSED_FLATTEN and not interpreting(),
         RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, LEAN_KEYS=lean, LEAN_PTX=lean and not interpreting(),
         val_desc=val_desc, idx_desc=idx_desc, TMA_SLOTS=tma_slots, num_stages=stages, num_warps=warps, **asm,
+        **asm_or_tma,
     )
     return h_hot, hot_counts, values, indices, cold_counts
