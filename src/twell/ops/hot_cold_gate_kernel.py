@@ -142,10 +142,11 @@ FUSED_TMA_SLOTS = False
 FUSED_PTX_SLOTS = True
 #: The hot epilogue's [BM, TILE] block of h stored by one TMA store (``_hot_epilogue``' TMA_HOT; H x itemsize
 #: a multiple of 16 bytes) instead of masked stores with H a runtime row stride.  Why: with the cold
-#: epilogue in PTX the hot half is about half of the epilogue's instructions (offline sm_90a: ~1750 SASS
+#: epilogue in PTX the hot half is about half of the epilogue's instructions (offline sm_90a: ~1730 SASS
 #: instructions per thread and hot tile, a shared-memory transpose and 64 two-byte stores per thread, 5 of
-#: a row block's 27 output tiles at H=576, against ~370 per cold tile).  Unlike the cold slots (the TMA
-#: slot stores above lost: they wrote the whole container), h is a dense block written whole either way.
+#: a row block's 27 output tiles at H=576, against ~370 per cold tile; ~1120 with the TMA store).  Unlike
+#: the cold slots (the TMA slot stores above lost: they wrote the whole container), h is a dense block
+#: written whole either way.
 #: Built and tested in the interpreter in session 15, when no device time was left: not measured, off.
 FUSED_TMA_HOT = False
 #: Triton releases whose accumulator layout and inline-asm operand order the PTX slots were checked against
@@ -459,9 +460,9 @@ def launch_hot_cold_gate(
         val_desc = TensorDescriptor.from_tensor(values.view(m, n_cold_tiles * capacity), [bm, capacity])
         idx_desc = TensorDescriptor.from_tensor(indices.view(m, n_cold_tiles * capacity), [bm, capacity])
     if FUSED_TMA_HOT and n_hot and (n_hot * x.element_size()) % 16 == 0:  # TMA rows: 16-byte multiples
-        asm_or_tma = {"h_desc": TensorDescriptor.from_tensor(h_hot, [bm, tile]), "TMA_HOT": True}
+        hot_tma = {"h_desc": TensorDescriptor.from_tensor(h_hot, [bm, tile]), "TMA_HOT": True}
     else:
-        asm_or_tma = {}
+        hot_tma = {}
     asm = {}
     if FUSED_PTX_SLOTS and lean and not interpreting() and ptx_slots_supported(triton.__version__):
         pack = bm * 2 * tile // (32 * warps)
@@ -477,6 +478,6 @@ def launch_hot_cold_gate(
         DOT_FP32=interpreting() or x.dtype == torch.float32, FLATTEN=FUSED_FLATTEN and not interpreting(),
         RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, LEAN_KEYS=lean, LEAN_PTX=lean and not interpreting(),
         val_desc=val_desc, idx_desc=idx_desc, TMA_SLOTS=tma_slots, num_stages=stages, num_warps=warps, **asm,
-        **asm_or_tma,
+        **hot_tma,
     )
     return h_hot, hot_counts, values, indices, cold_counts
