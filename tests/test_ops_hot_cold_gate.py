@@ -114,6 +114,35 @@ def test_hot_block_by_tma_equals_the_masked_stores(case, dtype, device, monkeypa
     assert torch.equal(cold[2], want_cold[2])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in CASES if c[6]], ids=[i for c, i in zip(CASES, IDS, strict=True) if c[6]])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("tma", [False, True], ids=["stores", "tma"])
+def test_gpu_hot_epilogue_in_ptx_equals_the_three_kernels(case, dtype, tma, monkeypatch):
+    """FUSED_PTX_HOT (off by default, not yet timed; PTX, so the GPU only): h and the hot counts equal the
+    unfused kernels' (a zero h may carry the other sign), with the block stored either way; and a NaN row
+    fires every hot unit but the last tile's padding."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    device = torch.device("cuda")
+    m, d, f, tile, cap, frac, n_hot = case
+    p = make_problem(m, d, f, frac_pos=frac, seed=59 + n_hot, dtype=dtype, device=device)
+    plan = _plan(p, n_hot)
+    fused = _fused(p, plan, tile)
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_PTX_HOT", True)
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_TMA_HOT", tma)
+    h_hot, hot_counts, *cold = launch_hot_cold_gate(p["x"], fused.w_gemm, n_hot, f - n_hot, plan.cold, tile=tile,
+                                                    capacity=cap, unit_ids=True)
+    want_h, want_counts, want_cold = _three_kernels(p["x"], plan, tile, cap, True)
+    assert torch.equal(h_hot, want_h) and torch.equal(hot_counts, want_counts)
+    assert torch.equal(cold[2], want_cold[2])
+    p["x"][m // 2, 3] = float("nan")
+    h_hot, hot_counts, *_ = launch_hot_cold_gate(p["x"], fused.w_gemm, n_hot, f - n_hot, plan.cold, tile=tile,
+                                                 capacity=cap, unit_ids=True)
+    assert bool(torch.isnan(h_hot[m // 2]).all())
+    assert int(hot_counts[m // 2].sum()) == n_hot
+
+
 def _check_nan_gate(dtype, device):
     """A NaN in row 2 of x: every gate of the row NaN, every unit fires, hot and cold; F=120 leaves the last
     cold tile 24 columns of 32, whose padding (zero weight rows, NaN products) must not count."""

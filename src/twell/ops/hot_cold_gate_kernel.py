@@ -149,6 +149,14 @@ FUSED_PTX_SLOTS = True
 #: written whole either way.
 #: Built and tested in the interpreter in session 15, when no device time was left: not measured, off.
 FUSED_TMA_HOT = False
+#: The hot epilogue's arithmetic in PTX (``_hot_hidden_ptx``; 16-bit inputs, on the GPU, Triton 3.6.x like
+#: the PTX slots): per two units' (g, u) pairs two ``cvt.rn`` to 16-bit pairs, a NaN-keeping maximum with 0,
+#: one 16-bit product (the exact product of two 16-bit values rounded once, as the fp32 product rounded
+#: is) and the firing flags, where the Triton code spends ~9.5 SASS instructions per unit (offline sm_90a:
+#: 128 F2F, 133 IMAD.U32, 64 FSETP.GT, 64 FSETP.NEU, 64 FSEL, 64 FMUL per thread and hot tile); the count's
+#: unit mask only in the last hot tile.  A zero h may differ from the Triton path's in its sign (max(-0, +0)),
+#: never in value.  Built in session 15 with no device time left: compiled offline, not run, off.
+FUSED_PTX_HOT = False
 #: Triton releases whose accumulator layout and inline-asm operand order the PTX slots were checked against
 #: on the GPU (tests/test_ops_hot_cold_gate.py natively: the containers equal the three unfused kernels'
 #: bit for bit).  The asm reads its elements' columns from the lane and the register order, which a Triton
@@ -162,24 +170,72 @@ def ptx_slots_supported(triton_version: str) -> bool:
 
 
 @triton.jit
+def _hot_hidden_ptx(acc, dtype: tl.constexpr):
+    """``(h, fires)`` shaped like ``acc`` (the [BM, 2 TILE] accumulator of (g, u) column pairs): at both columns
+    of a unit's pair its h = round(relu(round(g)) round(u)) (NaN g firing) and its firing flag (int8 0 / 1).
+    PTX per four elements: two units' pairs, the ones a thread holds in consecutive registers."""
+    if dtype == tl.bfloat16:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 g, u, a, h, f, z;
+            mov.b32 z, 0;
+            cvt.rn.bf16x2.f32 g, $5, $3;
+            cvt.rn.bf16x2.f32 u, $6, $4;
+            max.NaN.bf16x2 a, g, z;
+            mul.rn.bf16x2 h, a, u;
+            set.neu.u32.bf16x2 f, a, z;
+            prmt.b32 $0, h, 0, 0x1010;
+            prmt.b32 $1, h, 0, 0x3232;
+            prmt.b32 f, f, 0, 0x2200;
+            and.b32 $2, f, 0x01010101;
+            }""",
+            "=r,=r,=r,r,r,r,r", [acc], dtype=(tl.bfloat16, tl.int8), is_pure=True, pack=4)
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .b32 g, u, a, h, f, z;
+            mov.b32 z, 0;
+            cvt.rn.f16x2.f32 g, $5, $3;
+            cvt.rn.f16x2.f32 u, $6, $4;
+            max.NaN.f16x2 a, g, z;
+            mul.rn.f16x2 h, a, u;
+            set.neu.u32.f16x2 f, a, z;
+            prmt.b32 $0, h, 0, 0x1010;
+            prmt.b32 $1, h, 0, 0x3232;
+            prmt.b32 f, f, 0, 0x2200;
+            and.b32 $2, f, 0x01010101;
+            }""",
+            "=r,=r,=r,r,r,r,r", [acc], dtype=(tl.float16, tl.int8), is_pure=True, pack=4)
+
+
+@triton.jit
 def _hot_epilogue(acc, pid_m, hot_tile, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype: tl.constexpr,
-                  BM: tl.constexpr, TILE: tl.constexpr, h_desc, TMA_HOT: tl.constexpr):
+                  BM: tl.constexpr, TILE: tl.constexpr, h_desc, TMA_HOT: tl.constexpr, PTX_HOT: tl.constexpr):
     """h = round(relu(g) u) for the TILE hot units of ``hot_tile`` and their per-row non-zero count (with
     ``TMA_HOT`` the [BM, TILE] block of h goes out by one TMA store, which drops rows past M and units
     past H)."""
-    g, u = tl.split(tl.reshape(acc, (BM, TILE, 2)))
-    g = round_to(g, dtype).to(tl.float32)
-    u = round_to(u, dtype).to(tl.float32)
-    act = relu_keep_nan(g)
     rows = pid_m * BM + tl.arange(0, BM)
     units = hot_tile * TILE + tl.arange(0, TILE)
     m_ok = rows < M
     ok = m_ok[:, None] & (units < H)[None, :]
-    if TMA_HOT:
-        h_desc.store([pid_m * BM, hot_tile * TILE], round_to(act * u, dtype))
+    if PTX_HOT:
+        h2, fires2 = _hot_hidden_ptx(acc, dtype)
+        h, _ = tl.split(tl.reshape(h2, (BM, TILE, 2)))
+        fires, _ = tl.split(tl.reshape(fires2, (BM, TILE, 2)))
+        nz = fires.to(tl.int32)
+        if (hot_tile + 1) * TILE > H:  # the last hot tile's padding units (zero rows; a NaN x still fires them)
+            nz = tl.where((units < H)[None, :], nz, 0)
     else:
-        tl.store(h_ptr + rows.to(tl.int64)[:, None] * H + units[None, :], round_to(act * u, dtype), mask=ok)
-    nz = ((act != 0) & ok).to(tl.int32)
+        g, u = tl.split(tl.reshape(acc, (BM, TILE, 2)))
+        g = round_to(g, dtype).to(tl.float32)
+        u = round_to(u, dtype).to(tl.float32)
+        act = relu_keep_nan(g)
+        h = round_to(act * u, dtype)
+        nz = ((act != 0) & ok).to(tl.int32)
+    if TMA_HOT:
+        h_desc.store([pid_m * BM, hot_tile * TILE], h)
+    else:
+        tl.store(h_ptr + rows.to(tl.int64)[:, None] * H + units[None, :], h, mask=ok)
     tl.store(hcnt_ptr + rows.to(tl.int64) * n_hot_tiles + hot_tile, tl.sum(nz, axis=1), mask=m_ok)
 
 
@@ -381,7 +437,7 @@ def _hot_cold_gate_kernel(
     RANK_SLOTS: tl.constexpr = False, LEAN_KEYS: tl.constexpr = False, LEAN_PTX: tl.constexpr = False,
     val_desc=None, idx_desc=None, TMA_SLOTS: tl.constexpr = False,
     ASM_TEXT: tl.constexpr = None, ASM_CONSTRAINTS: tl.constexpr = None, ASM_PACK: tl.constexpr = 0,
-    h_desc=None, TMA_HOT: tl.constexpr = False,
+    h_desc=None, TMA_HOT: tl.constexpr = False, PTX_HOT: tl.constexpr = False,
 ):
     """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
     ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each)."""
@@ -396,7 +452,8 @@ def _hot_cold_gate_kernel(
             b = w_desc.load([pid_n * BN, k0])
             acc = dot_acc(a, b.T, acc, DOT_FP32)
         if pid_n < n_hot_tiles:
-            _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE, h_desc, TMA_HOT)
+            _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE, h_desc, TMA_HOT,
+                          PTX_HOT)
         elif ASM_PACK > 0:
             _cold_epilogue_ptx(round_relu(acc, dtype, True), pid_m, pid_n - n_hot_tiles, M, N_COLD, map_ptr, val_ptr,
                                idx_ptr, ccnt_ptr, n_cold_tiles, BM, TILE, CAP, ASM_TEXT, ASM_CONSTRAINTS, ASM_PACK)
@@ -463,8 +520,11 @@ def launch_hot_cold_gate(
         hot_tma = {"h_desc": TensorDescriptor.from_tensor(h_hot, [bm, tile]), "TMA_HOT": True}
     else:
         hot_tma = {}
+    ptx_ok = lean and not interpreting() and ptx_slots_supported(triton.__version__)
+    if FUSED_PTX_HOT and ptx_ok:
+        hot_tma["PTX_HOT"] = True
     asm = {}
-    if FUSED_PTX_SLOTS and lean and not interpreting() and ptx_slots_supported(triton.__version__):
+    if FUSED_PTX_SLOTS and ptx_ok:
         pack = bm * 2 * tile // (32 * warps)
         text, constraints = cold_slots_asm(2 * tile, tile, capacity, pack, unit_ids,
                                            "bf16" if x.dtype == torch.bfloat16 else "f16")
