@@ -102,16 +102,23 @@ def test_equals_the_three_kernels_it_replaces(case, dtype, slots, unit_ids, devi
 def test_hot_block_by_tma_equals_the_masked_stores(case, dtype, device, monkeypatch):
     """FUSED_TMA_HOT (off by default, not yet timed): the hot hidden state stored as [BM, TILE] TMA blocks
     equals the masked stores' (rows past M and units past H dropped by the copy), and so the three kernels'."""
+    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_TMA_HOT", True)
+    _hot_part_equals_the_three_kernels(case, dtype, device, seed=53)
+
+
+def _hot_part_equals_the_three_kernels(case, dtype, device, seed):
+    """The fused gate's h, hot counts and cold counts against the unfused kernels'; returns the problem and
+    its fused plan."""
     m, d, f, tile, cap, frac, n_hot = case
-    p = make_problem(m, d, f, frac_pos=frac, seed=53 + n_hot, dtype=dtype, device=device)
+    p = make_problem(m, d, f, frac_pos=frac, seed=seed + n_hot, dtype=dtype, device=device)
     plan = _plan(p, n_hot)
     fused = _fused(p, plan, tile)
-    monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_TMA_HOT", True)
     h_hot, hot_counts, *cold = launch_hot_cold_gate(p["x"], fused.w_gemm, n_hot, f - n_hot, plan.cold, tile=tile,
                                                     capacity=cap, unit_ids=True)
     want_h, want_counts, want_cold = _three_kernels(p["x"], plan, tile, cap, True)
     assert torch.equal(h_hot, want_h) and torch.equal(hot_counts, want_counts)
     assert torch.equal(cold[2], want_cold[2])
+    return p, fused
 
 
 @pytest.mark.gpu
@@ -124,20 +131,12 @@ def test_gpu_hot_epilogue_in_ptx_equals_the_three_kernels(case, dtype, tma, monk
     fires every hot unit but the last tile's padding."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    device = torch.device("cuda")
-    m, d, f, tile, cap, frac, n_hot = case
-    p = make_problem(m, d, f, frac_pos=frac, seed=59 + n_hot, dtype=dtype, device=device)
-    plan = _plan(p, n_hot)
-    fused = _fused(p, plan, tile)
     monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_PTX_HOT", True)
     monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_TMA_HOT", tma)
-    h_hot, hot_counts, *cold = launch_hot_cold_gate(p["x"], fused.w_gemm, n_hot, f - n_hot, plan.cold, tile=tile,
-                                                    capacity=cap, unit_ids=True)
-    want_h, want_counts, want_cold = _three_kernels(p["x"], plan, tile, cap, True)
-    assert torch.equal(h_hot, want_h) and torch.equal(hot_counts, want_counts)
-    assert torch.equal(cold[2], want_cold[2])
+    p, fused = _hot_part_equals_the_three_kernels(case, dtype, torch.device("cuda"), seed=59)
+    m, d, f, tile, cap, frac, n_hot = case
     p["x"][m // 2, 3] = float("nan")
-    h_hot, hot_counts, *_ = launch_hot_cold_gate(p["x"], fused.w_gemm, n_hot, f - n_hot, plan.cold, tile=tile,
+    h_hot, hot_counts, *_ = launch_hot_cold_gate(p["x"], fused.w_gemm, n_hot, f - n_hot, fused.cold, tile=tile,
                                                  capacity=cap, unit_ids=True)
     assert bool(torch.isnan(h_hot[m // 2]).all())
     assert int(hot_counts[m // 2].sum()) == n_hot
