@@ -1,11 +1,12 @@
-"""Energy and time per call of the fused hot/cold gate and of the whole hot/cold op with one of
-``hot_cold_gate_kernel``'s switches on and off, back to back at the power cap (``clock_probe.measure``;
+"""Energy and time per call of the fused hot/cold gate and of the whole hot/cold op with some of
+``hot_cold_gate_kernel``'s switches on and off together, back to back at the power cap (``clock_probe.measure``;
 shipped value, other value, shipped again), at M=131072 and 16384, l0=28, d=2048, F=5632, 576 hot units.
 
 Why: at M=131072 time per call follows energy per call (session 12), and the epilogue's joules are the
 fused gate's lever (session 15 clock probe: 4.012 J against 3.333 for its mainloop alone); a switch that
 changes the epilogue is judged on both figures, measured in one run.
-Usage (GPU machine): ``PYTHONPATH=src python3 scripts/fused_gate_ab.py FUSED_TMA_SLOTS``; ``--device cpu
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/fused_gate_ab.py FUSED_TMA_SLOTS`` (several switches:
+``FUSED_PTX_HOT,FUSED_TMA_HOT``, each set to the first one's value and its opposite); ``--device cpu
 --tiny`` under TRITON_INTERPRET=1 is the smoke test.
 """
 
@@ -24,12 +25,14 @@ from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("switch", help="a boolean module constant of twell.ops.hot_cold_gate_kernel")
+    ap.add_argument("switch", help="boolean module constants of twell.ops.hot_cold_gate_kernel, comma-separated")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
     a = ap.parse_args()
-    if not isinstance(getattr(hot_cold_gate_kernel, a.switch, None), bool):
-        raise SystemExit(f"{a.switch} is not a boolean switch of twell.ops.hot_cold_gate_kernel")
+    switches = a.switch.split(",")
+    for name in switches:
+        if not isinstance(getattr(hot_cold_gate_kernel, name, None), bool):
+            raise SystemExit(f"{name} is not a boolean switch of twell.ops.hot_cold_gate_kernel")
     dev = torch.device(a.device)
     d, f, tile, cap, n_hot, points, seconds = 2048, 5632, 128, 16, 576, (131072, 16384), 2.0
     if a.tiny:
@@ -37,7 +40,8 @@ def main() -> None:
     nvml = Nvml((dev.index or 0) if dev.type == "cuda" else None)
     if dev.type == "cuda":
         print(torch.cuda.get_device_name(dev), "torch", torch.__version__, flush=True)
-    shipped = getattr(hot_cold_gate_kernel, a.switch)
+    shipped = {name: getattr(hot_cold_gate_kernel, name) for name in switches}
+    first = shipped[switches[0]]
     for m in points:
         gen = torch.Generator(device=dev).manual_seed(0)
         p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=28.0), generator=gen, device=dev)
@@ -46,8 +50,9 @@ def main() -> None:
         hot = torch.argsort(unit_frequency(x, wg), descending=True)[:n_hot]
         fused = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
         outs = {}
-        for value in (shipped, not shipped, shipped):  # the shipped value again: the order's drift shows
-            setattr(hot_cold_gate_kernel, a.switch, value)
+        for value in (first, not first, first):  # the first value again: the order's drift shows
+            for name in switches:
+                setattr(hot_cold_gate_kernel, name, value)
             fns = {"fused gate": lambda: launch_hot_cold_gate(x, fused.w_gemm, n_hot, f - n_hot, fused.cold, tile=tile,
                                                               capacity=cap, unit_ids=True),
                    "hot/cold op": lambda: hot_cold.launch_hot_cold_ffn(x, fused, wg, wu, wdt, tile=tile, capacity=cap)}
@@ -55,7 +60,8 @@ def main() -> None:
             for name, fn in fns.items():
                 print(f"M={m:6d} {a.switch}={value} | " + measure(name, fn, nvml, dev, seconds), flush=True)
         print(f"M={m:6d} op outputs equal bit for bit: {torch.equal(outs[True], outs[False])}", flush=True)
-        setattr(hot_cold_gate_kernel, a.switch, shipped)
+        for name, value in shipped.items():
+            setattr(hot_cold_gate_kernel, name, value)
 
 
 if __name__ == "__main__":

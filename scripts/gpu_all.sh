@@ -15,7 +15,7 @@ OUT=${OUT:-out}
 RUN="$OUT/run"
 mkdir -p "$RUN"
 STAGES=${STAGES:-"tests ffn train-ffn model"}
-# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), tune (twell tune-dispatch, ARGS_TUNE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe (ARGS_COLDPROBE, e.g. --shape 4096x14336) l2probe colddown timing gemmprobe fusedgate ncu ncusrc clock overhead (the
+# Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), tune (twell tune-dispatch, ARGS_TUNE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe (ARGS_COLDPROBE, e.g. --shape 4096x14336) l2probe colddown timing gemmprobe fusedgate fusedab (ARGS_FUSEDAB: switches of hot_cold_gate_kernel toggled together) attn ncu ncusrc clock overhead (the
 # diagnostics).
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv
@@ -56,6 +56,8 @@ for stage in $STAGES; do
     timing) run_stage timing 200 python3 scripts/timing_probe.py ;;
     gemmprobe) run_stage gemmprobe 150 python3 scripts/triton_gemm_probe.py ;;
     fusedgate) run_stage fusedgate 300 python3 scripts/hot_cold_gate_probe.py ;;
+    fusedab) run_stage fusedab 240 python3 scripts/fused_gate_ab.py ${ARGS_FUSEDAB:-FUSED_PTX_HOT,FUSED_TMA_HOT} ;;
+    attn) run_stage attn 120 python3 scripts/attention_probe.py ;;
     ncu) run_stage ncu 240 ncu --clock-control none -k "regex:${NCU_KERNELS:-_hot_cold_gate|_twell_ffn_row}" -c "${NCU_COUNT:-2}" \
            --section SpeedOfLight --section WarpStateStats --section Occupancy --section SourceCounters \
            python3 scripts/ncu_targets.py ${ARGS_NCU:-} ;;
