@@ -169,43 +169,38 @@ def ptx_slots_supported(triton_version: str) -> bool:
     return triton_version.startswith(PTX_SLOTS_TRITON)
 
 
+def _hot_pair_asm(half: str) -> str:
+    """The PTX of :func:`_hot_hidden_ptx` for 16-bit type ``half`` ("bf16" or "f16")."""
+    return f"""{{
+            .reg .b32 g, u, a, h, f, z;
+            mov.b32 z, 0;
+            cvt.rn.{half}x2.f32 g, $5, $3;
+            cvt.rn.{half}x2.f32 u, $6, $4;
+            max.NaN.{half}x2 a, g, z;
+            mul.rn.{half}x2 h, a, u;
+            set.neu.u32.{half}x2 f, a, z;
+            prmt.b32 $0, h, 0, 0x1010;
+            prmt.b32 $1, h, 0, 0x3232;
+            prmt.b32 f, f, 0, 0x2200;
+            and.b32 $2, f, 0x01010101;
+            }}"""
+
+
+_HOT_PAIR_ASM_BF16 = tl.constexpr(_hot_pair_asm("bf16"))
+_HOT_PAIR_ASM_F16 = tl.constexpr(_hot_pair_asm("f16"))
+
+
 @triton.jit
 def _hot_hidden_ptx(acc, dtype: tl.constexpr):
     """``(h, fires)`` shaped like ``acc`` (the [BM, 2 TILE] accumulator of (g, u) column pairs): at both columns
     of a unit's pair its h = round(relu(round(g)) round(u)) (NaN g firing) and its firing flag (int8 0 / 1).
     PTX per four elements: two units' pairs, the ones a thread holds in consecutive registers."""
     if dtype == tl.bfloat16:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 g, u, a, h, f, z;
-            mov.b32 z, 0;
-            cvt.rn.bf16x2.f32 g, $5, $3;
-            cvt.rn.bf16x2.f32 u, $6, $4;
-            max.NaN.bf16x2 a, g, z;
-            mul.rn.bf16x2 h, a, u;
-            set.neu.u32.bf16x2 f, a, z;
-            prmt.b32 $0, h, 0, 0x1010;
-            prmt.b32 $1, h, 0, 0x3232;
-            prmt.b32 f, f, 0, 0x2200;
-            and.b32 $2, f, 0x01010101;
-            }""",
-            "=r,=r,=r,r,r,r,r", [acc], dtype=(tl.bfloat16, tl.int8), is_pure=True, pack=4)
+        return tl.inline_asm_elementwise(_HOT_PAIR_ASM_BF16, "=r,=r,=r,r,r,r,r", [acc],
+                                         dtype=(tl.bfloat16, tl.int8), is_pure=True, pack=4)
     else:
-        return tl.inline_asm_elementwise(
-            """{
-            .reg .b32 g, u, a, h, f, z;
-            mov.b32 z, 0;
-            cvt.rn.f16x2.f32 g, $5, $3;
-            cvt.rn.f16x2.f32 u, $6, $4;
-            max.NaN.f16x2 a, g, z;
-            mul.rn.f16x2 h, a, u;
-            set.neu.u32.f16x2 f, a, z;
-            prmt.b32 $0, h, 0, 0x1010;
-            prmt.b32 $1, h, 0, 0x3232;
-            prmt.b32 f, f, 0, 0x2200;
-            and.b32 $2, f, 0x01010101;
-            }""",
-            "=r,=r,=r,r,r,r,r", [acc], dtype=(tl.float16, tl.int8), is_pure=True, pack=4)
+        return tl.inline_asm_elementwise(_HOT_PAIR_ASM_F16, "=r,=r,=r,r,r,r,r", [acc],
+                                         dtype=(tl.float16, tl.int8), is_pure=True, pack=4)
 
 
 @triton.jit
