@@ -28,13 +28,12 @@ import torch.nn.functional as F
 from triton_gemm_probe import tma_gemm  # scripts/ (the script's own directory is on sys.path)
 
 from twell.bench.ffn import _dense_ffn
-from twell.bench.probe import probe_args
+from twell.bench.probe import probe_args, split_problem
 from twell.ops import hot_cold
 from twell.ops._runtime import interpreting
 from twell.ops.hot_cold_gate_kernel import _GPU_CONFIG, _INTERPRET_CONFIG, launch_hot_cold_gate
-from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
+from twell.ops.hot_cold_plan import build_hot_cold_plan
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
-from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 #: NVML's clock-event reason bits worth naming (nvml.h, nvmlClocksEventReason*).
 REASONS = {0x2: "app-clocks", 0x4: "sw-power-cap", 0x8: "hw-slowdown", 0x20: "sw-thermal", 0x40: "hw-thermal",
@@ -145,11 +144,9 @@ def measure(name: str, fn: Callable[[], object], nvml: Nvml, dev: torch.device, 
 def probe_point(m: int, l0: float, n_hot_units: int, d: int, f: int, tile: int, cap: int, nvml: Nvml,
                 dev: torch.device, seconds: float) -> None:
     """The lines of one (M, l0) point on the synthetic problem of ``twell bench ffn``."""
-    gen = torch.Generator(device=dev).manual_seed(0)
-    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
-    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
-    wdt = wd.t().contiguous()
-    hot = torch.argsort(unit_frequency(x, wg), descending=True)[:n_hot_units]
+    p = split_problem(m, d, f, l0, dev)
+    x, wg, wu, wd, wdt = p.x, p.w_gate, p.w_up, p.w_down, p.w_down_t
+    hot = p.by_frequency[:n_hot_units]
     plan = build_hot_cold_plan(wg, wu, wd, hot)
     fused = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
     unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15

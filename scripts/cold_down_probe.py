@@ -19,13 +19,12 @@ from unittest import mock
 import torch
 
 from twell.bench.ffn import _dense_ffn
-from twell.bench.probe import probe_args, run_points, split_probe_setup
+from twell.bench.probe import probe_args, run_points, split_probe_setup, split_problem
 from twell.bench.timing import time_ms
 from twell.ops import cold_down_kernel, hot_cold
 from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
-from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
+from twell.ops.hot_cold_plan import build_hot_cold_plan
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
-from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 from twell.tolerances import rel_error
 
 #: Down-GEMM configurations (BM, BN, BK, stages, warps, STEPS), the default first.  Session 10's first
@@ -37,12 +36,9 @@ CONFIGS = [(64, 64, 64, 3, 4, 2), (64, 64, 64, 3, 4, 4), (128, 64, 64, 3, 8, 2),
 
 def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, cap: int, configs: list,
                 dev: torch.device, rep_ms: float) -> None:
-    gen = torch.Generator(device=dev).manual_seed(0)
-    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
-    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
-    del p
-    wdt = wd.t().contiguous()
-    hot = torch.argsort(unit_frequency(x, wg), descending=True)[:n_hot_units]
+    p = split_problem(m, d, f, l0, dev)
+    x, wg, wu, wd, wdt = p.x, p.w_gate, p.w_up, p.w_down, p.w_down_t
+    hot = p.by_frequency[:n_hot_units]
     plan = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
     n_hot, n_cold = plan.n_hot, f - plan.n_hot
     unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15

@@ -17,10 +17,10 @@ import argparse
 import torch
 from clock_probe import Nvml, measure  # scripts/ (the script's own directory is on sys.path)
 
+from twell.bench.probe import split_problem
 from twell.ops import hot_cold, hot_cold_gate_kernel
 from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
-from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
-from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+from twell.ops.hot_cold_plan import build_hot_cold_plan
 
 
 def main() -> None:
@@ -43,11 +43,9 @@ def main() -> None:
     shipped = {name: getattr(hot_cold_gate_kernel, name) for name in switches}
     first = shipped[switches[0]]
     for m in points:
-        gen = torch.Generator(device=dev).manual_seed(0)
-        p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=28.0), generator=gen, device=dev)
-        x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
-        wdt = wd.t().contiguous()
-        hot = torch.argsort(unit_frequency(x, wg), descending=True)[:n_hot]
+        p = split_problem(m, d, f, 28.0, dev)
+        x, wg, wu, wd, wdt = p.x, p.w_gate, p.w_up, p.w_down, p.w_down_t
+        hot = p.by_frequency[:n_hot]
         fused = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
         outs = {}
         for value in (first, not first, first):  # the first value again: the order's drift shows

@@ -25,13 +25,12 @@ import torch
 import torch.nn.functional as F
 
 from twell.bench.ffn import _dense_ffn
-from twell.bench.probe import probe_args, run_points, split_probe_setup
+from twell.bench.probe import probe_args, run_points, split_probe_setup, split_problem
 from twell.bench.timing import time_ms
 from twell.ops import hot_cold, hot_cold_gate_kernel, twell_ffn_kernel
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
-from twell.ops.hot_cold_plan import build_hot_cold_plan, unit_frequency
-from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+from twell.ops.hot_cold_plan import build_hot_cold_plan
 from twell.tolerances import rel_error
 
 #: ((BM, BK, stages, warps), cold slot method) of the fused kernel, the shipped one first.  Sessions 8-11
@@ -74,11 +73,8 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
                 dev: torch.device, rep_ms: float) -> None:
     """Print the kernel and op lines of one (M, l0) point."""
     unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15
-    gen = torch.Generator(device=dev).manual_seed(0)
-    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
-    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
-    wdt = wd.t().contiguous()
-    order = torch.argsort(unit_frequency(x, wg), descending=True)
+    p = split_problem(m, d, f, l0, dev)
+    x, wg, wu, wd, wdt, order = p.x, p.w_gate, p.w_up, p.w_down, p.w_down_t, p.by_frequency
     hot = order[:n_hot_units]
     plan = build_hot_cold_plan(wg, wu, wd, hot)
     n_hot, n_cold = plan.n_hot, f - plan.n_hot

@@ -1,5 +1,5 @@
 """What the GPU probe scripts share (``scripts/*_probe.py``): the command line (``--device``, ``--tiny``), the
-hot/cold split probes' points, and the registers and spills of the kernel builds a probe launched."""
+hot/cold split probes' points and problems, and the registers and spills of the kernel builds a probe launched."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..ops.hot_cold_plan import unit_frequency
+from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from .shape_arg import parse_shape
 
 
@@ -65,6 +67,29 @@ def split_probe_setup(tiny: bool) -> SplitProbeSetup:
         return SplitProbeSetup(64, 700, ((40, 6.0),), {6.0: 64}, 1.0, 32, 4)
     return SplitProbeSetup(2048, 5632, ((16384, 28.0), (131072, 28.0), (131072, 56.0)), {28.0: 576, 56.0: 1344},
                            100.0, 128, 16)
+
+
+@dataclass(frozen=True)
+class SplitProblem:
+    """One point's synthetic problem as the split probes use it: the FFN weights, Wd^T contiguous (the row
+    gather's layout) and the units by firing frequency, most frequent first (the hot set is a prefix)."""
+
+    x: torch.Tensor
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+    w_down_t: torch.Tensor
+    by_frequency: torch.Tensor
+
+
+def split_problem(m: int, d: int, f: int, l0: float, device: torch.device) -> SplitProblem:
+    """The synthetic problem of ``twell bench ffn`` at ``m`` tokens, ``d`` x ``f``, mean l0 ``l0`` (seed 0, so every
+    probe draws the same one), with its units ranked as ``SparseGatedMLP`` ranks them for the hot set."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=device)
+    x, wg, wd = p["x"], p["w_gate"], p["w_down"]
+    order = torch.argsort(unit_frequency(x, wg), descending=True)
+    return SplitProblem(x, wg, p["w_up"], wd, wd.t().contiguous(), order)
 
 
 def run_points(setup: SplitProbeSetup, probe: Callable[[int, float], None], device: torch.device) -> None:
