@@ -56,7 +56,7 @@ for stage in $STAGES; do
     timing) run_stage timing 200 python3 scripts/timing_probe.py ;;
     gemmprobe) run_stage gemmprobe 150 python3 scripts/triton_gemm_probe.py ;;
     fusedgate) run_stage fusedgate 300 python3 scripts/hot_cold_gate_probe.py ;;
-    fusedab) run_stage fusedab 240 python3 scripts/fused_gate_ab.py ${ARGS_FUSEDAB:-FUSED_PTX_HOT,FUSED_TMA_HOT} ;;
+    fusedab) run_stage fusedab 240 python3 scripts/fused_gate_ab.py ${ARGS_FUSEDAB:-FUSED_PTX_SLOTS} ;;
     attn) run_stage attn 120 python3 scripts/attention_probe.py ;;
     ncu) run_stage ncu 240 ncu --clock-control none -k "regex:${NCU_KERNELS:-_hot_cold_gate|_twell_ffn_row}" -c "${NCU_COUNT:-2}" \
            --section SpeedOfLight --section WarpStateStats --section Occupancy --section SourceCounters \

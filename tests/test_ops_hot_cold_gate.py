@@ -100,8 +100,9 @@ def test_equals_the_three_kernels_it_replaces(case, dtype, slots, unit_ids, devi
 @pytest.mark.parametrize("case", [c for c in CASES if c[6]], ids=[i for c, i in zip(CASES, IDS, strict=True) if c[6]])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_hot_block_by_tma_equals_the_masked_stores(case, dtype, device, monkeypatch):
-    """FUSED_TMA_HOT (off by default, not yet timed): the hot hidden state stored as [BM, TILE] TMA blocks
-    equals the masked stores' (rows past M and units past H dropped by the copy), and so the three kernels'."""
+    """FUSED_TMA_HOT (off by default: timed in session 16, no gain): the hot hidden state stored as [BM, TILE]
+    TMA blocks equals the masked stores' (rows past M and units past H dropped by the copy), and so the three
+    kernels'."""
     monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_TMA_HOT", True)
     _hot_part_equals_the_three_kernels(case, dtype, device, seed=53)
 
@@ -126,9 +127,9 @@ def _hot_part_equals_the_three_kernels(case, dtype, device, seed):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("tma", [False, True], ids=["stores", "tma"])
 def test_gpu_hot_epilogue_in_ptx_equals_the_three_kernels(case, dtype, tma, monkeypatch):
-    """FUSED_PTX_HOT (off by default, not yet timed; PTX, so the GPU only): h and the hot counts equal the
-    unfused kernels' (a zero h may carry the other sign), with the block stored either way; and a NaN row
-    fires every hot unit but the last tile's padding."""
+    """FUSED_PTX_HOT (off by default: timed in session 16, no gain; PTX, so the GPU only): h and the hot counts
+    equal the unfused kernels' (a zero h may carry the other sign), with the block stored either way; and a
+    NaN row fires every hot unit but the last tile's padding."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     monkeypatch.setattr(hot_cold_gate_kernel, "FUSED_PTX_HOT", True)

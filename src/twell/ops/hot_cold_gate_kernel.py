@@ -147,7 +147,9 @@ FUSED_PTX_SLOTS = True
 #: a row block's 27 output tiles at H=576, against ~370 per cold tile; ~1120 with the TMA store).  Unlike
 #: the cold slots (the TMA slot stores above lost: they wrote the whole container), h is a dense block
 #: written whole either way.
-#: Built and tested in the interpreter in session 15, when no device time was left: not measured, off.
+#: Measured (H200, session 16, scripts/fused_gate_ab.py, off / on / off back to back, bench_results/h200/
+#: fused_gate_ab_tma_hot_session16.log): no change, the fused gate 5.399 vs 5.383 / 5.385 ms and 3.76 vs 3.85 /
+#: 3.78 J at M=131072, l0=28, the op 7.556 vs 7.562 / 7.539 ms; 0.688 vs 0.679 / 0.679 ms at 16384.  Off.
 FUSED_TMA_HOT = False
 #: The hot epilogue's arithmetic in PTX (``_hot_hidden_ptx``; 16-bit inputs, on the GPU, Triton 3.6.x like
 #: the PTX slots): per two units' (g, u) pairs two ``cvt.rn`` to 16-bit pairs, a NaN-keeping maximum with 0,
@@ -155,7 +157,14 @@ FUSED_TMA_HOT = False
 #: is) and the firing flags, where the Triton code spends ~9.5 SASS instructions per unit (offline sm_90a:
 #: 128 F2F, 133 IMAD.U32, 64 FSETP.GT, 64 FSETP.NEU, 64 FSEL, 64 FMUL per thread and hot tile); the count's
 #: unit mask only in the last hot tile.  A zero h may differ from the Triton path's in its sign (max(-0, +0)),
-#: never in value.  Built in session 15 with no device time left: compiled offline, not run, off.
+#: never in value.  Measured with the TMA store above (H200, session 16; its GPU test passed natively, bench_
+#: results/h200/pytest_gpu_hot_epilogue_s16.log; fused_gate_ab_ptx_hot_tma_hot_session16.log, off / on / off):
+#: no change, the fused gate 5.403 vs 5.410 / 5.378 ms and 3.77 vs 3.74 / 3.74 J at M=131072, l0=28, the op
+#: 7.516 vs 7.526 / 7.566 ms; at 16384 the op 0.993 vs 0.989 / 0.992 ms; same bits.  The prediction (-0.1 J)
+#: scaled the epilogue's ~0.4 J by its share of instructions; scaled instead by what the PTX slots' 1530
+#: fewer instructions on 22 of a row block's 27 output tiles bought (0.24 J), 1110 fewer on 5 hot tiles buy
+#: ~0.04 J, under the runs' spread.  By that rate the ~17,000 instructions per row block left in the epilogue
+#: cost ~0.1 J: most of the fused gate's ~0.4 J above its mainloop is not epilogue instructions.  Off.
 FUSED_PTX_HOT = False
 #: Triton releases whose accumulator layout and inline-asm operand order the PTX slots were checked against
 #: on the GPU (tests/test_ops_hot_cold_gate.py natively: the containers equal the three unfused kernels'
