@@ -24,6 +24,7 @@ PROBES = {
     "l2_gather_probe.py": ((), "M=", ["ok True"]),
     # FUSED_TMA_HOT: a switch whose two values take different paths under the interpreter too
     "fused_gate_ab.py": (("FUSED_TMA_HOT",), "M=", ["FUSED_TMA_HOT=True | hot/cold op", "bit for bit: True"]),
+    "hot_threshold_probe.py": ((), "M=", ["dense FFN: ", "threshold 0.030 H=", "rel vs first"]),
     "attention_probe.py": ((), "", ["default ", "q, k, v projections", "residual add + rms_norm"]),
 }
 

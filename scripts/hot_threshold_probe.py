@@ -1,0 +1,72 @@
+"""Energy and time per call of the hot/cold op against the firing frequency above which a unit is hot
+(``hot_cold_plan.HOT_MIN_FREQUENCY``), back to back at the power cap (``clock_probe.measure``), at d=2048,
+F=5632: M=131072 at l0 14, 28 and 56 and M=16384 at l0 28, with the dense FFN at each point.
+
+Why: the threshold (0.6 %) was set in session 8 from a probe of hot counts (384 / 512 / 768 units at M=131072,
+l0=28), when the cold gather took 2.15 ms; it now takes ~1.5 ms with its list pass, and the fused gate's cold
+epilogue runs in PTX.  A hot unit costs two GEMM columns for every token (its up row in the fused gate, its
+down row in the hot down GEMM: ~1.2 mJ a unit at M=131072 by session 15's clock probe), a cold one ~1 uJ per
+firing token in the gather on average, less at the margin; the break-even frequency may have moved up.
+Each threshold's hot set is the prefix of the units by sampled frequency that ``choose_hot_units`` takes;
+the shipped threshold runs first and again last (the order's drift shows), and every output is compared with
+the first one's (relative L2: only the summation order differs between splits).
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/hot_threshold_probe.py``; ``--device cpu --tiny`` under
+TRITON_INTERPRET=1 is the smoke test.
+"""
+
+from __future__ import annotations
+
+import torch
+from clock_probe import Nvml, _dense_ffn, measure  # scripts/ (the script's own directory is on sys.path)
+
+from twell.bench.probe import probe_args, split_problem
+from twell.ops import hot_cold
+from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, build_hot_cold_plan, choose_hot_units, unit_frequency
+
+THRESHOLDS = (0.004, 0.008, 0.010, 0.013, 0.016)
+#: --tiny: 40 tokens give frequencies in steps of 2.5 %, so the smoke test's thresholds are coarser
+TINY_THRESHOLDS = (0.03, 0.08)
+
+
+def probe_point(m: int, l0: float, d: int, f: int, tile: int, cap: int, thresholds: tuple[float, ...], nvml: Nvml,
+                dev: torch.device, seconds: float) -> None:
+    p = split_problem(m, d, f, l0, dev)
+    x, wg, wu, wd, wdt = p.x, p.w_gate, p.w_up, p.w_down, p.w_down_t
+    freq = unit_frequency(x, wg)
+    head = f"M={m:6d} l0={l0:4.1f}"
+    print(f"{head} | " + measure("dense FFN", lambda: _dense_ffn(x, wg, wu, wd), nvml, dev, seconds), flush=True)
+    first = None
+    for t in (HOT_MIN_FREQUENCY, *thresholds, HOT_MIN_FREQUENCY):
+        hot = choose_hot_units(freq, min_frequency=t)
+        if hot.numel() == 0:
+            print(f"{head} threshold {t:.3f}: no hot unit, skipped", flush=True)
+            continue
+        plan = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
+        cold_pairs = float(freq.sum() - freq[hot].sum())
+
+        def op(plan=plan):
+            return hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=tile, capacity=cap)
+
+        out = op()[0].float()
+        if first is None:
+            first = out
+        rel = float((out - first).norm() / first.norm().clamp_min(1e-30))
+        print(f"{head} threshold {t:.3f} H={hot.numel():4d} cold pairs/token {cold_pairs:5.1f} rel vs first "
+              f"{rel:.1e} | " + measure("hot/cold op", op, nvml, dev, seconds), flush=True)
+
+
+def main() -> None:
+    dev, tiny = probe_args(__doc__)
+    d, f, tile, cap, seconds, thresholds = 2048, 5632, 128, 16, 2.0, THRESHOLDS
+    points = ((131072, 28.0), (131072, 56.0), (131072, 14.0), (16384, 28.0))
+    if tiny:
+        d, f, tile, cap, seconds, thresholds, points = 64, 700, 32, 8, 0.1, TINY_THRESHOLDS, ((40, 6.0),)
+    nvml = Nvml((dev.index or 0) if dev.type == "cuda" else None)
+    for m, l0 in points:
+        probe_point(m, l0, d, f, tile, cap, thresholds, nvml, dev, seconds)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
