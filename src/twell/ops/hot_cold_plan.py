@@ -15,7 +15,14 @@ from .._validation import check_tensor
 #: Units firing on at least this fraction of tokens are made hot by :func:`choose_hot_units`.  From
 #: the H200 probe at d=2048, F=5632, M=131072, l0=28: going from 384 to 512 hot units (frequencies
 #: ~1.0-0.7 %) still saved 0.03 ms, from 512 to 768 (~0.7-0.5 %) cost 0.08 ms; at l0=56 768 units
-#: still won.  0.6 % sits at that break-even.
+#: still won.  0.6 % sits at that break-even.  Re-measured in session 16 with the list pass and the PTX
+#: slots (scripts/hot_threshold_probe.py, back to back at the power cap, bench_results/h200/
+#: hot_threshold_probe_session16.log): flat within the runs' spread.  At M=131072, l0=28 the op took 7.596 /
+#: 7.580 ms and 5.26 / 5.24 J at 0.6 % (576 hot units), 7.883 ms at 0.4 %, 7.629 at 0.8 %, 7.499 at 1.0 %, 7.396
+#: at 1.3 % (5.20 J), 7.659 at 1.6 %; at l0=56 9.107 / 9.073 ms at 0.6 %, 8.897 / 8.900 at 1.0 / 1.3 %; at
+#: l0=14 6.590 / 6.604 at 0.6 % and 6.665-6.816 elsewhere; at M=16384, l0=28 0.977-1.025 ms.  No threshold
+#: is better at every point by more than the spread (1-2 %; 0.8 % is slower than both its neighbours), so
+#: 0.6 % stays.
 HOT_MIN_FREQUENCY = 0.006
 #: The hot count is rounded down to a multiple of this (GEMM and tile alignment of the [M, F + H] output).
 HOT_MULTIPLE = 64
