@@ -23,7 +23,8 @@ PROBES = {
     "cold_pack_gather_probe.py": ((), "M=", ["same pairs True", "same True"]),
     "l2_gather_probe.py": ((), "M=", ["ok True"]),
     # FUSED_TMA_HOT: a switch whose two values take different paths under the interpreter too
-    "fused_gate_ab.py": (("FUSED_TMA_HOT",), "M=", ["FUSED_TMA_HOT=True | hot/cold op", "bit for bit: True"]),
+    "fused_gate_ab.py": (("FUSED_TMA_HOT",), "M=", ["changed | hot/cold op", "changed | cold gather",
+                                                    "bit for bit: True"]),
     "hot_threshold_probe.py": ((), "M=", ["dense FFN: ", "threshold 0.030 H=", "rel vs first"]),
     "attention_probe.py": ((), "", ["default ", "q, k, v projections", "residual add + rms_norm"]),
 }
@@ -45,3 +46,19 @@ def test_probe_runs_on_the_interpreter(script):
         n_configs = len(runpy.run_path(str(ROOT / "scripts" / script), run_name="probe_configs")["CONFIGS"])
         assert proc.stdout.count("counts equal 2/2") == n_configs
         assert proc.stdout.count("rel vs unfused 0.0e+00") == n_configs
+
+
+def test_fused_gate_ab_parses_switches_and_settings(monkeypatch):
+    """``scripts/fused_gate_ab.py``'s changes: a boolean switch flips, ``module.NAME=value`` sets a constant of a
+    twell.ops module; an unknown name, a non-boolean switch or a value of another type stops with its name."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    parse = runpy.run_path(str(ROOT / "scripts" / "fused_gate_ab.py"), run_name="probe")["parse_changes"]
+    from twell.ops import hot_cold_gate_kernel, twell_list_kernel
+
+    (mod, name, shipped, other), (mod2, name2, shipped2, other2) = parse("FUSED_TMA_HOT,twell_list_kernel.LIST_MAX=128")
+    assert (mod, name, shipped, other) == (hot_cold_gate_kernel, "FUSED_TMA_HOT", False, True)
+    assert (mod2, name2, shipped2, other2) == (twell_list_kernel, "LIST_MAX", twell_list_kernel.LIST_MAX, 128)
+    for bad, words in (("NO_SUCH_SWITCH", "NO_SUCH_SWITCH"), ("PTX_SLOTS_TRITON", "PTX_SLOTS_TRITON"),
+                       ("twell_list_kernel.LIST_MAX=1.5", "must be of type int"), ("no_module.X=1", "no_module.X=1")):
+        with pytest.raises(SystemExit, match=words):
+            parse(bad)
