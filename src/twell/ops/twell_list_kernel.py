@@ -34,6 +34,10 @@ from ._runtime import next_pow2
 #: pairs (23.2 % at l0=56); over 64, 6.2 % (8.2 %); over 96, 2.1 % (4.0 %).  Session 14's runs put a searched
 #: pair at ~1.36x a listed one (all searched 1.865 ms, 82 % of the pairs listed 1.46 ms at M=131072, l0=28).
 #: Prediction for 128 against 32: the gather -3 to -6 % (-0.04 to -0.08 ms at M=131072, l0=28), same bits.
+#: Measured (H200, bf16, session 16, scripts/fused_gate_ab.py, 128 / 32 / 128 back to back at the power cap,
+#: bench_results/h200/fused_gate_ab_list_max_session16.log): the gather with its list pass 1.519 / 1.525 vs
+#: 1.578 ms (-3.6 %) and 1.06 / 1.07 vs 1.10 J at M=131072, l0=28, 0.221 / 0.221 vs 0.242 ms at 16384 (-8.7 %);
+#: the op 7.475 / 7.474 vs 7.552 ms and 0.979 / 0.978 vs 0.986; same bits.  As predicted; 128.
 LIST_MAX = 128
 #: Rows per program of the list pass (at most 1024 // next_pow2(tiles) of them).  One row per program took
 #: 0.219 ms at M=131072 (H200, 40 cold tiles of 16 slots tested whole as one [tiles, 16] tensor; bench_results/
