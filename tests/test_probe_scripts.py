@@ -26,6 +26,7 @@ PROBES = {
     "fused_gate_ab.py": (("FUSED_TMA_HOT",), "M=", ["changed | hot/cold op", "changed | cold gather",
                                                     "bit for bit: True"]),
     "hot_threshold_probe.py": ((), "M=", ["dense FFN: ", "threshold 0.030 H=", "rel vs first"]),
+    "epilogue_ablation_probe.py": ((), "M=", ["cold epilogue skipped", "hot epilogue skipped", "mainloop alone"]),
     "attention_probe.py": ((), "", ["default ", "q, k, v projections", "residual add + rms_norm"]),
 }
 
@@ -62,3 +63,10 @@ def test_fused_gate_ab_parses_switches_and_settings(monkeypatch):
                        ("twell_list_kernel.LIST_MAX=1.5", "must be of type int"), ("no_module.X=1", "no_module.X=1")):
         with pytest.raises(SystemExit, match=words):
             parse(bad)
+
+
+def test_epilogue_ablation_is_off_in_the_shipped_kernel():
+    """``PROBE_SKIP_EPILOGUE`` leaves outputs unwritten: only the ablation probe may set it, and resets it."""
+    from twell.ops import hot_cold_gate_kernel
+
+    assert hot_cold_gate_kernel.PROBE_SKIP_EPILOGUE == 0

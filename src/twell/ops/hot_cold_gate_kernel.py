@@ -166,6 +166,11 @@ FUSED_TMA_HOT = False
 #: ~0.04 J, under the runs' spread.  By that rate the ~17,000 instructions per row block left in the epilogue
 #: cost ~0.1 J: most of the fused gate's ~0.4 J above its mainloop is not epilogue instructions.  Off.
 FUSED_PTX_HOT = False
+#: Timing probes only (``scripts/epilogue_ablation_probe.py``): bit 1 skips the cold output tiles' epilogue, bit
+#: 2 the hot ones', so that a probe can split the fused gate's time and joules between its mainloop and the
+#: two epilogues.  The outputs a skipped epilogue should write are left as allocated (garbage): never nonzero
+#: outside such a probe, which times the fused gate alone.
+PROBE_SKIP_EPILOGUE = 0
 #: Triton releases whose accumulator layout and inline-asm operand order the PTX slots were checked against
 #: on the GPU (tests/test_ops_hot_cold_gate.py natively: the containers equal the three unfused kernels'
 #: bit for bit).  The asm reads its elements' columns from the lane and the register order, which a Triton
@@ -449,7 +454,8 @@ def _hot_cold_gate_kernel(
     RANK_SLOTS: tl.constexpr = False, LEAN_KEYS: tl.constexpr = False, LEAN_PTX: tl.constexpr = False,
     val_desc=None, idx_desc=None, TMA_SLOTS: tl.constexpr = False,
     ASM_TEXT: tl.constexpr = None, ASM_CONSTRAINTS: tl.constexpr = None, ASM_PACK: tl.constexpr = 0,
-    h_desc=None, TMA_HOT: tl.constexpr = False, PTX_HOT: tl.constexpr = False,
+    h_desc=None, TMA_HOT: tl.constexpr = False, PTX_HOT: tl.constexpr = False, SKIP_COLD: tl.constexpr = False,
+    SKIP_HOT: tl.constexpr = False,
 ):
     """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
     ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each)."""
@@ -464,8 +470,11 @@ def _hot_cold_gate_kernel(
             b = w_desc.load([pid_n * BN, k0])
             acc = dot_acc(a, b.T, acc, DOT_FP32)
         if pid_n < n_hot_tiles:
-            _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE, h_desc, TMA_HOT,
-                          PTX_HOT)
+            if not SKIP_HOT:
+                _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE, h_desc, TMA_HOT,
+                              PTX_HOT)
+        elif SKIP_COLD:
+            pass
         elif ASM_PACK > 0:
             _cold_epilogue_ptx(round_relu(acc, dtype, True), pid_m, pid_n - n_hot_tiles, M, N_COLD, map_ptr, val_ptr,
                                idx_ptr, ccnt_ptr, n_cold_tiles, BM, TILE, CAP, ASM_TEXT, ASM_CONSTRAINTS, ASM_PACK)
@@ -550,6 +559,7 @@ def launch_hot_cold_gate(
         DOT_FP32=interpreting() or x.dtype == torch.float32, FLATTEN=FUSED_FLATTEN and not interpreting(),
         RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, LEAN_KEYS=lean, LEAN_PTX=lean and not interpreting(),
         val_desc=val_desc, idx_desc=idx_desc, TMA_SLOTS=tma_slots, num_stages=stages, num_warps=warps, **asm,
-        **hot_tma,
+        **hot_tma, **({"SKIP_COLD": bool(PROBE_SKIP_EPILOGUE & 1), "SKIP_HOT": bool(PROBE_SKIP_EPILOGUE & 2)}
+           if PROBE_SKIP_EPILOGUE else {}),
     )
     return h_hot, hot_counts, values, indices, cold_counts

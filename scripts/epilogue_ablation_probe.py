@@ -1,0 +1,66 @@
+"""Where the fused hot/cold gate's time and joules above its mainloop go: the fused gate as shipped, with its
+cold output tiles' epilogue skipped, with its hot tiles' epilogue skipped (``hot_cold_gate_kernel.
+PROBE_SKIP_EPILOGUE``: timing only, the skipped outputs are garbage), and its mainloop alone as a plain TMA GEMM
+of the same configuration without a store; back to back at the power cap (``clock_probe.measure``), at
+M=131072 and 16384, l0=28, d=2048, F=5632, 576 hot units (5 hot and 20 cold output tiles per row block).
+
+Why: session 16 measured the hot epilogue in PTX with ~1100 fewer instructions per hot tile at no change
+(fused_gate_ab_ptx_hot_tma_hot_session16.log), so the ~0.4 J a call that the fused gate spends above its
+mainloop is not instruction issue; this says which epilogue holds it.  Prediction: the cold tiles' (~370
+instructions each, but 20 of the 25 tiles) ~0.3 J, the hot tiles' ~0.1 J.
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/epilogue_ablation_probe.py``; ``--device cpu --tiny``
+under TRITON_INTERPRET=1 is the smoke test.
+"""
+
+from __future__ import annotations
+
+import torch
+from clock_probe import Nvml, measure  # scripts/ (the script's own directory is on sys.path)
+from triton_gemm_probe import tma_gemm
+
+from twell.bench.probe import probe_args, split_problem
+from twell.ops import hot_cold, hot_cold_gate_kernel
+from twell.ops._runtime import interpreting
+from twell.ops.hot_cold_gate_kernel import _GPU_CONFIG, _INTERPRET_CONFIG, launch_hot_cold_gate
+from twell.ops.hot_cold_plan import build_hot_cold_plan
+
+#: PROBE_SKIP_EPILOGUE values timed, in order (the shipped 0 again last: the order's drift shows)
+SETTINGS = {0: "fused gate", 1: "fused gate, cold epilogue skipped", 2: "fused gate, hot epilogue skipped"}
+
+
+def main() -> None:
+    dev, tiny = probe_args(__doc__)
+    d, f, tile, cap, n_hot, points, seconds = 2048, 5632, 128, 16, 576, (131072, 16384), 2.0
+    if tiny:
+        d, f, tile, cap, n_hot, points, seconds = 64, 700, 32, 8, 64, (40,), 0.1
+    nvml = Nvml((dev.index or 0) if dev.type == "cuda" else None)
+    for m in points:
+        p = split_problem(m, d, f, 28.0, dev)
+        x, wg, wu, wd = p.x, p.w_gate, p.w_up, p.w_down
+        fused = build_hot_cold_plan(wg, wu, wd, p.by_frequency[:n_hot], fused_tile=tile)
+        unfused = build_hot_cold_plan(wg, wu, wd, p.by_frequency[:n_hot])
+        unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15
+
+        def fused_gate():
+            return launch_hot_cold_gate(x, fused.w_gemm, n_hot, f - n_hot, fused.cold, tile=tile, capacity=cap,
+                                        unit_ids=unit_ids)
+
+        n_gemm = unfused.w_gemm.shape[0]
+        gemm_out = torch.empty((m, -(-n_gemm // 8) * 8), dtype=x.dtype, device=dev)[:, :n_gemm]
+        bm, bk, stages, warps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
+        cfg = (bm, 2 * tile, bk, stages, warps, 1, False)
+        try:
+            for skip in (*SETTINGS, 0):
+                hot_cold_gate_kernel.PROBE_SKIP_EPILOGUE = skip
+                print(f"M={m:6d} | " + measure(SETTINGS[skip], fused_gate, nvml, dev, seconds), flush=True)
+        finally:
+            hot_cold_gate_kernel.PROBE_SKIP_EPILOGUE = 0
+        print(f"M={m:6d} | " + measure("mainloop alone (TMA GEMM, no store)",
+                                       lambda: tma_gemm(x, unfused.w_gemm, cfg, gemm_out, store=False), nvml, dev,
+                                       seconds), flush=True)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
