@@ -9,7 +9,8 @@ changes the epilogue is judged on both figures, measured in one run.  The gather
 well, so that a change of a few percent of it is not lost in the op's spread.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/fused_gate_ab.py FUSED_TMA_SLOTS``.  A change is a
 boolean switch of ``hot_cold_gate_kernel`` (set to the opposite of the first one's shipped value) or
-``module.NAME=value`` for a constant of a ``twell.ops`` module (``twell_list_kernel.LIST_MAX=128``);
+``module.NAME=value`` for a constant of a ``twell.ops`` module (``twell_list_kernel.LIST_MAX=128``,
+``hot_cold_gate_kernel._GPU_CONFIG=(128,64,4,8)``);
 several, comma-separated, change together.  ``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke
 test.
 """
@@ -30,12 +31,23 @@ from twell.ops.hot_cold_plan import build_hot_cold_plan
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
 
 
+def _split_top_level(spec: str) -> list[str]:
+    """``spec`` split at the commas outside brackets (a value may be a tuple: ``_GPU_CONFIG=(128,64,4,8)``)."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            items.append(spec[start:i])
+            start = i + 1
+    return [*items, spec[start:]]
+
+
 def parse_changes(spec: str) -> list[tuple[object, str, object, object]]:
     """``(module, name, shipped value, other value)`` per comma-separated change of ``spec`` (see the module
     docstring); SystemExit naming the problem for an unknown module or constant, or a value of another type."""
     changes = []
     first_flip = None
-    for item in spec.split(","):
+    for item in _split_top_level(spec):
         if "=" in item:
             target, text = item.split("=", 1)
             mod_name, _, name = target.rpartition(".")

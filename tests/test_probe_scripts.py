@@ -59,6 +59,10 @@ def test_fused_gate_ab_parses_switches_and_settings(monkeypatch):
     (mod, name, shipped, other), (mod2, name2, shipped2, other2) = parse("FUSED_TMA_HOT,twell_list_kernel.LIST_MAX=128")
     assert (mod, name, shipped, other) == (hot_cold_gate_kernel, "FUSED_TMA_HOT", False, True)
     assert (mod2, name2, shipped2, other2) == (twell_list_kernel, "LIST_MAX", twell_list_kernel.LIST_MAX, 128)
+    spec = "hot_cold_gate_kernel._GPU_CONFIG=(128, 64, 4, 8),FUSED_FLATTEN"  # a tuple's commas stay inside
+    (_, name3, shipped3, other3), (_, name4, _, other4) = parse(spec)
+    assert (name3, shipped3, other3) == ("_GPU_CONFIG", hot_cold_gate_kernel._GPU_CONFIG, (128, 64, 4, 8))
+    assert (name4, other4) == ("FUSED_FLATTEN", True)
     for bad, words in (("NO_SUCH_SWITCH", "NO_SUCH_SWITCH"), ("PTX_SLOTS_TRITON", "PTX_SLOTS_TRITON"),
                        ("twell_list_kernel.LIST_MAX=1.5", "must be of type int"), ("no_module.X=1", "no_module.X=1")):
         with pytest.raises(SystemExit, match=words):
