@@ -10,7 +10,7 @@ well, so that a change of a few percent of it is not lost in the op's spread.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/fused_gate_ab.py FUSED_TMA_SLOTS``.  A change is a
 boolean switch of ``hot_cold_gate_kernel`` (set to the opposite of the first one's shipped value) or
 ``module.NAME=value`` for a constant of a ``twell.ops`` module (``twell_list_kernel.LIST_MAX=128``,
-``hot_cold_gate_kernel._GPU_CONFIG=(128,64,4,8)``);
+``hot_cold_gate_kernel._GPU_CONFIG=(128,64,4,8)``, ``hot_cold.COLD_UNIT_IDS=False``);
 several, comma-separated, change together.  ``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke
 test.
 """
@@ -90,22 +90,22 @@ def main() -> None:
         x, wg, wu, wd, wdt = p.x, p.w_gate, p.w_up, p.w_down, p.w_down_t
         hot = p.by_frequency[:n_hot]
         fused = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
-        unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15
-
-        def fused_gate():
-            return launch_hot_cold_gate(x, fused.w_gemm, n_hot, f - n_hot, fused.cold, tile=tile, capacity=cap,
-                                        unit_ids=unit_ids)
-
         outs = {}
         for label in ("shipped", "changed", "shipped"):  # the shipped values again: the order's drift shows
             for module, name, shipped, other in changes:
                 setattr(module, name, shipped if label == "shipped" else other)
+            unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15  # as the op decides it, under this setting
+
+            def fused_gate(unit_ids=unit_ids):
+                return launch_hot_cold_gate(x, fused.w_gemm, n_hot, f - n_hot, fused.cold, tile=tile, capacity=cap,
+                                            unit_ids=unit_ids)
+
             # the gather (its list pass included) on this setting's fused gate outputs, as the op runs it
             h_hot, _, *cold = fused_gate()
             init = hot_cold._hot_partial(h_hot, fused.w_down_hot_t)
             out = torch.empty_like(x)
             fns = {"fused gate": fused_gate,
-                   "cold gather": lambda cold=cold, init=init, out=out: launch_twell_ffn(
+                   "cold gather": lambda cold=cold, init=init, out=out, unit_ids=unit_ids: launch_twell_ffn(
                        x, *cold, None, None, wg, wu, wdt, n_cols=f - n_hot, tile=tile, round_hidden=True, out=out,
                        unit_map=fused.cold, init=init, idx_is_unit=unit_ids),
                    "hot/cold op": lambda: hot_cold.launch_hot_cold_ffn(x, fused, wg, wu, wdt, tile=tile, capacity=cap)}
