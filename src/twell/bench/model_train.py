@@ -26,8 +26,8 @@ Before timing, one forward + backward of each variant
 and of a float32 copy of the model (dense FFN, same loss) runs on the first ``--train-check-seqs``
 sequences; the loss and the gradients of a few weights are compared with the float32 ones, and a sparse
 variant is ``ok`` when each gradient error is within 1.5x the dense bf16 error or the bf16 bar.  The dense variant runs
-completely before the sparse one, so a sparse failure (the Triton training path has not run on a GPU
-before this benchmark) cannot take the dense numbers with it.
+completely before the sparse one, so a sparse failure (a crash in a Triton training kernel leaves the CUDA
+context unusable) cannot take the dense numbers with it.
 """
 
 from __future__ import annotations

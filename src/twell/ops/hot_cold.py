@@ -71,8 +71,12 @@ def _hot_hidden_kernel(
 #: with ids cost 0.116 and 0.161 ms more at M=131072 (1.876 -> 1.992 and 1.661 -> 1.822 ms, both timed
 #: with the since removed two-non-zero fast path), 0.015 ms at M=16384: a net gain of ~0.3 ms at M=131072
 #: predicted, but the whole op did not move (9.501 vs 9.437 ms at M=131072, 0.5 %, against session 6;
-#: ffn_session7_headline.json).  Kept on for the fused gate kernel, whose epilogue writes the ids for one
-#: map load per tile, so there the gather's gain comes without the pack's cost.
+#: ffn_session7_headline.json).  Kept on for the fused gate kernel, whose epilogue then wrote the ids for one
+#: map load per tile, so there the gather's gain came without the pack's cost.  Since session 15 its PTX
+#: epilogue loads the map once per non-zero, and since session 14 the gather reads per-row lists whose pass
+#: could do the map instead: in session 16's ncu source counters (bench_results/h200/
+#: ncu_fused_gate_session16_m131072_sass.csv.gz) the epilogue's id stores waiting on those loads held 22 % of
+#: its stall samples.  To be timed with this off (docs/performance.md, next step 0).
 #: A wider F (ids beyond int16) keeps the column indices and the map lookup.
 COLD_UNIT_IDS = True
 #: The TwELL cold pairs added in the epilogue of a Triton hot down GEMM (``twell.ops.cold_down_kernel``)
