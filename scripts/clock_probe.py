@@ -25,13 +25,12 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from triton_gemm_probe import tma_gemm  # scripts/ (the script's own directory is on sys.path)
+from triton_gemm_probe import fused_gate_mainloop  # scripts/ (the script's own directory is on sys.path)
 
 from twell.bench.ffn import _dense_ffn
 from twell.bench.probe import probe_args, split_problem
 from twell.ops import hot_cold
-from twell.ops._runtime import interpreting
-from twell.ops.hot_cold_gate_kernel import _GPU_CONFIG, _INTERPRET_CONFIG, launch_hot_cold_gate
+from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
 from twell.ops.hot_cold_plan import build_hot_cold_plan
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
 
@@ -149,7 +148,7 @@ def probe_point(m: int, l0: float, n_hot_units: int, d: int, f: int, tile: int, 
     hot = p.by_frequency[:n_hot_units]
     plan = build_hot_cold_plan(wg, wu, wd, hot)
     fused = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
-    unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15
+    unit_ids = hot_cold.stores_unit_ids(f)
     n_cold = f - plan.n_hot
 
     def fused_gate():
@@ -161,18 +160,13 @@ def probe_point(m: int, l0: float, n_hot_units: int, d: int, f: int, tile: int, 
     h_hot, _, *cold = fused_gate()
     init = hot_cold._hot_partial(h_hot, fused.w_down_hot_t)
     out = torch.empty_like(x)
-    n_gemm = plan.w_gemm.shape[0]
-    gemm_out = torch.empty((m, -(-n_gemm // 8) * 8), dtype=x.dtype, device=dev)[:, :n_gemm]  # TMA: 16-byte rows
-    # the fused gate's mainloop as a plain persistent TMA GEMM: its BM x (2 * tile) x BK tiles, stages and
-    # warps (hot_cold_gate_kernel's configuration), one program per SM
-    bm, bk, stages, warps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
-    gemm_cfg = (bm, 2 * tile, bk, stages, warps, 1, False)
+    mainloop = fused_gate_mainloop(x, plan.w_gemm, tile)
     callables = {
         "cuBLAS gate GEMM": lambda: F.linear(x, plan.w_gemm),
         # the fused gate's mainloop configuration, as a plain GEMM: with its output stored as cuBLAS does,
         # and without any store (the mainloop's own joules)
-        "Triton TMA GEMM": lambda: tma_gemm(x, plan.w_gemm, gemm_cfg, gemm_out),
-        "Triton TMA GEMM, no store": lambda: tma_gemm(x, plan.w_gemm, gemm_cfg, gemm_out, store=False),
+        "Triton TMA GEMM": lambda: mainloop(True),
+        "Triton TMA GEMM, no store": lambda: mainloop(False),
         "fused gate": fused_gate,
         "hot down GEMM": lambda: hot_cold._hot_partial(h_hot, fused.w_down_hot_t),
         "cold gather": lambda: launch_twell_ffn(x, *cold, None, None, wg, wu, wdt, n_cols=n_cold, tile=tile,

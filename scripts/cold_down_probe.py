@@ -41,7 +41,7 @@ def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, 
     hot = p.by_frequency[:n_hot_units]
     plan = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
     n_hot, n_cold = plan.n_hot, f - plan.n_hot
-    unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15
+    unit_ids = hot_cold.stores_unit_ids(f)
     h_hot, _, *cold = launch_hot_cold_gate(x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile, capacity=cap,
                                            unit_ids=unit_ids)
     out = torch.empty_like(x)

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import torch
 from clock_probe import Nvml, measure  # scripts/ (the script's own directory is on sys.path)
-from triton_gemm_probe import tma_gemm
+from triton_gemm_probe import fused_gate_mainloop
 
 from twell.bench.probe import probe_args, split_problem
 from twell.ops import hot_cold, hot_cold_gate_kernel
-from twell.ops._runtime import interpreting
-from twell.ops.hot_cold_gate_kernel import _GPU_CONFIG, _INTERPRET_CONFIG, launch_hot_cold_gate
+from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
 from twell.ops.hot_cold_plan import build_hot_cold_plan
 
 #: PROBE_SKIP_EPILOGUE values timed, in order (the shipped 0 again last: the order's drift shows)
@@ -39,16 +38,13 @@ def main() -> None:
         x, wg, wu, wd = p.x, p.w_gate, p.w_up, p.w_down
         fused = build_hot_cold_plan(wg, wu, wd, p.by_frequency[:n_hot], fused_tile=tile)
         unfused = build_hot_cold_plan(wg, wu, wd, p.by_frequency[:n_hot])
-        unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15
+        unit_ids = hot_cold.stores_unit_ids(f)
 
         def fused_gate():
             return launch_hot_cold_gate(x, fused.w_gemm, n_hot, f - n_hot, fused.cold, tile=tile, capacity=cap,
                                         unit_ids=unit_ids)
 
-        n_gemm = unfused.w_gemm.shape[0]
-        gemm_out = torch.empty((m, -(-n_gemm // 8) * 8), dtype=x.dtype, device=dev)[:, :n_gemm]
-        bm, bk, stages, warps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
-        cfg = (bm, 2 * tile, bk, stages, warps, 1, False)
+        mainloop = fused_gate_mainloop(x, unfused.w_gemm, tile)
         try:
             for skip in (*SETTINGS, 0):
                 hot_cold_gate_kernel.PROBE_SKIP_EPILOGUE = skip
@@ -56,8 +52,7 @@ def main() -> None:
         finally:
             hot_cold_gate_kernel.PROBE_SKIP_EPILOGUE = 0
         print(f"M={m:6d} | " + measure("mainloop alone (TMA GEMM, no store)",
-                                       lambda: tma_gemm(x, unfused.w_gemm, cfg, gemm_out, store=False), nvml, dev,
-                                       seconds), flush=True)
+                                       lambda: mainloop(False), nvml, dev, seconds), flush=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -94,7 +94,7 @@ def main() -> None:
         for label in ("shipped", "changed", "shipped"):  # the shipped values again: the order's drift shows
             for module, name, shipped, other in changes:
                 setattr(module, name, shipped if label == "shipped" else other)
-            unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15  # as the op decides it, under this setting
+            unit_ids = hot_cold.stores_unit_ids(f)  # as the op decides it, under this setting
 
             def fused_gate(unit_ids=unit_ids):
                 return launch_hot_cold_gate(x, fused.w_gemm, n_hot, f - n_hot, fused.cold, tile=tile, capacity=cap,

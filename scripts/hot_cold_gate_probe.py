@@ -72,7 +72,7 @@ def _name(cfg: tuple) -> str:
 def probe_point(m: int, l0: float, d: int, f: int, n_hot_units: int, tile: int, cap: int, configs: list,
                 dev: torch.device, rep_ms: float) -> None:
     """Print the kernel and op lines of one (M, l0) point."""
-    unit_ids = hot_cold.COLD_UNIT_IDS and f < 2**15
+    unit_ids = hot_cold.stores_unit_ids(f)
     p = split_problem(m, d, f, l0, dev)
     x, wg, wu, wd, wdt, order = p.x, p.w_gate, p.w_up, p.w_down, p.w_down_t, p.by_frequency
     hot = order[:n_hot_units]

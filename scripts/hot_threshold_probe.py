@@ -17,11 +17,12 @@ TRITON_INTERPRET=1 is the smoke test.
 from __future__ import annotations
 
 import torch
-from clock_probe import Nvml, _dense_ffn, measure  # scripts/ (the script's own directory is on sys.path)
+from clock_probe import Nvml, measure  # scripts/ (the script's own directory is on sys.path)
 
+from twell.bench.ffn import _dense_ffn
 from twell.bench.probe import probe_args, split_problem
 from twell.ops import hot_cold
-from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, build_hot_cold_plan, choose_hot_units, unit_frequency
+from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, build_hot_cold_plan, choose_hot_units
 
 THRESHOLDS = (0.004, 0.008, 0.010, 0.013, 0.016)
 #: --tiny: 40 tokens give frequencies in steps of 2.5 %, so the smoke test's thresholds are coarser
@@ -32,7 +33,7 @@ def probe_point(m: int, l0: float, d: int, f: int, tile: int, cap: int, threshol
                 dev: torch.device, seconds: float) -> None:
     p = split_problem(m, d, f, l0, dev)
     x, wg, wu, wd, wdt = p.x, p.w_gate, p.w_up, p.w_down, p.w_down_t
-    freq = unit_frequency(x, wg)
+    freq = p.frequency
     head = f"M={m:6d} l0={l0:4.1f}"
     print(f"{head} | " + measure("dense FFN", lambda: _dense_ffn(x, wg, wu, wd), nvml, dev, seconds), flush=True)
     first = None

@@ -19,6 +19,8 @@ under TRITON_INTERPRET=1 is the smoke test.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -29,6 +31,7 @@ from twell.bench.probe import probe_args
 from twell.bench.timing import time_ms
 from twell.ops._runtime import interpreting, sm_count
 from twell.ops.gate_kernel import dot_acc, round_to, tile_coords
+from twell.ops.hot_cold_gate_kernel import _GPU_CONFIG, _INTERPRET_CONFIG
 from twell.tolerances import REL_TOL, rel_error
 
 #: (BM, BN, BK, stages, warps, programs per SM, warp-specialised).  Session 7 (H200,
@@ -84,6 +87,18 @@ def tma_gemm(x: torch.Tensor, w: torch.Tensor, cfg: tuple, out: torch.Tensor, st
                                   N_PROGRAMS=programs, WS=ws, DOT_FP32=interpreting(), store=int(store),
                                   num_stages=stages, num_warps=warps)
     return out
+
+
+def fused_gate_mainloop(x: torch.Tensor, w: torch.Tensor, tile: int) -> Callable[[bool], torch.Tensor]:
+    """The fused hot/cold gate's mainloop as a plain persistent TMA GEMM of ``x @ w^T``: its BM x (2 * tile) x
+    BK tiles, stages and warps (``hot_cold_gate_kernel``'s configuration), one program per SM; the returned
+    ``run(store)`` writes an output allocated once (rows padded to 16 bytes for TMA) or, ``store`` False, skips
+    the stores (the mainloop's own time and joules)."""
+    bm, bk, stages, warps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
+    cfg = (bm, 2 * tile, bk, stages, warps, 1, False)
+    n = w.shape[0]
+    out = torch.empty((x.shape[0], -(-n // 8) * 8), dtype=x.dtype, device=x.device)[:, :n]
+    return lambda store: tma_gemm(x, w, cfg, out, store=store)
 
 
 def main() -> None:

@@ -72,13 +72,15 @@ def split_probe_setup(tiny: bool) -> SplitProbeSetup:
 @dataclass(frozen=True)
 class SplitProblem:
     """One point's synthetic problem as the split probes use it: the FFN weights, Wd^T contiguous (the row
-    gather's layout) and the units by firing frequency, most frequent first (the hot set is a prefix)."""
+    gather's layout), each unit's firing frequency (``unit_frequency``, fp32 [F]) and the units by it, most
+    frequent first (the hot set is a prefix)."""
 
     x: torch.Tensor
     w_gate: torch.Tensor
     w_up: torch.Tensor
     w_down: torch.Tensor
     w_down_t: torch.Tensor
+    frequency: torch.Tensor
     by_frequency: torch.Tensor
 
 
@@ -88,8 +90,8 @@ def split_problem(m: int, d: int, f: int, l0: float, device: torch.device) -> Sp
     gen = torch.Generator(device=device).manual_seed(0)
     p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=device)
     x, wg, wd = p["x"], p["w_gate"], p["w_down"]
-    order = torch.argsort(unit_frequency(x, wg), descending=True)
-    return SplitProblem(x, wg, p["w_up"], wd, wd.t().contiguous(), order)
+    freq = unit_frequency(x, wg)
+    return SplitProblem(x, wg, p["w_up"], wd, wd.t().contiguous(), freq, torch.argsort(freq, descending=True))
 
 
 def run_points(setup: SplitProbeSetup, probe: Callable[[int, float], None], device: torch.device) -> None:

@@ -79,6 +79,13 @@ def _hot_hidden_kernel(
 #: its stall samples.  To be timed with this off (docs/performance.md, next step 0).
 #: A wider F (ids beyond int16) keeps the column indices and the map lookup.
 COLD_UNIT_IDS = True
+
+
+def stores_unit_ids(n_units: int) -> bool:
+    """Whether the split's cold container holds weight-row ids rather than columns, for an FFN of ``n_units``
+    units: :data:`COLD_UNIT_IDS` as it is set at the call, and ids that fit int16."""
+    return COLD_UNIT_IDS and n_units < 2**15
+
 #: The TwELL cold pairs added in the epilogue of a Triton hot down GEMM (``twell.ops.cold_down_kernel``)
 #: instead of a cuBLAS down GEMM's fp32 output read back by the row-gather kernel.  Measured slower on the
 #: H200 (the op 10.053 vs 8.576 ms at M=131072, l0=28; see the module's docstring): off.
@@ -144,7 +151,7 @@ def launch_hot_cold_ffn(
         cold_format = "twell"
     if cold_format not in ("bitmap", "twell"):
         raise ValueError(f"cold_format must be one of {', '.join(COLD_FORMATS)}; got {cold_format!r}")
-    unit_ids = COLD_UNIT_IDS and f < 2**15  # unit ids stored as int16
+    unit_ids = stores_unit_ids(f)
     if plan.fused_tile:
         h_hot, hot_counts, *cold = launch_hot_cold_gate(x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile,
                                                         capacity=capacity, unit_ids=unit_ids)
