@@ -45,7 +45,8 @@ from .hot_cold_plan import FUSED_TILES
 #: session 8, bench_results/h200/hot_cold_gate_probe_session8.log): 128 x 256 x 64 on 3 stages and 8
 #: warps 6.038 ms; 4 stages 6.350; BM 64 7.239-8.141 (BN is 2 * TILE = 256 at the default tile).  The
 #: interpreter runs small tiles.  4 stages again with the PTX cold epilogue (session 16: 196,640 B of shared
-#: memory, 205 registers, no spill, offline; scripts/fused_gate_ab.py, bench_results/h200/
+#: memory, 205 registers, no spill, offline: bench_results/sm90_offline/session16_fused_gate_builds.log;
+#: scripts/fused_gate_ab.py, bench_results/h200/
 #: fused_gate_ab_4_stages_session16.log, back to back at the power cap): slower, the fused gate 5.387 vs 5.303 /
 #: 5.297 ms and 3.80 vs 3.65 / 3.62 J at M=131072, l0=28, 0.676 vs 0.668 / 0.668 at 16384; same bits.
 _GPU_CONFIG = (128, 64, 3, 8)

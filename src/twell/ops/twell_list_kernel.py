@@ -26,18 +26,18 @@ import triton.language as tl
 
 from ._runtime import next_pow2
 
-#: List entries per row (int32 each: 67 MB at M=131072, a fifth of the cold container's 335 MB).  Rows with
-#: more entries keep the searched path.  The hot/cold split at d=2048, F=5632 leaves ~7 cold pairs per token
-#: at 0.5 % density (l0 28) and ~17 at 4096 x 14336 (l0 72; bench_results/h200/cold_pack_gather_probe_
-#: session14_4096x14336.log), but few tokens hold many: on the synthetic problem at M=16384 (counted on the
-#: CPU in session 16) the rows over 32 entries were 2.4 % of the rows at l0=28 and held 17.8 % of the cold
-#: pairs (23.2 % at l0=56); over 64, 6.2 % (8.2 %); over 96, 2.1 % (4.0 %).  Session 14's runs put a searched
-#: pair at ~1.36x a listed one (all searched 1.865 ms, 82 % of the pairs listed 1.46 ms at M=131072, l0=28).
-#: Prediction for 128 against 32: the gather -3 to -6 % (-0.04 to -0.08 ms at M=131072, l0=28), same bits.
+#: List entries per row (int32 each: 67 MB at M=131072, a fifth of the cold container's 335 MB).  Rows with more entries
+#: keep the searched path.  The hot/cold split at d=2048, F=5632 leaves ~7 cold pairs per token at 0.5 % density (l0 28)
+#: and ~17 at 4096 x 14336 (l0 72; bench_results/h200/cold_pack_gather_probe_session14_4096x14336.log), but few tokens
+#: hold many: on the synthetic problem at M=16384 (counted on the CPU in session 16,
+#: bench_results/cpu_counts/session16_cold_list_lengths.log) the rows over 32 entries were 2.4 % of the rows at l0=28
+#: and held 17.8 % of the cold pairs (23.2 % at l0=56); over 64, 6.2 % (8.2 %); over 96, 2.1 % (4.0 %).  Session 14's
+#: runs put a searched pair at ~1.36x a listed one (all searched 1.865 ms, 82 % of the pairs listed 1.46 ms at M=131072,
+#: l0=28). Prediction for 128 against 32: the gather -3 to -6 % (-0.04 to -0.08 ms at M=131072, l0=28), same bits.
 #: Measured (H200, bf16, session 16, scripts/fused_gate_ab.py, 128 / 32 / 128 back to back at the power cap,
-#: bench_results/h200/fused_gate_ab_list_max_session16.log): the gather with its list pass 1.519 / 1.525 vs
-#: 1.578 ms (-3.6 %) and 1.06 / 1.07 vs 1.10 J at M=131072, l0=28, 0.221 / 0.221 vs 0.242 ms at 16384 (-8.7 %);
-#: the op 7.475 / 7.474 vs 7.552 ms and 0.979 / 0.978 vs 0.986; same bits.  As predicted; 128.
+#: bench_results/h200/fused_gate_ab_list_max_session16.log): the gather with its list pass 1.519 / 1.525 vs 1.578 ms
+#: (-3.6 %) and 1.06 / 1.07 vs 1.10 J at M=131072, l0=28, 0.221 / 0.221 vs 0.242 ms at 16384 (-8.7 %); the op 7.475 /
+#: 7.474 vs 7.552 ms and 0.979 / 0.978 vs 0.986; same bits.  As predicted; 128.
 LIST_MAX = 128
 #: Rows per program of the list pass (at most 1024 // next_pow2(tiles) of them).  One row per program took
 #: 0.219 ms at M=131072 (H200, 40 cold tiles of 16 slots tested whole as one [tiles, 16] tensor; bench_results/
