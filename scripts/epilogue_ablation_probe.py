@@ -8,6 +8,11 @@ Why: session 16 measured the hot epilogue in PTX with ~1100 fewer instructions p
 (fused_gate_ab_ptx_hot_tma_hot_session16.log), so the ~0.4 J a call that the fused gate spends above its
 mainloop is not instruction issue; this says which epilogue holds it.  Prediction: the cold tiles' (~370
 instructions each, but 20 of the 25 tiles) ~0.3 J, the hot tiles' ~0.1 J.
+Session 17: under the flattened loop (``FUSED_FLATTEN``, on since) skipping an epilogue made the fused gate
+slower, not faster (M=131072: 7.155 ms cold skipped, 7.349 hot skipped, against 5.337 as shipped;
+bench_results/h200/epilogue_ablation_probe_session17.log): with a branch emptied the pipeliner schedules the
+flattened loop differently, so the skips no longer isolate an epilogue.  The skipped variants therefore run
+unflattened, next to the unflattened gate they are compared with, and the shipped gate is timed first and last.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/epilogue_ablation_probe.py``; ``--device cpu --tiny``
 under TRITON_INTERPRET=1 is the smoke test.
 """
@@ -23,8 +28,15 @@ from twell.ops import hot_cold, hot_cold_gate_kernel
 from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
 from twell.ops.hot_cold_plan import build_hot_cold_plan
 
-#: PROBE_SKIP_EPILOGUE values timed, in order (the shipped 0 again last: the order's drift shows)
-SETTINGS = {0: "fused gate", 1: "fused gate, cold epilogue skipped", 2: "fused gate, hot epilogue skipped"}
+#: (PROBE_SKIP_EPILOGUE, FUSED_FLATTEN or None for the shipped value, label) timed in order; the shipped gate
+#: again last, so that the order's drift shows
+SETTINGS = (
+    (0, None, "fused gate"),
+    (0, False, "fused gate unflattened"),
+    (1, False, "fused gate unflattened, cold epilogue skipped"),
+    (2, False, "fused gate unflattened, hot epilogue skipped"),
+    (0, None, "fused gate"),
+)
 
 
 def main() -> None:
@@ -45,12 +57,15 @@ def main() -> None:
                                         unit_ids=unit_ids)
 
         mainloop = fused_gate_mainloop(x, unfused.w_gemm, tile)
+        shipped_flatten = hot_cold_gate_kernel.FUSED_FLATTEN
         try:
-            for skip in (*SETTINGS, 0):
+            for skip, flatten, label in SETTINGS:
                 hot_cold_gate_kernel.PROBE_SKIP_EPILOGUE = skip
-                print(f"M={m:6d} | " + measure(SETTINGS[skip], fused_gate, nvml, dev, seconds), flush=True)
+                hot_cold_gate_kernel.FUSED_FLATTEN = shipped_flatten if flatten is None else flatten
+                print(f"M={m:6d} | " + measure(label, fused_gate, nvml, dev, seconds), flush=True)
         finally:
             hot_cold_gate_kernel.PROBE_SKIP_EPILOGUE = 0
+            hot_cold_gate_kernel.FUSED_FLATTEN = shipped_flatten
         print(f"M={m:6d} | " + measure("mainloop alone (TMA GEMM, no store)",
                                        lambda: mainloop(False), nvml, dev, seconds), flush=True)
         if dev.type == "cuda":

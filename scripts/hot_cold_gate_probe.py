@@ -46,7 +46,9 @@ from twell.tolerances import rel_error
 #: M=131072, l0=28) but the op 8.077 vs 8.200, 1.056 vs 1.078 at M=16384, 9.549 vs 9.849 at l0=56; timed
 #: again flattened first (_session13_flat_first.log; the rank and scan slots, slower every time, left out):
 #: 5.450 vs 5.498 ms, the op 7.944 vs 7.897, at 16384 1.047 vs 1.034: within the order effect, so
-#: FUSED_FLATTEN stays off.
+#: FUSED_FLATTEN stayed off.  Session 17 turned it on, with the PTX slots (scripts/fused_gate_ab.py
+#: FUSED_FLATTEN: the fused gate ~1 % faster at both sizes, fused_gate_ab_flatten_session17.log); the
+#: entries here name their flattening, so this probe still times the lean keys unflattened.
 #: Session 14: the lean keys with the cold gather walking flat per-row lists (``+listed``:
 #: twell_ffn_kernel.GATHER_LISTED, the list pass included), timed between two runs without them so that the
 #: order effect shows (_session14_listed_v2.log): the op 7.537 vs 7.828 / 7.745 ms at M=131072 / l0=28, 8.837

@@ -11,6 +11,7 @@ import torch
 from test_ops_hot_cold import CASES, _plan, _run
 from test_ops_kernels import make_problem
 
+from twell.format.twell import live_slots
 from twell.ops import hot_cold
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.tolerances import REL_TOL, rel_error
@@ -18,8 +19,7 @@ from twell.tolerances import REL_TOL, rel_error
 
 def used_slots(container: tuple, capacity: int) -> torch.Tensor:
     """[M, tiles, capacity] bool: the slots a TwELL container's counts say are written."""
-    counts = container[2]
-    return torch.arange(capacity, device=counts.device)[None, None, :] < counts.clamp(max=capacity)[:, :, None]
+    return live_slots(container[2], capacity)
 
 
 def test_pack_stores_the_mapped_ids(device):

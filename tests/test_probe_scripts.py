@@ -60,9 +60,11 @@ def test_fused_gate_ab_parses_switches_and_settings(monkeypatch):
     assert (mod, name, shipped, other) == (hot_cold_gate_kernel, "FUSED_TMA_HOT", False, True)
     assert (mod2, name2, shipped2, other2) == (twell_list_kernel, "LIST_MAX", twell_list_kernel.LIST_MAX, 128)
     spec = "hot_cold_gate_kernel._GPU_CONFIG=(128, 64, 4, 8),FUSED_FLATTEN"  # a tuple's commas stay inside
-    (_, name3, shipped3, other3), (_, name4, _, other4) = parse(spec)
+    (_, name3, shipped3, other3), (_, name4, shipped4, other4) = parse(spec)
     assert (name3, shipped3, other3) == ("_GPU_CONFIG", hot_cold_gate_kernel._GPU_CONFIG, (128, 64, 4, 8))
-    assert (name4, other4) == ("FUSED_FLATTEN", True)
+    # a switch is set to the opposite of its shipped value (the flattened loop is shipped on since session 17)
+    assert (name4, shipped4, other4) == ("FUSED_FLATTEN", hot_cold_gate_kernel.FUSED_FLATTEN,
+                                         not hot_cold_gate_kernel.FUSED_FLATTEN)
     for bad, words in (("NO_SUCH_SWITCH", "NO_SUCH_SWITCH"), ("PTX_SLOTS_TRITON", "PTX_SLOTS_TRITON"),
                        ("twell_list_kernel.LIST_MAX=1.5", "must be of type int"), ("no_module.X=1", "no_module.X=1")):
         with pytest.raises(SystemExit, match=words):
@@ -74,3 +76,22 @@ def test_epilogue_ablation_is_off_in_the_shipped_kernel():
     from twell.ops import hot_cold_gate_kernel
 
     assert hot_cold_gate_kernel.PROBE_SKIP_EPILOGUE == 0
+
+
+def test_pingpong_gemm_probe_builds_for_sm90_offline():
+    """The Gluon ping-pong GEMM probe has no interpreter run: its smoke test is the sm_90a build, both outputs."""
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT / 'scripts'}")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "pingpong_gemm_probe.py"), "--compile-only"],
+                          env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("store ")]
+    assert len(lines) == 2 and all("'spill_bytes': 0," in ln for ln in lines), proc.stdout
+
+
+@pytest.mark.parametrize(("args", "words"), [(("--tiny",), "no interpreter run"), (("--stages", "9"), "2 to 6")])
+def test_pingpong_gate_probe_refuses_what_it_cannot_run(args, words):
+    """The ping-pong gate probe is GPU only (Gluon): on the CPU it names why it stops, before any device work."""
+    env = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}{os.pathsep}{ROOT / 'scripts'}")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "pingpong_gate_probe.py"), "--device", "cpu", *args],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode != 0 and words in proc.stderr, proc.stderr[-2000:]

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..format.twell import live_slots
 from ..ops.hot_cold_plan import unit_frequency
 from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from .shape_arg import parse_shape
@@ -121,3 +122,17 @@ def new_build_resources(kernel: object, before: dict[str, object]) -> str:
             warps = getattr(getattr(build, "metadata", None), "num_warps", None)
             parts.append(f"{regs} registers, {spills} B spilled, {warps} warps")
     return "; ".join(parts)
+
+
+def gate_outputs_agree(a: tuple, b: tuple) -> dict[str, bool]:
+    """Which outputs of two hot/cold gate launches (``(h_hot, hot_counts, values, indices, cold_counts)``) are
+    equal bit for bit: h and the counts whole, the cold container on its used slots (a slot past a row's count
+    is never read, and the kernels leave it as allocated)."""
+    h_a, hc_a, val_a, idx_a, cc_a = a
+    h_b, hc_b, val_b, idx_b, cc_b = b
+    used = live_slots(cc_a, val_a.shape[-1])
+    bits = torch.int16 if h_a.element_size() == 2 else torch.int32
+    return {"h": torch.equal(h_a.view(bits), h_b.view(bits)), "hot counts": torch.equal(hc_a, hc_b),
+            "cold counts": torch.equal(cc_a, cc_b),
+            "values": torch.equal(val_a.view(bits)[used], val_b.view(bits)[used]),
+            "ids": torch.equal(idx_a[used], idx_b[used])}

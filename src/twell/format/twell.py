@@ -45,6 +45,12 @@ def default_capacity(tile: int) -> int:
     return max(1, tile // DEFAULT_CAPACITY_FRACTION)
 
 
+def live_slots(counts: torch.Tensor, capacity: int) -> torch.Tensor:
+    """[..., capacity] bool: the slots of each row-tile that its count says hold a non-zero (the first
+    min(count, capacity)); the others are never read, whatever a kernel left in them."""
+    return torch.arange(capacity, device=counts.device) < counts.clamp(max=capacity).unsqueeze(-1)
+
+
 @dataclass(frozen=True)
 class TwellTensor:
     """A sparse activation in TwELL layout.  See the module docstring for the fields."""
@@ -230,8 +236,7 @@ def pack_twell(
     # Stable sort of the "is zero" flag puts the non-zero columns first, in ascending column order.
     order = torch.sort((~nz).to(torch.uint8), dim=-1, stable=True).indices[..., :capacity]
     vals = a3.gather(-1, order)
-    slot = torch.arange(capacity, device=a.device)
-    live = slot.view(1, 1, -1) < counts.unsqueeze(-1)
+    live = live_slots(counts, capacity)
     vals = torch.where(live, vals, torch.zeros((), dtype=vals.dtype, device=vals.device))
     idx = torch.where(live, order, torch.zeros((), dtype=order.dtype, device=order.device)).to(torch.int16)
 

@@ -56,17 +56,19 @@ _INTERPRET_CONFIG = (16, 16, 1, 4)
 #: against 324 with the scan and ran 8.871 vs 6.038 ms at M=131072, l0=28 (session 8 probe): the scan.
 FUSED_PREFIX_DOT = False
 #: Flatten the persistent loop over output tiles with the K loop (``tl.range(..., flatten=True)``), so
-#: that the software pipeliner can issue the next tile's TMA loads during this tile's epilogue.  Slower:
-#: 6.346 vs 6.148 ms at M=131072, l0=28 (bench_results/h200/hot_cold_gate_probe_flatten_session8.log;
-#: ptxas spills 556 B flattened against 324).  ``warp_specialize=True`` on the same loop compiles to the
-#: identical PTX with Triton 3.6 on sm_90 (no producer warps), so it is not a knob here.  With the lean
-#: keys (FUSED_LEAN_KEYS) the flattened build has no spill (ptxas, sm_90a: 248 registers, 164 KB of shared
-#: memory; session 12, offline), and the ncu source view puts ~12 % of the stall samples on the mainloop's
-#: wait for TMA data (ncu_fused_gate_session12_lean_sass.csv.gz).  Measured in session 13 (H200, M=131072,
-#: l0=28): 5.672 vs 5.671 ms timed after the unflattened kernel, 5.450 vs 5.498 timed before it; the op
-#: 8.077 vs 8.200 and 7.944 vs 7.897 (hot_cold_gate_probe_session13_flat.log, _flat_first.log): within the
-#: order effect of the two runs; at the power cap overlap does not buy time.  Off.
-FUSED_FLATTEN = False
+#: that the software pipeliner issues the next tile's TMA loads during this tile's epilogue.  On since
+#: session 17: with the PTX slots it builds at 202 registers and no spill against 175 unflattened (ptxas,
+#: sm_90a, bench_results/sm90_offline/session16_fused_gate_builds.log), and timed shipped / flattened /
+#: shipped back to back at the power cap (H200, l0=28) the fused gate took 5.385 vs 5.456 / 5.444 ms and
+#: 3.74 vs 3.81 / 3.86 J at M=131072, 0.678 vs 0.686 / 0.687 ms at 16384; the op 7.456 vs 7.529 / 7.533
+#: and 0.971 vs 0.981 / 0.986 ms; same bits (bench_results/h200/fused_gate_ab_flatten_session17.log):
+#: ~1 % at both sizes, outside the unflattened runs' 0.2 % spread.  Earlier builds did not gain: session
+#: 8, spilling 556 B, 6.346 vs 6.148 ms (hot_cold_gate_probe_flatten_session8.log); session 13 with the
+#: lean keys, within the two runs' order effect (5.672 vs 5.671 and 5.450 vs 5.498 ms,
+#: hot_cold_gate_probe_session13_flat.log, _flat_first.log).  ``warp_specialize=True`` on the same loop
+#: compiles to the identical PTX with Triton 3.6 on sm_90 (no producer warps), so it is not a knob here.
+#: The interpreter runs the loop unflattened (it does not model the pipeliner).
+FUSED_FLATTEN = True
 #: The cold epilogue's slots rank by rank (``_twell_epilogue_by_rank``: per step one min over each row
 #: of int32 ``column << 16 | value bits`` keys, the steps running to the tile's largest row count) instead
 #: of ``tl.cumsum`` over the [BM, TILE] tile and a masked store per element; 16-bit inputs only (fp32
@@ -173,7 +175,9 @@ FUSED_PTX_HOT = False
 #: Timing probes only (``scripts/epilogue_ablation_probe.py``): bit 1 skips the cold output tiles' epilogue, bit
 #: 2 the hot ones', so that a probe can split the fused gate's time and joules between its mainloop and the
 #: two epilogues.  The outputs a skipped epilogue should write are left as allocated (garbage): never nonzero
-#: outside such a probe, which times the fused gate alone.
+#: outside such a probe, which times the fused gate alone.  In the flattened loop a skip changes the pipeliner's
+#: schedule (slower: 7.155 vs 5.337 ms at M=131072, epilogue_ablation_probe_session17.log), so the probe skips
+#: with FUSED_FLATTEN off.
 PROBE_SKIP_EPILOGUE = 0
 #: Triton releases whose accumulator layout and inline-asm operand order the PTX slots were checked against
 #: on the GPU (tests/test_ops_hot_cold_gate.py natively: the containers equal the three unfused kernels'
