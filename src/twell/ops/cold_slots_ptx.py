@@ -15,8 +15,11 @@ What it relies on (checked on the GPU by tests/test_ops_hot_cold_gate.py, not by
 cannot run PTX): the accumulator of a ``BM x BN`` wgmma tile on ``BM / 16`` warps, as Triton 3.6 lays it
 out, gives a thread the elements of two rows ``r`` and ``r + 8`` at columns ``8 i + 2 t + j`` (``t`` its
 lane modulo 4, ``j`` < 2), and ``tl.inline_asm_elementwise`` hands them over packed two 16-bit values a
-register in the order ``(i, row, j)``.  The rows are passed in (any order of rows works); the columns
-are computed from the lane.
+register in the order ``(i, row, j)``.  A [128, 128] accumulator on 4 warps (``pingpong_gate_kernel``) gives
+a thread two such pairs of rows, r, r + 8 and r + 64, r + 72, the second after the first in register order
+(``gl.to_linear_layout``: the last register basis is [64, 0]), so a call per pair sees the same layout
+(checked by tests/test_ops_pingpong_gate.py on the GPU).  The rows are passed in (any order of rows works);
+the columns are computed from the lane.
 
 Operands of the generated asm (``pack`` = the thread's BM * BN / (32 * warps) elements; 16-bit ``act``
 arrives as pack / 2 registers, every other argument as one operand per element):
@@ -34,11 +37,12 @@ import functools
 __all__ = ["cold_slots_asm"]
 
 
-def _mask_and_count(lines: list[str], ti: int, tile: int, half: str) -> None:
+def _mask_and_count(lines: list[str], ti: int, tile: int, n_t: int, half: str) -> None:
     """Own non-zero masks ``mk{rh}{tl}`` (bit ii: column 8 ii + 2 t, bit 16 + ii: column 8 ii + 2 t + 1),
-    cleared past each row's valid columns, the quad's masks ``q{d}_{rh}{tl}`` and the counts ``c{rh}{tl}``."""
+    cleared past each row's valid columns, the quad's masks ``q{d}_{rh}{tl}`` and the counts ``c{rh}{tl}``
+    for the ``n_t`` TwELL tiles of the output tile."""
     for rh in range(2):
-        for tl in range(2):
+        for tl in range(n_t):
             lines.append(f"mov.b32 mk{rh}{tl}, 0;")
             for ii in range(ti):
                 reg = f"$A{2 * (tl * ti + ii) + rh}"
@@ -46,12 +50,12 @@ def _mask_and_count(lines: list[str], ti: int, tile: int, half: str) -> None:
                 lines.append(f"and.b32 f, f, {0x10001 << ii};")
                 lines.append(f"or.b32 mk{rh}{tl}, mk{rh}{tl}, f;")
     # columns past the valid ones (the last cold tile; rows past M have lim 0): a uniform skip otherwise
-    lines.append(f"setp.ge.s32 pfull, lim0, {2 * tile};")
-    lines.append(f"setp.ge.s32 pf1, lim1, {2 * tile};")
+    lines.append(f"setp.ge.s32 pfull, lim0, {n_t * tile};")
+    lines.append(f"setp.ge.s32 pf1, lim1, {n_t * tile};")
     lines.append("and.pred pfull, pfull, pf1;")
     lines.append("@pfull bra VALID_DONE;")
     for rh in range(2):
-        for tl in range(2):
+        for tl in range(n_t):
             # valid column c < L: j = 0 needs 8 ii + 2 t < L (ii < ceil((L - 2t) / 8)), j = 1 needs 8 ii + 2 t + 1 < L
             lines.append(f"sub.s32 v0, lim{rh}, {tl * tile};")
             lines.append("sub.s32 v0, v0, t2;")
@@ -66,7 +70,7 @@ def _mask_and_count(lines: list[str], ti: int, tile: int, half: str) -> None:
             lines.append(f"or.b32 v0, v0, v1;\nand.b32 mk{rh}{tl}, mk{rh}{tl}, v0;")
     lines.append("VALID_DONE:")
     for rh in range(2):
-        for tl in range(2):
+        for tl in range(n_t):
             m = f"mk{rh}{tl}"
             for d in (1, 2, 3):
                 lines.append(f"shfl.sync.bfly.b32 q{d}_{rh}{tl}, {m}, {d}, 0x1f, 0xffffffff;")
@@ -75,20 +79,26 @@ def _mask_and_count(lines: list[str], ti: int, tile: int, half: str) -> None:
                 lines.append(f"popc.b32 f, q{d}_{rh}{tl};\nadd.s32 c{rh}{tl}, c{rh}{tl}, f;")
 
 
-def _count_store(lines: list[str], tile: int) -> None:
-    """Thread t of a quad stores the count of (row t & 1, tile t >> 1) where that tile holds valid columns."""
+def _count_store(lines: list[str], tile: int, n_t: int) -> None:
+    """Thread t of a quad stores the count of (row t & 1, tile t >> 1) where that tile holds valid columns (with
+    one TwELL tile, threads 2 and 3 store nothing)."""
     lines.append("and.b32 f, tq, 1;\nsetp.ne.u32 prh, f, 0;")
     lines.append("and.b32 f, tq, 2;\nsetp.ne.u32 ptl, f, 0;")
-    lines.append("selp.b32 v0, c10, c00, prh;\nselp.b32 v1, c11, c01, prh;\nselp.b32 v0, v1, v0, ptl;")
+    if n_t == 2:
+        lines.append("selp.b32 v0, c10, c00, prh;\nselp.b32 v1, c11, c01, prh;\nselp.b32 v0, v1, v0, ptl;")
+    else:
+        lines.append("selp.b32 v0, c10, c00, prh;")
     lines.append("selp.b32 v1, lim1, lim0, prh;")
     lines.append(f"selp.b32 f, {tile}, 0, ptl;")
     lines.append("setp.gt.s32 pst, v1, f;")
+    if n_t == 1:
+        lines.append("not.pred pz, ptl;\nand.pred pst, pst, pz;")
     lines.append("selp.b64 addr, crow1, crow0, prh;")
     lines.append("selp.b64 off, 4, 0, ptl;\nadd.s64 addr, addr, off;")
     lines.append("@pst st.global.b32 [addr], v0;")
 
 
-def _slot_stores(lines: list[str], ti: int, tile: int, cap: int, map_ids: bool) -> None:
+def _slot_stores(lines: list[str], ti: int, tile: int, n_t: int, cap: int, map_ids: bool) -> None:
     """For each own non-zero: its rank in the row's column order from the quad's masks; below CAP, its value
     and weight-row id (or column) into that slot."""
     # partner t ^ d comes before this thread in column order within an i: d = 1 when t is odd, d = 2, 3
@@ -96,7 +106,7 @@ def _slot_stores(lines: list[str], ti: int, tile: int, cap: int, map_ids: bool) 
     lines.append("and.b32 f, tq, 1;\nsetp.ne.u32 pb1, f, 0;")
     lines.append("and.b32 f, tq, 2;\nsetp.ne.u32 pb2, f, 0;")
     for rh in range(2):
-        for tl in range(2):
+        for tl in range(n_t):
             tag = f"{rh}{tl}"
             lines.append(f"mov.b32 own, mk{tag};")
             lines.append(f"LOOP{tag}:")
@@ -149,17 +159,21 @@ def cold_slots_asm(bn: int, tile: int, cap: int, pack: int, map_ids: bool, half:
     time a call on it: at M=16384 the fused gate timed 1.31-1.69 ms against 0.72 for the Triton epilogue,
     host-bound; bench_results/h200/fused_gate_ab_ptx_slots_session15.log).
 
-    ``bn``: the output tile's width (two TwELL tiles of ``tile`` columns); ``pack``: elements per thread
-    (BM * BN / threads; the thread's two rows times bn / 4 columns); ``half``: "bf16" or "f16".
+    ``bn``: the width of the columns a call sees, two TwELL tiles of ``tile`` columns (the fused gate's output
+    tile) or one (``pingpong_gate_kernel``'s); ``pack``: elements a call (the thread's two rows times bn / 4
+    columns; a thread holding more rows, as a 4-warp [128, 128] accumulator does, makes one call per pair of
+    rows); ``half``: "bf16" or "f16".
     """
-    if bn != 2 * tile or tile % 8 or tile // 8 > 16:
-        raise ValueError(f"cold_slots_asm needs bn = 2 * tile and tile a multiple of 8 up to 128; got {bn}, {tile}")
+    if bn not in (tile, 2 * tile) or tile % 8 or tile // 8 > 16:
+        raise ValueError(f"cold_slots_asm needs bn = tile or 2 * tile and tile a multiple of 8 up to 128; got {bn}, "
+                         f"{tile}")
     if pack != bn // 2:
         raise ValueError(f"a thread of a wgmma accumulator holds 2 rows x {bn // 4} columns = {bn // 2} elements, "
                          f"got pack={pack}")
     if half not in ("bf16", "f16"):
         raise ValueError(f"half must be 'bf16' or 'f16', got {half!r}")
     ti = tile // 8
+    n_t = bn // tile
     n_out = pack // 4  # int8 dummy outputs, four a register
     n_act = pack // 2
     # operand numbers: outputs, act registers, then one operand per element for each other argument
@@ -182,9 +196,9 @@ def cold_slots_asm(bn: int, tile: int, cap: int, pack: int, map_ids: bool, half:
         f"mov.b64 crow0, ${base['crow']};\nmov.b64 crow1, ${base['crow'] + 2};",
         f"mov.b64 mbase, ${base['mbase']};",
     ]
-    _mask_and_count(lines, ti, tile, half)
-    _count_store(lines, tile)
-    _slot_stores(lines, ti, tile, cap, map_ids)
+    _mask_and_count(lines, ti, tile, n_t, half)
+    _count_store(lines, tile, n_t)
+    _slot_stores(lines, ti, tile, n_t, cap, map_ids)
     lines += [f"mov.b32 ${k}, 0;" for k in range(n_out)]
     text = "{\n" + "\n".join(lines) + "\n}"
     for k in range(n_act - 1, -1, -1):  # highest first, so that $A1 does not match inside $A10

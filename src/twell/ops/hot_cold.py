@@ -90,6 +90,15 @@ def stores_unit_ids(n_units: int) -> bool:
 #: instead of a cuBLAS down GEMM's fp32 output read back by the row-gather kernel.  Measured slower on the
 #: H200 (the op 10.053 vs 8.576 ms at M=131072, l0=28; see the module's docstring): off.
 COLD_IN_DOWN_GEMM = False
+#: The fused gate as the Gluon ping-pong kernel (``pingpong_gate_kernel``: two consumer warpgroups, one's
+#: epilogue beside the other's mainloop) where it takes the call (Hopper, bf16 / fp16, tile 128); the same
+#: outputs bit for bit.  Measured (H200, session 17, shipped / ping-pong / shipped back to back at the power
+#: cap, bench_results/h200/pingpong_gate_probe_session17.log): the gate 5.214 vs 5.307 / 5.312 ms at
+#: M=131072, l0=28, but 3.85 vs 3.59 / 3.74 J; the op 7.288 vs 7.326 / 7.323 ms; at 16384 the gate 0.661 vs
+#: 0.669 / 0.661 and the op 0.946 vs 0.947 / 0.954 ms.  Predicted the op -0.1 to -0.3 ms: missed.  The latency
+#: it hides is not what the op pays at the cap, where time follows joules, and the gate's joules did not fall.
+#: Off.
+PINGPONG_GATE = False
 
 
 def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
@@ -153,8 +162,13 @@ def launch_hot_cold_ffn(
         raise ValueError(f"cold_format must be one of {', '.join(COLD_FORMATS)}; got {cold_format!r}")
     unit_ids = stores_unit_ids(f)
     if plan.fused_tile:
-        h_hot, hot_counts, *cold = launch_hot_cold_gate(x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile,
-                                                        capacity=capacity, unit_ids=unit_ids)
+        gate = launch_hot_cold_gate
+        if PINGPONG_GATE:
+            from .pingpong_gate_kernel import launch_pingpong_gate, pingpong_supported
+
+            gate = launch_pingpong_gate if pingpong_supported(x, tile) else gate
+        h_hot, hot_counts, *cold = gate(x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile, capacity=capacity,
+                                        unit_ids=unit_ids)
     else:
         gu = torch.nn.functional.linear(x, plan.w_gemm)
         h_hot, hot_counts = launch_hot_hidden(gu, n_hot, f, tile)
