@@ -155,19 +155,32 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         _compile(_twell_ffn_row_kernel, ffn_sig, consts, target, num_warps=4, divisible=row_divisible), arch)
     # the same walking the rows' flat lists (GATHER_LISTED), and the pass that writes them (the split's cold
     # container: 40 tiles of 128 columns at 16 slots, unit ids)
-    from .twell_list_kernel import LIST_MAX, _list_twell_rows_kernel, rows_per_program
+    from .twell_list_kernel import (
+        HEAVY_MARK,
+        HEAVY_MIN_ENTRIES,
+        LIST_MAX,
+        _list_twell_rows_kernel,
+        rows_per_program,
+    )
 
     consts.update({"LISTED": True, "LIST_MAX": LIST_MAX})
     results["ffn_gated1_spill0_split1_ids_listed"] = _stats(
         _compile(_twell_ffn_row_kernel, {**ffn_sig, "lst_ptr": "*i32", "lst_n_ptr": "*i32"}, consts, target,
                  num_warps=4, divisible=row_divisible), arch)
-    ptx = _compile(_list_twell_rows_kernel, {"val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32",
-                                             "unit_map_ptr": "*i32", "lst_ptr": "*i32", "lst_n_ptr": "*i32",
-                                             "M": "i32", "n_tiles": "i32"},
-                   {"TILE": 128, "CAP": 16, "NT_PAD": 64, "LIST_MAX": LIST_MAX, "ROWS": rows_per_program(64),
-                    "HAS_MAP": True, "IDX_IS_UNIT": True},
-                   target, num_warps=4)
-    results["list_rows"] = _stats(ptx, arch)
+    list_sig = {"val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32", "unit_map_ptr": "*i32", "lst_ptr": "*i32",
+                "lst_n_ptr": "*i32", "M": "i32", "n_tiles": "i32"}
+    list_consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "LIST_MAX": LIST_MAX, "ROWS": rows_per_program(64),
+                   "HAS_MAP": True, "IDX_IS_UNIT": True}
+    results["list_rows"] = _stats(_compile(_list_twell_rows_kernel, list_sig, list_consts, target, num_warps=4), arch)
+    # the heavy-first order (GATHER_HEAVY_FIRST): the pass filling the heavy queue, the gather taking it first
+    heavy_sig = {"heavy_ptr": "*i32", "heavy_n_ptr": "*i32", "H_SLOTS": "i32"}
+    heavy_consts = {"HEAVY_FIRST": True, "HEAVY_MIN": HEAVY_MIN_ENTRIES, "MARK": HEAVY_MARK}
+    results["list_rows_heavy_first"] = _stats(_compile(_list_twell_rows_kernel, {**list_sig, **heavy_sig},
+                                                       {**list_consts, **heavy_consts}, target, num_warps=4), arch)
+    results["ffn_gated1_spill0_split1_ids_listed_heavy_first"] = _stats(
+        _compile(_twell_ffn_row_kernel, {**ffn_sig, "lst_ptr": "*i32", "lst_n_ptr": "*i32", **heavy_sig},
+                 {**consts, "HEAVY_FIRST": True, "MARK": HEAVY_MARK}, target, num_warps=4, divisible=row_divisible),
+        arch)
     from .twell_ffn_tc_kernel import _twell_ffn_tc_kernel
 
     tc_sig = {n: "*bf16" for n in ("x_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr")}

@@ -28,7 +28,7 @@ from . import twell_list_kernel
 from ._runtime import next_pow2
 from .gate_kernel import relu_keep_nan, round_to
 from .twell_ffn_tc_kernel import launch_twell_ffn_tc, tc_eligible
-from .twell_list_kernel import launch_list_twell_rows, list_eligible, unpack_list_entries
+from .twell_list_kernel import heavy_queue, launch_list_twell_rows, list_eligible, unpack_list_entries
 
 #: Default of ``launch_twell_ffn``'s ``preload``: each program loads its row's whole TwELL container
 #: ([n_tiles, CAP] values and indices, 2.5 KB at the hot/cold split's 40 cold tiles x 16 slots) with its
@@ -104,6 +104,22 @@ GATHER_ROWS_TOGETHER = True
 #: 13.575), 8.837 vs 9.287 / 9.162 at l0=56, 0.960 vs 1.017 / 0.993 at 16384.  SB 2 over the lists: slower at
 #: every point (1.572, 1.947, 0.312 ms).  On.
 GATHER_LISTED = True
+#: Default of ``launch_twell_ffn``'s ``heavy_first`` (with the lists): the rows of more than
+#: ``twell_list_kernel.HEAVY_MIN_ENTRIES`` cold pairs, and the searched ones, run first, from a queue the list pass
+#: fills, and the rest in index order.  Why: the hardware starts a grid's programs in index order as slots free
+#: up, so a heavy row late in the order (a sequence's first positions are ~4x denser, and some tokens are dense
+#: throughout) runs on after the other slots have gone idle.  The gather costs 14.8 ns a token at M=16384 against
+#: 11.4 at 131072 (clock_probe_session15.log), and LIST_MAX 64 -> 128 gained 8.7 % at 16384 against 3.6 % at
+#: 131072 (fused_gate_ab_list_max_session16.log): both what such a tail would do.  scripts/gather_schedule_sim.py
+#: schedules the benchmark problem's rows on the H200's 528 gather slots under a cost of 2 + 1 per step of 4
+#: pairs (a searched step 1.36x, as measured in session 14): the makespan in index order is 1.307x its lower
+#: bound at M=16384 / l0=28 and 1.031x at 131072, heavy rows first 1.049x / 1.006x (the index order's 1.27x
+#: ratio between the two sizes is the measured 1.30x).  Prediction (H200, 2048 x 5632): the gather -10 to -20 %
+#: at M=16384 (~0.22 -> ~0.18-0.20 ms with its list pass; the op -2 to -4 %), -0 to -2 % at 131072 (a slot
+#: alone on its SM runs faster than the model's constant step, so the real tail is shorter than modelled); same
+#: bits.  The gather builds at 128 registers without spill either way, the list pass at 40 against 39 (ptxas,
+#: sm_90a, ``compile_check``).  Not measured yet: off.
+GATHER_HEAVY_FIRST = False
 
 
 @triton.jit
@@ -253,8 +269,23 @@ def _twell_ffn_row_kernel(
     lst_n_ptr=None,
     LISTED: tl.constexpr = False,
     LIST_MAX: tl.constexpr = 1,
+    heavy_ptr=None,
+    heavy_n_ptr=None,
+    H_SLOTS=0,
+    HEAVY_FIRST: tl.constexpr = False,
+    MARK: tl.constexpr = 1,
 ):
     row = tl.program_id(0).to(tl.int64)
+    if HEAVY_FIRST:  # (LISTED too) the first H_SLOTS programs take the list pass's heavy queue, the others row
+        # pid - H_SLOTS unless the queue took it: each row computed by one program, as in index order
+        if row < H_SLOTS:
+            if row >= tl.load(heavy_n_ptr):
+                return
+            row = tl.load(heavy_ptr + row).to(tl.int64)
+        else:
+            row = row - H_SLOTS
+            if tl.load(lst_n_ptr + row) >= MARK - 1:
+                return
     dtype = val_ptr.dtype.element_ty
     tiles = tl.arange(0, NT_PAD)
     offs_d = tl.arange(0, D_PAD)
@@ -267,6 +298,8 @@ def _twell_ffn_row_kernel(
     n_list = -1
     if LISTED:  # the row's entries as one flat list (twell_list_kernel): no search, rows -1 take the path below
         n_list = tl.load(lst_n_ptr + row)
+        if HEAVY_FIRST:  # a queued row's mark off: its count, or -1 (searched)
+            n_list = tl.where(n_list >= MARK - 1, n_list - MARK, n_list)
         k = tl.arange(0, SB)
         # the first step's entries, requested with the row's count (in bounds: LIST_MAX >= SB; slots past the
         # count hold whatever was there and are never used)
@@ -387,6 +420,7 @@ def launch_twell_ffn(
     taken: torch.Tensor | None = None,
     rows_together: bool | None = None,
     listed: bool | None = None,
+    heavy_first: bool | None = None,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -413,6 +447,8 @@ def launch_twell_ffn(
     as flat lists (:mod:`twell.ops.twell_list_kernel`), which the row kernel walks without searching (same
     results, bit for bit); it needs 16-bit values and weight-row ids below 2**16, and excludes the preload, the
     prefetch, the tensor-core gather and ``taken``: asking for it where they are raises ValueError.
+    ``heavy_first`` (None: :data:`GATHER_HEAVY_FIRST` where the rows are listed): the heavy rows first, then the
+    others in index order (same results, bit for bit); it needs the lists (ValueError without them).
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -449,12 +485,18 @@ def launch_twell_ffn(
         raise ValueError(f"launch_twell_ffn: listed=True but {unlisted}")
     if listed is None:
         listed = GATHER_LISTED and unlisted is None
-    lst = lst_n = None
+    if heavy_first and not listed:
+        raise ValueError("launch_twell_ffn: heavy_first=True needs the rows listed (listed=True or the default "
+                         f"where the container allows it); here they are not{': ' + unlisted if unlisted else ''}")
+    heavy_first = bool(listed) and (GATHER_HEAVY_FIRST if heavy_first is None else heavy_first)
+    lst = lst_n = heavy = None
     if listed:
+        heavy = heavy_queue(m, x.device) if heavy_first else None
         lst, lst_n = launch_list_twell_rows(values, indices, counts, tile=tile, unit_map=unit_map,
-                                            idx_is_unit=idx_is_unit, list_max=list_max)
+                                            idx_is_unit=idx_is_unit, list_max=list_max, heavy=heavy)
+    h_slots = heavy[0].numel() if heavy_first else 0
     dummy = values  # any pointer for unused arguments (their loads are compiled out)
-    _twell_ffn_row_kernel[(m,)](
+    _twell_ffn_row_kernel[(m + h_slots,)](
         x,
         w_source if w_source is not None else dummy,
         w_up if w_up is not None else dummy,
@@ -493,6 +535,11 @@ def launch_twell_ffn(
         lst_n_ptr=lst_n if listed else counts,
         LISTED=bool(listed),
         LIST_MAX=lst.shape[1] if listed else 1,
+        heavy_ptr=heavy[0] if heavy_first else counts,
+        heavy_n_ptr=heavy[1] if heavy_first else counts,
+        H_SLOTS=h_slots,
+        HEAVY_FIRST=heavy_first,
+        MARK=twell_list_kernel.HEAVY_MARK,
         num_warps=num_warps or 4,
     )
     return out

@@ -16,6 +16,13 @@ One list entry is one int32: the gate value's 16 bits (bf16 or fp16) above the w
 both with a shift and a mask.  ``lst_n[r]`` is the row's entry count, or -1 where the row has an
 overflowing tile or more than ``LIST_MAX`` entries: those rows keep the searched path (and its dense pass
 over overflowing tiles), so nothing is dropped at any density.
+
+With ``heavy`` buffers (the gather's heavy-first order, ``twell_ffn_kernel.GATHER_HEAVY_FIRST``) the pass also
+lists the heavy rows (more than :data:`HEAVY_MIN_ENTRIES` entries, or searched) in a queue of ``H`` slots,
+one atomic add per program that holds one, and marks each queued row's ``lst_n`` by adding
+:data:`HEAVY_MARK`; the gather's first ``H`` programs take the queue and its in-order programs skip the
+marked rows.  A heavy row beyond the queue's slots stays unmarked and runs in order.  The queue's order
+depends on the atomics, but every row is still computed by one program in one fixed order: same bits.
 """
 
 from __future__ import annotations
@@ -45,12 +52,24 @@ LIST_MAX = 128
 #: per row, one 4-warp program per row, every slot tested.  Several rows a program, slot rank by slot rank
 #: (_listed_v2.log): 4 rows 0.078 ms, 16 rows 0.085 ms at M=131072, l0=28; 0.015 / 0.016 ms at 16384.
 LIST_ROWS = 4
+#: Heavy-first order (``twell_ffn_kernel.GATHER_HEAVY_FIRST``): rows over this many entries go first.  At M=16384,
+#: l0=28 they are 396 rows, 2.4 % (scripts/gather_schedule_sim.py); a row of 32 entries is 8 steps of the gather
+#: against the median row's 1.
+HEAVY_MIN_ENTRIES = 32
+#: One heavy-queue slot per this many rows (the gather launches cdiv(M, HEAVY_SLOT_EVERY) heavy-first programs, the
+#: unused ones returning at once): 1024 slots at M=16384 against the 396 / 619 heavy rows at l0 = 28 / 56.
+HEAVY_SLOT_EVERY = 16
+#: Added to ``lst_n`` of a row in the heavy queue (unmarked values are -1 .. LIST_MAX, so a marked searched row
+#: is HEAVY_MARK - 1 and a marked listed row HEAVY_MARK + its count).
+HEAVY_MARK = 1 << 20
 
 
 @triton.jit
 def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, lst_n_ptr, M, n_tiles,
                             TILE: tl.constexpr, CAP: tl.constexpr, NT_PAD: tl.constexpr, LIST_MAX: tl.constexpr,
-                            ROWS: tl.constexpr, HAS_MAP: tl.constexpr, IDX_IS_UNIT: tl.constexpr):
+                            ROWS: tl.constexpr, HAS_MAP: tl.constexpr, IDX_IS_UNIT: tl.constexpr,
+                            heavy_ptr=None, heavy_n_ptr=None, H_SLOTS=0, HEAVY_FIRST: tl.constexpr = False,
+                            HEAVY_MIN: tl.constexpr = 32, MARK: tl.constexpr = 1):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     tiles = tl.arange(0, NT_PAD)
@@ -75,7 +94,17 @@ def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, ls
                 unit = tl.load(unit_map_ptr + unit, mask=used, other=0)
         bits = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         tl.store(lst_ptr + rows[:, None] * LIST_MAX + excl + s, (bits << 16) | (unit & 0xFFFF), mask=used)
-    tl.store(lst_n_ptr + rows, tl.where(listed, total, -1), mask=row_ok)
+    n_out = tl.where(listed, total, -1)
+    if HEAVY_FIRST:  # the program's heavy rows into the queue: one atomic add for all of them
+        heavy = row_ok & (~listed | (total > HEAVY_MIN))
+        hv = heavy.to(tl.int32)
+        n_heavy = tl.sum(hv, axis=0)
+        base = tl.atomic_add(heavy_n_ptr, n_heavy, mask=n_heavy > 0)
+        slot = base + tl.cumsum(hv, axis=0) - hv
+        queued = heavy & (slot < H_SLOTS)
+        tl.store(heavy_ptr + slot, rows.to(tl.int32), mask=queued)
+        n_out = tl.where(queued, n_out + MARK, n_out)
+    tl.store(lst_n_ptr + rows, n_out, mask=row_ok)
 
 
 @triton.jit
@@ -101,14 +130,18 @@ def list_eligible(values: torch.Tensor, n_weight_rows: int) -> str | None:
 
 
 def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, *, tile: int,
-                           unit_map: torch.Tensor | None, idx_is_unit: bool,
-                           list_max: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           unit_map: torch.Tensor | None, idx_is_unit: bool, list_max: int | None = None,
+                           heavy: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(lst int32 [M, list_max], lst_n int32 [M])`` of a TwELL container (values [M, T, CAP], indices,
     counts [M, T]; contiguous, validated by the caller): see the module docstring.  ``list_max`` None:
-    :data:`LIST_MAX`.  Check :func:`list_eligible` first."""
+    :data:`LIST_MAX`.  ``heavy``: ``(queue int32 [H], queued int32 [1] holding 0)`` to fill with the heavy rows
+    (:func:`heavy_queue` allocates them); ``queued`` then holds how many heavy rows there were (the queue took the
+    first H).  Check :func:`list_eligible` first."""
     list_max = LIST_MAX if list_max is None else list_max
     if list_max < 1:
         raise ValueError(f"list_max must be >= 1, got {list_max}")
+    if list_max >= HEAVY_MARK - 1:
+        raise ValueError(f"list_max must be below {HEAVY_MARK - 1} (HEAVY_MARK - 1), got {list_max}")
     m, n_tiles, cap = values.shape
     lst = torch.empty(m, list_max, dtype=torch.int32, device=values.device)
     lst_n = torch.empty(m, dtype=torch.int32, device=values.device)
@@ -119,6 +152,15 @@ def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: 
     _list_twell_rows_kernel[(triton.cdiv(m, rows),)](
         values, indices, counts, unit_map if unit_map is not None else counts, lst, lst_n, m, n_tiles,
         TILE=tile, CAP=cap, NT_PAD=nt_pad, LIST_MAX=list_max, ROWS=rows, HAS_MAP=unit_map is not None,
-        IDX_IS_UNIT=idx_is_unit, num_warps=4,
+        IDX_IS_UNIT=idx_is_unit, heavy_ptr=heavy[0] if heavy else lst_n, heavy_n_ptr=heavy[1] if heavy else lst_n,
+        H_SLOTS=heavy[0].numel() if heavy else 0, HEAVY_FIRST=heavy is not None, HEAVY_MIN=HEAVY_MIN_ENTRIES,
+        MARK=HEAVY_MARK, num_warps=4,
     )
     return lst, lst_n
+
+
+def heavy_queue(m: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(queue int32 [cdiv(m, HEAVY_SLOT_EVERY)], queued int32 [1] = 0)`` for :func:`launch_list_twell_rows`'s
+    ``heavy`` (the zero is one small fill on the device)."""
+    return (torch.empty(triton.cdiv(m, HEAVY_SLOT_EVERY), dtype=torch.int32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device))
