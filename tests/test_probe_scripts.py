@@ -95,3 +95,17 @@ def test_pingpong_gate_probe_refuses_what_it_cannot_run(args, words):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "pingpong_gate_probe.py"), "--device", "cpu", *args],
                           env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode != 0 and words in proc.stderr, proc.stderr[-2000:]
+
+
+def test_gather_schedule_model_runs_and_orders_heavy_rows_first():
+    """scripts/gather_schedule_sim.py (the CPU model behind GATHER_HEAVY_FIRST) on a small problem: each schedule's
+    makespan is at least its lower bound, and the heaviest-first order is no longer than the index order."""
+    import re
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gather_schedule_sim.py"), "--m", "2048", "--l0",
+                           "28"], env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = proc.stdout.strip().splitlines()[-1]
+    in_order, heaviest, split = (float(v) for v in re.findall(r"(\d+\.\d+)x", line))
+    assert line.startswith("M=  2048 l0=  28") and min(in_order, heaviest, split) >= 1.0 and heaviest <= in_order
