@@ -117,8 +117,9 @@ GATHER_LISTED = True
 #: ratio between the two sizes is the measured 1.30x).  Prediction (H200, 2048 x 5632): the gather -10 to -20 %
 #: at M=16384 (~0.22 -> ~0.18-0.20 ms with its list pass; the op -2 to -4 %), -0 to -2 % at 131072 (a slot
 #: alone on its SM runs faster than the model's constant step, so the real tail is shorter than modelled); same
-#: bits.  The gather builds at 128 registers without spill either way, the list pass at 40 against 39 (ptxas,
-#: sm_90a, ``compile_check``).  Not measured yet: off.
+#: bits.  The gather builds at 128 registers either way, spilling 4 B (one register stored after the listed loop
+#: and loaded after the searched one, once a program; nvdisasm), the list pass at 40 against 39 (ptxas, sm_90a,
+#: ``compile_check``).  Not measured yet: off.
 GATHER_HEAVY_FIRST = False
 
 
@@ -277,15 +278,15 @@ def _twell_ffn_row_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     if HEAVY_FIRST:  # (LISTED too) the first H_SLOTS programs take the list pass's heavy queue, the others row
-        # pid - H_SLOTS unless the queue took it: each row computed by one program, as in index order
+        # pid - H_SLOTS, returning where the queue took it (seen in the row's count below, after its x and init
+        # loads have gone out: the loop waits on that count anyway, so no round trip is added to a row): each row
+        # computed by one program, in one order
         if row < H_SLOTS:
             if row >= tl.load(heavy_n_ptr):
                 return
             row = tl.load(heavy_ptr + row).to(tl.int64)
         else:
             row = row - H_SLOTS
-            if tl.load(lst_n_ptr + row) >= MARK - 1:
-                return
     dtype = val_ptr.dtype.element_ty
     tiles = tl.arange(0, NT_PAD)
     offs_d = tl.arange(0, D_PAD)
@@ -298,7 +299,9 @@ def _twell_ffn_row_kernel(
     n_list = -1
     if LISTED:  # the row's entries as one flat list (twell_list_kernel): no search, rows -1 take the path below
         n_list = tl.load(lst_n_ptr + row)
-        if HEAVY_FIRST:  # a queued row's mark off: its count, or -1 (searched)
+        if HEAVY_FIRST:  # a queued row: done by a queue program; there, its mark off (its count, or -1: searched)
+            if (n_list >= MARK - 1) & (tl.program_id(0) >= H_SLOTS):  # (the id read again: nothing held for it)
+                return
             n_list = tl.where(n_list >= MARK - 1, n_list - MARK, n_list)
         k = tl.arange(0, SB)
         # the first step's entries, requested with the row's count (in bounds: LIST_MAX >= SB; slots past the
