@@ -51,7 +51,7 @@ def heavy_first_on(monkeypatch) -> list:
     return queues
 
 
-@pytest.mark.parametrize(("heavy_min", "slot_every"), [(3, 1), (3, 8), (0, 4), (1000, 1)],
+@pytest.mark.parametrize(("heavy_min", "slot_every"), [(3, 1), (3, 8), (0, 1), (1000, 1)],
                          ids=["queue-holds-all", "queue-too-short", "every-row-with-entries", "only-searched"])
 def test_queue_and_marks(heavy_min, slot_every, device, monkeypatch):
     """The queue holds heavy rows only, each once, as many as fit; ``queued`` counts every heavy row; a queued
@@ -67,6 +67,7 @@ def test_queue_and_marks(heavy_min, slot_every, device, monkeypatch):
     _, want_n = reference_lists(*container, tile=tile, unit_map=None, idx_is_unit=False, list_max=32)
     heavy = {r for r, n in enumerate(want_n) if n < 0 or n > heavy_min}
     assert {7, 11} <= heavy and int(queued) == len(heavy)
+    assert (len(heavy) > queue.numel()) == (slot_every == 8)  # the short queue is short, the others hold all
     taken = queue[: min(len(heavy), queue.numel())].cpu().tolist()
     assert len(set(taken)) == len(taken) and set(taken) <= heavy
     got = lst_n.cpu().tolist()
