@@ -6,8 +6,8 @@ the hardware hands out programs in index order as slots free up.  A row's cost g
 trained model) has heavy rows: the first positions of each sequence are ~4x denser and a shared per-token
 latent makes whole tokens dense.  Rows late in the index order that are heavy finish after every other slot
 has gone idle.  At M=131072 there are ~250 rows per slot and such a tail is a small share; at M=16384 only
-~31.  Measured hints: the gather costs 14.8 ns a token at M=16384 against 11.4 at 131072 (0.242 / 1.52 ms,
-clock_probe_session15.log), and LIST_MAX 64 -> 128 (heavy rows off the slower searched path) gained 8.7 % at
+~31.  Measured hints: the gather costs 14.8 ns a token at M=16384 against 11.9 at 131072 (0.242 / 1.562 ms,
+clock_probe_session15.log), and LIST_MAX 32 -> 128 (heavy rows off the slower searched path) gained 8.7 % at
 16384 against 3.6 % at 131072 (fused_gate_ab_list_max_session16.log).
 
 This script draws the benchmark's problem (``bench.probe.split_problem``, seed 0), takes its hot set (the

@@ -109,12 +109,13 @@ GATHER_LISTED = True
 #: fills, and the rest in index order.  Why: the hardware starts a grid's programs in index order as slots free
 #: up, so a heavy row late in the order (a sequence's first positions are ~4x denser, and some tokens are dense
 #: throughout) runs on after the other slots have gone idle.  The gather costs 14.8 ns a token at M=16384 against
-#: 11.4 at 131072 (clock_probe_session15.log), and LIST_MAX 64 -> 128 gained 8.7 % at 16384 against 3.6 % at
-#: 131072 (fused_gate_ab_list_max_session16.log): both what such a tail would do.  scripts/gather_schedule_sim.py
+#: 11.9 at 131072 (0.242 / 1.562 ms, clock_probe_session15.log; 131072 at the power cap's lower clocks, 16384 at
+#: 1980 MHz), and LIST_MAX 32 -> 128 gained 8.7 % at 16384 against 3.6 % at 131072
+#: (fused_gate_ab_list_max_session16.log): both what such a tail would do.  scripts/gather_schedule_sim.py
 #: schedules the benchmark problem's rows on the H200's 528 gather slots under a cost of 2 + 1 per step of 4
 #: pairs (a searched step 1.36x, as measured in session 14): the makespan in index order is 1.307x its lower
 #: bound at M=16384 / l0=28 and 1.031x at 131072, heavy rows first 1.049x / 1.006x (the index order's 1.27x
-#: ratio between the two sizes is the measured 1.30x).  Prediction (H200, 2048 x 5632): the gather -10 to -20 %
+#: ratio between the two sizes against the measured 1.24x).  Prediction (H200, 2048 x 5632): the gather -10 to -20 %
 #: at M=16384 (~0.22 -> ~0.18-0.20 ms with its list pass; the op -2 to -4 %), -0 to -2 % at 131072 (a slot
 #: alone on its SM runs faster than the model's constant step, so the real tail is shorter than modelled); same
 #: bits.  The gather builds at 128 registers either way, spilling 4 B (one register stored after the listed loop
