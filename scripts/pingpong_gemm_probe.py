@@ -40,7 +40,6 @@ from twell.ops.pingpong_gate_kernel import (
     MAXNREG,
     PRODUCER_REGS,
     STAGES,
-    STEP_K,
     TILE_M,
     TILE_N,
     _tile,
@@ -48,6 +47,7 @@ from twell.ops.pingpong_gate_kernel import (
     build_sm90,
     load_ring,
     mainloop,
+    program_tiles,
     wait_turn,
 )
 
@@ -66,11 +66,8 @@ def _consumer(x_desc, w_desc, c_desc, x_bufs, w_bufs, c_bufs, ready, empty, orde
     """One warpgroup: the program's tiles WHO, WHO + 2, ..., the gate kernel's mainloop, then a bf16 TMA store
     of the tile (``STORE``) or one sum of it."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE_N, 16])
-    pid = gl.program_id(0)
-    num_pid_m = gl.cdiv(M, TILE_M)
     num_pid_n = gl.cdiv(N, TILE_N)
-    mine = gl.cdiv(num_pid_m * num_pid_n - pid, n_programs)
-    k_steps = gl.cdiv(K, STEP_K)
+    pid, num_pid_m, mine, k_steps = program_tiles(M, num_pid_n, K, n_programs)
     for i in range(WHO, mine, 2):
         wait_turn(order, i, WHO)
         pm, pn = _tile(i, pid, n_programs, num_pid_m, num_pid_n)

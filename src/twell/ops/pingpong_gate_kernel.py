@@ -40,7 +40,8 @@ from ._runtime import sm_count
 from .cold_slots_ptx import cold_slots_asm
 from .hot_cold_gate_kernel import PTX_SLOTS_TRITON, _hot_pair_asm, ptx_slots_supported
 
-__all__ = ["alloc_ring", "launch_pingpong_gate", "load_ring", "mainloop", "pingpong_supported", "wait_turn"]
+__all__ = ["alloc_ring", "launch_pingpong_gate", "load_ring", "mainloop", "pingpong_supported", "program_tiles",
+           "wait_turn"]
 
 #: a consumer's output tile (rows, columns), the K step and the ring's stages: 4 x 32 KB of shared memory
 BM, BN, BK, STAGES = 128, 128, 64, 4
@@ -79,6 +80,18 @@ def _tile(i, pid, n_programs, num_pid_m, n_col_tiles):
 
 
 @gluon.jit
+def program_tiles(M, n_col_tiles, K, n_programs):
+    """``(pid, num_pid_m, mine, k_steps)`` of this program in the persistent loop over ``n_col_tiles`` column tiles
+    a row block: its id, the row blocks, how many output tiles it takes (pid, pid + n_programs, ...) and the K
+    steps of each; what the producer and both consumers each work out."""
+    pid = gl.program_id(0)
+    num_pid_m = gl.cdiv(M, TILE_M)
+    mine = gl.cdiv(num_pid_m * n_col_tiles - pid, n_programs)
+    k_steps = gl.cdiv(K, STEP_K)
+    return pid, num_pid_m, mine, k_steps
+
+
+@gluon.jit
 def alloc_ring(x_desc, w_desc, NUM_STAGES: gl.constexpr):
     """``(x_bufs, w_bufs, ready, empty, order)``: the ring's NUM_STAGES operand slots, a ready and an empty
     barrier per slot (TMA bytes landed / the slot's wgmma done) and the two consumers' order barriers."""
@@ -100,10 +113,7 @@ def load_ring(x_desc, w_desc, x_bufs, w_bufs, ready, empty, M, n_col_tiles, K, n
     """A producer's work: every TMA load of the program's tiles (``n_col_tiles`` column tiles a row block), in
     order, into the ring (slot = load count % stages)."""
     NS: gl.constexpr = x_bufs.type.shape[0]
-    pid = gl.program_id(0)
-    num_pid_m = gl.cdiv(M, TILE_M)
-    mine = gl.cdiv(num_pid_m * n_col_tiles - pid, n_programs)
-    k_steps = gl.cdiv(K, STEP_K)
+    pid, num_pid_m, mine, k_steps = program_tiles(M, n_col_tiles, K, n_programs)
     for i in range(mine):
         pm, pn = _tile(i, pid, n_programs, num_pid_m, n_col_tiles)
         for kk in range(k_steps):
@@ -211,11 +221,8 @@ def _consumer(x_desc, w_desc, x_bufs, w_bufs, ready, empty, order, h_ptr, hcnt_p
     """One warpgroup: the program's tiles WHO, WHO + 2, ..., each :func:`wait_turn`, :func:`mainloop`, then its
     epilogue (hot half tile or cold TwELL tile)."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TILE_N, 16])
-    pid = gl.program_id(0)
-    num_pid_m = gl.cdiv(M, TILE_M)
     n_col_tiles = 2 * n_hot_tiles + n_cold_tiles
-    mine = gl.cdiv(num_pid_m * n_col_tiles - pid, n_programs)
-    k_steps = gl.cdiv(K, STEP_K)
+    pid, num_pid_m, mine, k_steps = program_tiles(M, n_col_tiles, K, n_programs)
     for i in range(WHO, mine, 2):
         wait_turn(order, i, WHO)
         pm, pn = _tile(i, pid, n_programs, num_pid_m, n_col_tiles)
