@@ -1,4 +1,5 @@
-"""The cold gather's heavy-first order (``twell_ffn_kernel.GATHER_HEAVY_FIRST``, off by default): the list pass
+"""The cold gather's heavy-first order (``twell_ffn_kernel.GATHER_HEAVY_FIRST``, on by default up to
+``GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM`` rows an SM): the list pass
 queues the heavy rows (over ``HEAVY_MIN_ENTRIES`` entries, or searched) and marks them, the gather's first
 programs take the queue and the others skip the marked rows.  Every row is still computed by one program in one
 order, so the output keeps its bits: checked against the index order and the searched path with rows of every
@@ -119,6 +120,28 @@ def test_refusals(device):
         launch_list_twell_rows(*container, tile=tile, unit_map=None, idx_is_unit=False, list_max=HEAVY_MARK)
 
 
+def test_heavy_first_default_follows_the_rows_an_sm(device, monkeypatch):
+    """The default takes the heavy rows first up to GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM rows an SM (the
+    interpreter counting the H200's 132) and keeps the index order above, or with the switch off; a default
+    launch of the small problem fills one queue."""
+    from twell.ops._runtime import sm_count
+
+    sms = sm_count(device.index) if device.type == "cuda" else 132
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM", 2)
+    assert twell_ffn_kernel.heavy_first_default(2 * sms, device)
+    assert not twell_ffn_kernel.heavy_first_default(2 * sms + 1, device)
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_HEAVY_FIRST", False)
+    assert not twell_ffn_kernel.heavy_first_default(1, device)
+
+    p, container, tile = _problem(device)
+    queues = heavy_first_on(monkeypatch)
+    _gather(p, container, tile)
+    assert len(queues) == 1 and int(queues[0][1]) > 0
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM", 0)
+    _gather(p, container, tile)
+    assert len(queues) == 1  # 23 rows over 0 an SM: the index order, no queue
+
+
 @pytest.mark.gpu
 def test_gpu_heavy_first_on_the_split_cold_container(monkeypatch):
     """d=2048, F=5632, 16384 synthetic tokens at ~0.5 % density through the fused hot/cold gate: the op's output
@@ -134,6 +157,7 @@ def test_gpu_heavy_first_on_the_split_cold_container(monkeypatch):
     def run() -> tuple[torch.Tensor, torch.Tensor]:
         return launch_hot_cold_ffn(q.x, plan, q.w_gate, q.w_up, q.w_down_t, tile=128, capacity=16)
 
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_HEAVY_FIRST", False)
     want = run()
     queues = heavy_first_on(monkeypatch)
     got = run()

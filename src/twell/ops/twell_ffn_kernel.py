@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from . import twell_list_kernel
-from ._runtime import next_pow2
+from ._runtime import next_pow2, sm_count
 from .gate_kernel import relu_keep_nan, round_to
 from .twell_ffn_tc_kernel import launch_twell_ffn_tc, tc_eligible
 from .twell_list_kernel import heavy_queue, launch_list_twell_rows, list_eligible, unpack_list_entries
@@ -104,7 +104,8 @@ GATHER_ROWS_TOGETHER = True
 #: 13.575), 8.837 vs 9.287 / 9.162 at l0=56, 0.960 vs 1.017 / 0.993 at 16384.  SB 2 over the lists: slower at
 #: every point (1.572, 1.947, 0.312 ms).  On.
 GATHER_LISTED = True
-#: Default of ``launch_twell_ffn``'s ``heavy_first`` (with the lists): the rows of more than
+#: Default of ``launch_twell_ffn``'s ``heavy_first`` (with the lists, and up to
+#: :data:`GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM` rows): the rows of more than
 #: ``twell_list_kernel.HEAVY_MIN_ENTRIES`` cold pairs, and the searched ones, run first, from a queue the list pass
 #: fills, and the rest in index order.  Why: the hardware starts a grid's programs in index order as slots free
 #: up, so a heavy row late in the order (a sequence's first positions are ~4x denser, and some tokens are dense
@@ -114,14 +115,31 @@ GATHER_LISTED = True
 #: (fused_gate_ab_list_max_session16.log): both what such a tail would do.  scripts/gather_schedule_sim.py
 #: schedules the benchmark problem's rows on the H200's 528 gather slots under a cost of 2 + 1 per step of 4
 #: pairs (a searched step 1.36x, as measured in session 14): the makespan in index order is 1.307x its lower
-#: bound at M=16384 / l0=28 and 1.031x at 131072, heavy rows first 1.049x / 1.006x (the index order's 1.27x
-#: ratio between the two sizes against the measured 1.24x).  Prediction (H200, 2048 x 5632): the gather -10 to -20 %
-#: at M=16384 (~0.22 -> ~0.18-0.20 ms with its list pass; the op -2 to -4 %), -0 to -2 % at 131072 (a slot
-#: alone on its SM runs faster than the model's constant step, so the real tail is shorter than modelled); same
-#: bits.  The gather builds at 128 registers either way, spilling 4 B (one register stored after the listed loop
-#: and loaded after the searched one, once a program; nvdisasm), the list pass at 40 against 39 (ptxas, sm_90a,
-#: ``compile_check``).  Not measured yet: off.
-GATHER_HEAVY_FIRST = False
+#: bound at M=16384 / l0=28 and 1.031x at 131072, heavy rows first 1.049x / 1.006x.  Predicted: the gather -10 to
+#: -20 % at 16384, -0 to -2 % at 131072.  Measured (H200, bf16, 2048 x 5632, l0=28, session 19,
+#: bench_results/h200/fused_gate_ab_heavy_first_session19.log; in order / heavy first / in order, back to back at
+#: the power cap): the gather with its list pass 0.223 / 0.204 / 0.225 ms at M=16384 (-9 %, the low end of the
+#: prediction; 140.8 mJ either way) and the op 0.971 / 0.944 / 0.964 ms (-2.4 %); at 131072 the gather 1.519 /
+#: 1.547 / 1.514 ms (+2 %: the queue's atomics and marks cost more than the short tail there) and the op 7.419 /
+#: 7.452 / 7.432; same bits.  On, up to the row count below.  The gather builds at 128 registers either way,
+#: spilling 4 B (one register stored after the listed loop and loaded after the searched one, once a program;
+#: nvdisasm), the list pass at 40 against 39 (ptxas, sm_90a, ``compile_check``).
+GATHER_HEAVY_FIRST = True
+#: The heavy-first default holds up to this many rows a streaming multiprocessor (33,792 rows on the H200's 132).
+#: The model's index-order excess falls with the rows a slot runs: 1.307x at M=16384 (124 rows an SM), 1.163x at
+#: 32768 (248), 1.026x at 65536 and 1.031x at 131072 (scripts/gather_schedule_sim.py --m 16384 32768 65536
+#: 131072 --searched 1.36; heavy first 1.049x / 1.030x / 1.016x / 1.006x); heavy first gained at 124 rows an SM
+#: and lost 2 % at 993 (above), and the model puts 496 with 993, 248 with 124.  The interpreter, without SMs,
+#: counts the H200's 132.
+GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM = 256
+_INTERPRETER_SMS = 132
+
+
+def heavy_first_default(m: int, device: torch.device) -> bool:
+    """Whether the gather of ``m`` rows on ``device`` takes its heavy rows first by default
+    (:data:`GATHER_HEAVY_FIRST` up to :data:`GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM` rows an SM)."""
+    sms = sm_count(device.index) if device.type == "cuda" else _INTERPRETER_SMS
+    return GATHER_HEAVY_FIRST and m <= GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM * sms
 
 
 @triton.jit
@@ -451,7 +469,7 @@ def launch_twell_ffn(
     as flat lists (:mod:`twell.ops.twell_list_kernel`), which the row kernel walks without searching (same
     results, bit for bit); it needs 16-bit values and weight-row ids below 2**16, and excludes the preload, the
     prefetch, the tensor-core gather and ``taken``: asking for it where they are raises ValueError.
-    ``heavy_first`` (None: :data:`GATHER_HEAVY_FIRST` where the rows are listed): the heavy rows first, then the
+    ``heavy_first`` (None: :func:`heavy_first_default` where the rows are listed): the heavy rows first, then the
     others in index order (same results, bit for bit); it needs the lists (ValueError without them).
     """
     m, d = x.shape
@@ -492,7 +510,7 @@ def launch_twell_ffn(
     if heavy_first and not listed:
         raise ValueError("launch_twell_ffn: heavy_first=True needs the rows listed (listed=True or the default "
                          f"where the container allows it); here they are not{': ' + unlisted if unlisted else ''}")
-    heavy_first = bool(listed) and (GATHER_HEAVY_FIRST if heavy_first is None else heavy_first)
+    heavy_first = bool(listed) and (heavy_first_default(m, x.device) if heavy_first is None else heavy_first)
     lst = lst_n = heavy = None
     if listed:
         heavy = heavy_queue(m, x.device) if heavy_first else None
