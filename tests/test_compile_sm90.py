@@ -46,9 +46,9 @@ SPILL_BUDGET_BYTES = {
     # multiples of 16, so 16-byte loads): the prefetch at SB 2 (GATHER_PREFETCH) and the row kernel skipping
     # the tensor-core kernel's rows (GATHER_TENSOR_CORES); the shipped gathers spill nothing
     "ffn_gated1_spill0_split1_ids_preload_prefetch_sb2": 12, "ffn_gated1_spill0_split1_ids_skip_tc": 20,
-    # the heavy-first gather (GATHER_HEAVY_FIRST, on up to 256 rows an SM): one register stored after the listed loop and loaded
-    # after the searched one (nvdisasm, session 18), once a program; the early return that spilled nothing put
-    # one more round trip in front of every row's x and init loads
+    # the heavy-first gather (GATHER_HEAVY_FIRST, on up to 256 rows an SM): one register stored after the
+    # listed loop and loaded after the searched one (nvdisasm, session 18), once a program; the early return
+    # that spilled nothing put one more round trip in front of every row's x and init loads
     "ffn_gated1_spill0_split1_ids_listed_heavy_first": 4,
 }
 
