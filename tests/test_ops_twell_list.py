@@ -193,6 +193,7 @@ def test_gpu_lists_of_the_split_cold_container():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(row_kernel, "launch_list_twell_rows", spy)
         mp.setattr(row_kernel, "GATHER_LISTED", True)
+        mp.setattr(row_kernel, "GATHER_HEAVY_FIRST", False)  # unmarked lists (marks: test_ops_gather_heavy_first)
         launch_hot_cold_ffn(q["x"], plan, q["w_gate"], q["w_up"], q["w_down"].t().contiguous(), tile=128, capacity=16)
     assert len(seen) == 1
     (v, i, c), kwargs, (lst, lst_n) = seen[0]
