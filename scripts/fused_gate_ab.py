@@ -1,7 +1,7 @@
 """Energy and time per call of the fused hot/cold gate, the cold gather (list pass included) and the whole
 hot/cold op with some module constants of ``twell.ops`` changed together, back to back at the power cap
 (``clock_probe.measure``; shipped values, other values, shipped again), at M=131072 and 16384, l0=28, d=2048,
-F=5632, 576 hot units.
+F=5632, 576 hot units by default (``--ms``, ``--shape``, ``--l0``, ``--hot`` change them).
 
 Why: at M=131072 time per call follows energy per call (session 12), and the epilogue's joules are the
 fused gate's lever (session 15 clock probe: 4.012 J against 3.333 for its mainloop alone); a switch that
@@ -76,17 +76,25 @@ def main() -> None:
     ap.add_argument("changes", help="switches of hot_cold_gate_kernel or module.NAME=value, comma-separated")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--shape", default="2048x5632", help="d x F of the problem (default 2048x5632)")
+    ap.add_argument("--ms", type=int, nargs="+", default=[131072, 16384], help="token counts")
+    ap.add_argument("--l0", type=float, default=28.0, help="mean active units a token")
+    ap.add_argument("--hot", type=int, default=576, help="hot units (the most frequent ones)")
     a = ap.parse_args()
     changes = parse_changes(a.changes)
     dev = torch.device(a.device)
-    d, f, tile, cap, n_hot, points, seconds = 2048, 5632, 128, 16, 576, (131072, 16384), 2.0
+    try:
+        d, f = (int(v) for v in a.shape.lower().split("x"))
+    except ValueError as e:
+        raise SystemExit(f"--shape {a.shape!r}: expected DxF, e.g. 4096x14336") from e
+    tile, cap, n_hot, points, seconds, l0 = 128, 16, a.hot, tuple(a.ms), 2.0, a.l0
     if a.tiny:
-        d, f, tile, cap, n_hot, points, seconds = 64, 700, 32, 8, 64, (40,), 0.1
+        d, f, tile, cap, n_hot, points, seconds, l0 = 64, 700, 32, 8, 64, (40,), 0.1, 28.0
     nvml = Nvml((dev.index or 0) if dev.type == "cuda" else None)
     if dev.type == "cuda":
         print(torch.cuda.get_device_name(dev), "torch", torch.__version__, flush=True)
     for m in points:
-        p = split_problem(m, d, f, 28.0, dev)
+        p = split_problem(m, d, f, l0, dev)
         x, wg, wu, wd, wdt = p.x, p.w_gate, p.w_up, p.w_down, p.w_down_t
         hot = p.by_frequency[:n_hot]
         fused = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
