@@ -120,18 +120,23 @@ def test_refusals(device):
         launch_list_twell_rows(*container, tile=tile, unit_map=None, idx_is_unit=False, list_max=HEAVY_MARK)
 
 
-def test_heavy_first_default_follows_the_rows_an_sm(device, monkeypatch):
-    """The default takes the heavy rows first up to GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM rows an SM (the
-    interpreter counting the H200's 132) and keeps the index order above, or with the switch off; a default
-    launch of the small problem fills one queue."""
-    from twell.ops._runtime import sm_count
+def test_heavy_first_default_follows_rows_and_l2(device, monkeypatch):
+    """The default takes the heavy rows first up to GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM rows an SM and while the
+    gathered units' rows fit in L2 (the interpreter counting the H200's 132 SMs and 50 MiB), else keeps the index
+    order, as it does with the switch off; a default launch of the small problem fills one queue, and none once
+    its rows are over the limit or its weights over L2."""
+    from twell.ops._runtime import l2_bytes, sm_count
 
-    sms = sm_count(device.index) if device.type == "cuda" else 132
+    cuda = device.type == "cuda"
+    sms = sm_count(device.index) if cuda else 132
+    l2 = l2_bytes(device.index) if cuda else 50 * 2**20
+    default = twell_ffn_kernel.heavy_first_default
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM", 2)
-    assert twell_ffn_kernel.heavy_first_default(2 * sms, device)
-    assert not twell_ffn_kernel.heavy_first_default(2 * sms + 1, device)
+    assert default(2 * sms, l2, device)
+    assert not default(2 * sms + 1, 0, device)
+    assert not default(1, l2 + 1, device)
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_HEAVY_FIRST", False)
-    assert not twell_ffn_kernel.heavy_first_default(1, device)
+    assert not default(1, 0, device)
 
     p, container, tile = _problem(device)
     queues = heavy_first_on(monkeypatch)
@@ -140,6 +145,11 @@ def test_heavy_first_default_follows_the_rows_an_sm(device, monkeypatch):
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM", 0)
     _gather(p, container, tile)
     assert len(queues) == 1  # 23 rows over 0 an SM: the index order, no queue
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM", 256)
+    monkeypatch.setattr(twell_ffn_kernel, "l2_bytes", lambda index: 0)
+    monkeypatch.setattr(twell_ffn_kernel, "_INTERPRETER_L2_BYTES", 0)
+    _gather(p, container, tile)
+    assert len(queues) == 1  # the rows over an L2 of 0 bytes: no queue
 
 
 @pytest.mark.gpu

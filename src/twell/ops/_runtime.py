@@ -69,3 +69,13 @@ def sm_count(device_index: int | None = None) -> int:
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def l2_bytes(device_index: int | None = None) -> int:
+    """L2 cache bytes of a CUDA device (None: the current one), cached per device."""
+    return _l2_bytes(torch.cuda.current_device() if device_index is None else device_index)
+
+
+@functools.cache
+def _l2_bytes(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).L2_cache_size

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from . import twell_list_kernel
-from ._runtime import next_pow2, sm_count
+from ._runtime import l2_bytes, next_pow2, sm_count
 from .gate_kernel import relu_keep_nan, round_to
 from .twell_ffn_tc_kernel import launch_twell_ffn_tc, tc_eligible
 from .twell_list_kernel import heavy_queue, launch_list_twell_rows, list_eligible, unpack_list_entries
@@ -125,21 +125,34 @@ GATHER_LISTED = True
 #: spilling 4 B (one register stored after the listed loop and loaded after the searched one, once a program;
 #: nvdisasm), the list pass at 40 against 39 (ptxas, sm_90a, ``compile_check``).
 GATHER_HEAVY_FIRST = True
-#: The heavy-first default holds up to this many rows a streaming multiprocessor (33,792 rows on the H200's 132).
-#: The model's index-order excess falls with the rows a slot runs: 1.307x at M=16384 (124 rows an SM), 1.163x at
-#: 32768 (248), 1.026x at 65536 and 1.031x at 131072 (scripts/gather_schedule_sim.py --m 16384 32768 65536
-#: 131072 --searched 1.36; heavy first 1.049x / 1.030x / 1.016x / 1.006x); heavy first gained at 124 rows an SM
-#: and lost 2 % at 993 (above), and the model puts 496 with 993, 248 with 124.  The interpreter, without SMs,
-#: counts the H200's 132.
+#: The heavy-first default holds up to this many rows a streaming multiprocessor (33,792 rows on the H200's 132),
+#: and only while the cold units' Wu and Wd rows fit in L2 (below).  The model's index-order excess falls with the
+#: rows a slot runs: 1.307x at M=16384 (124 rows an SM), 1.163x at 32768 (248), 1.026x at 65536 and 1.031x at
+#: 131072 (scripts/gather_schedule_sim.py --m 16384 32768 65536 131072 --searched 1.36; heavy first 1.049x /
+#: 1.030x / 1.016x / 1.006x).  Measured at 2048 x 5632, l0=28 (heavy first against in order, back to back):
+#: the gather -9 % at 124 rows an SM (above), -15.5 % at 248 (0.395 / 0.394 vs 0.467 ms, the op 1.850 / 1.851 vs
+#: 1.896; bench_results/h200/fused_gate_ab_heavy_first_32768_session19.log), +2 % at 993 (above).  The
+#: interpreter, without SMs, counts the H200's 132.
 GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM = 256
+#: ... and while the cold units' Wu and Wd rows (2 x cold units x d x itemsize) fit in the device's L2.  At
+#: 4096 x 14336, l0=71.7, 1600 hot units, M=16384 (124 rows an SM; 209 MB of cold rows against the H200's
+#: 50 MB of L2) heavy first lost: the gather 1.285 / 1.285 vs 1.252 ms in order, the op 4.752 / 4.755 vs 4.748
+#: (fused_gate_ab_heavy_first_4096x14336_session19.log).  The model's constant step fits a gather that waits
+#: on L2 round trips (2048 x 5632: 41 MB of cold rows); one that streams its rows from HBM is bound by
+#: bandwidth, which a lone heavy row at the end has to itself, so its tail is short.  Two shapes measured: the
+#: L2 test is the mechanism guessed between them.  The interpreter counts 50 MiB.
 _INTERPRETER_SMS = 132
+_INTERPRETER_L2_BYTES = 50 * 2**20
 
 
-def heavy_first_default(m: int, device: torch.device) -> bool:
-    """Whether the gather of ``m`` rows on ``device`` takes its heavy rows first by default
-    (:data:`GATHER_HEAVY_FIRST` up to :data:`GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM` rows an SM)."""
-    sms = sm_count(device.index) if device.type == "cuda" else _INTERPRETER_SMS
-    return GATHER_HEAVY_FIRST and m <= GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM * sms
+def heavy_first_default(m: int, cold_row_bytes: int, device: torch.device) -> bool:
+    """Whether the gather of ``m`` rows over cold units whose Wu and Wd rows take ``cold_row_bytes`` takes its
+    heavy rows first by default on ``device``: :data:`GATHER_HEAVY_FIRST`, up to
+    :data:`GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM` rows an SM, the rows fitting in L2."""
+    cuda = device.type == "cuda"
+    sms = sm_count(device.index) if cuda else _INTERPRETER_SMS
+    l2 = l2_bytes(device.index) if cuda else _INTERPRETER_L2_BYTES
+    return GATHER_HEAVY_FIRST and m <= GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM * sms and cold_row_bytes <= l2
 
 
 @triton.jit
@@ -469,8 +482,9 @@ def launch_twell_ffn(
     as flat lists (:mod:`twell.ops.twell_list_kernel`), which the row kernel walks without searching (same
     results, bit for bit); it needs 16-bit values and weight-row ids below 2**16, and excludes the preload, the
     prefetch, the tensor-core gather and ``taken``: asking for it where they are raises ValueError.
-    ``heavy_first`` (None: :func:`heavy_first_default` where the rows are listed): the heavy rows first, then the
-    others in index order (same results, bit for bit); it needs the lists (ValueError without them).
+    ``heavy_first`` (None: :func:`heavy_first_default` for the ``n_cols`` units' rows, where the rows are listed):
+    the heavy rows first, then the others in index order (same results, bit for bit); it needs the lists
+    (ValueError without them).
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -510,7 +524,10 @@ def launch_twell_ffn(
     if heavy_first and not listed:
         raise ValueError("launch_twell_ffn: heavy_first=True needs the rows listed (listed=True or the default "
                          f"where the container allows it); here they are not{': ' + unlisted if unlisted else ''}")
-    heavy_first = bool(listed) and (heavy_first_default(m, x.device) if heavy_first is None else heavy_first)
+    if heavy_first is None:
+        row_bytes = (2 if w_up is not None else 1) * n_cols * d * w_down_t.element_size()  # the rows it may read
+        heavy_first = heavy_first_default(m, row_bytes, x.device)
+    heavy_first = bool(listed) and heavy_first
     lst = lst_n = heavy = None
     if listed:
         heavy = heavy_queue(m, x.device) if heavy_first else None
