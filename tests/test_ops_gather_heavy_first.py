@@ -1,5 +1,5 @@
 """The cold gather's heavy-first order (``twell_ffn_kernel.GATHER_HEAVY_FIRST``, on by default up to
-``GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM`` rows an SM): the list pass
+``GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM`` rows an SM while the gathered rows fit in L2): the list pass
 queues the heavy rows (over ``HEAVY_MIN_ENTRIES`` entries, or searched) and marks them, the gather's first
 programs take the queue and the others skip the marked rows.  Every row is still computed by one program in one
 order, so the output keeps its bits: checked against the index order and the searched path with rows of every

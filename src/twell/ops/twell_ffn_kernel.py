@@ -104,8 +104,8 @@ GATHER_ROWS_TOGETHER = True
 #: 13.575), 8.837 vs 9.287 / 9.162 at l0=56, 0.960 vs 1.017 / 0.993 at 16384.  SB 2 over the lists: slower at
 #: every point (1.572, 1.947, 0.312 ms).  On.
 GATHER_LISTED = True
-#: Default of ``launch_twell_ffn``'s ``heavy_first`` (with the lists, and up to
-#: :data:`GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM` rows): the rows of more than
+#: Default of ``launch_twell_ffn``'s ``heavy_first`` (with the lists, where :func:`heavy_first_default` says:
+#: up to :data:`GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM` rows an SM, the gathered rows in L2): the rows of more than
 #: ``twell_list_kernel.HEAVY_MIN_ENTRIES`` cold pairs, and the searched ones, run first, from a queue the list pass
 #: fills, and the rest in index order.  Why: the hardware starts a grid's programs in index order as slots free
 #: up, so a heavy row late in the order (a sequence's first positions are ~4x denser, and some tokens are dense
@@ -136,7 +136,7 @@ GATHER_HEAVY_FIRST = True
 GATHER_HEAVY_FIRST_MAX_ROWS_PER_SM = 256
 #: ... and while the cold units' Wu and Wd rows (2 x cold units x d x itemsize) fit in the device's L2.  At
 #: 4096 x 14336, l0=71.7, 1600 hot units, M=16384 (124 rows an SM; 209 MB of cold rows against the H200's
-#: 50 MB of L2) heavy first lost: the gather 1.285 / 1.285 vs 1.252 ms in order, the op 4.752 / 4.755 vs 4.748
+#: 50-60 MB of L2) heavy first lost: the gather 1.285 / 1.285 vs 1.252 ms in order, the op 4.752 / 4.755 vs 4.748
 #: (fused_gate_ab_heavy_first_4096x14336_session19.log).  The model's constant step fits a gather that waits
 #: on L2 round trips (2048 x 5632: 41 MB of cold rows); one that streams its rows from HBM is bound by
 #: bandwidth, which a lone heavy row at the end has to itself, so its tail is short.  Two shapes measured: the
