@@ -43,7 +43,10 @@ from .hot_cold_gate_kernel import PTX_SLOTS_TRITON, _hot_pair_asm, ptx_slots_sup
 __all__ = ["alloc_ring", "launch_pingpong_gate", "load_ring", "mainloop", "pingpong_supported", "program_tiles",
            "wait_turn"]
 
-#: a consumer's output tile (rows, columns), the K step and the ring's stages: 4 x 32 KB of shared memory
+#: a consumer's output tile (rows, columns), the K step and the ring's stages: 4 x 32 KB of shared memory.
+#: 6 stages (196,920 B, no spill) measured slower on the H200 (session 19, pingpong_gate_probe_stages6_session19.log,
+#: M=131072, l0=28): the gate 5.482 vs 5.303 / 5.281 ms and 3.94 vs 3.62 / 3.75 J against the shipped fused gate
+#: (4 stages: 5.214 vs 5.307 / 5.312 ms in session 17), the op 7.651 vs 7.250 / 7.277 ms.
 BM, BN, BK, STAGES = 128, 128, 64, 4
 #: the same as constexprs, for the kernels
 TILE_M, TILE_N, STEP_K = gl.constexpr(BM), gl.constexpr(BN), gl.constexpr(BK)
