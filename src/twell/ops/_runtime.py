@@ -63,19 +63,18 @@ def _capability(device_index: int) -> tuple[int, int]:
 def sm_count(device_index: int | None = None) -> int:
     """Streaming multiprocessors of a CUDA device (None: the current one), cached per device: a persistent
     grid's program count, read at every launch."""
-    return _sm_count(torch.cuda.current_device() if device_index is None else device_index)
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    return _properties(device_index).multi_processor_count
 
 
 def l2_bytes(device_index: int | None = None) -> int:
     """L2 cache bytes of a CUDA device (None: the current one), cached per device."""
-    return _l2_bytes(torch.cuda.current_device() if device_index is None else device_index)
+    return _properties(device_index).L2_cache_size
+
+
+def _properties(device_index: int | None) -> torch.cuda._CudaDeviceProperties:
+    return _cached_properties(torch.cuda.current_device() if device_index is None else device_index)
 
 
 @functools.cache
-def _l2_bytes(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).L2_cache_size
+def _cached_properties(device_index: int) -> torch.cuda._CudaDeviceProperties:
+    return torch.cuda.get_device_properties(device_index)

@@ -526,8 +526,7 @@ def launch_twell_ffn(
                          f"where the container allows it); here they are not{': ' + unlisted if unlisted else ''}")
     if heavy_first is None:
         row_bytes = (2 if w_up is not None else 1) * n_cols * d * w_down_t.element_size()  # the rows it may read
-        heavy_first = heavy_first_default(m, row_bytes, x.device)
-    heavy_first = bool(listed) and heavy_first
+        heavy_first = bool(listed) and heavy_first_default(m, row_bytes, x.device)
     lst = lst_n = heavy = None
     if listed:
         heavy = heavy_queue(m, x.device) if heavy_first else None
