@@ -11,6 +11,7 @@ import torch
 from test_ops_kernels import make_problem
 
 import twell.ops as ops
+from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY
 from twell.reference import inference as ref
 from twell.tolerances import REL_TOL, rel_error
 
@@ -89,8 +90,10 @@ def test_nan_propagates_like_dense(device):
 
 
 def test_choose_hot_units_threshold_and_multiple():
-    freq = torch.tensor([0.5, 0.001, 0.02, 0.007, 0.3, 0.0, 0.006, 0.9])
+    t = HOT_MIN_FREQUENCY  # the default threshold: a unit exactly at it is hot, one just below it is not
+    freq = torch.tensor([0.5, t * 0.99, 2 * t, 1.1 * t, 0.3, 0.0, t, 0.9], dtype=torch.float64)  # t exact
     assert ops.choose_hot_units(freq, multiple=1).tolist() == [0, 2, 3, 4, 6, 7]
+    assert ops.choose_hot_units(freq, min_frequency=t * 0.98, multiple=1).tolist() == [0, 1, 2, 3, 4, 6, 7]
     assert ops.choose_hot_units(freq, multiple=4).tolist() == [0, 2, 4, 7]  # the 4 most frequent, in id order
     assert ops.choose_hot_units(freq, multiple=8).numel() == 0
     with pytest.raises(ValueError, match="multiple"):

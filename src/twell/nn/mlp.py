@@ -259,7 +259,8 @@ class SparseGatedMLP(nn.Module):
             :data:`~twell.nn.train_dispatch.DEFAULT_TRAIN_POLICY`.  ``l0_refresh_every`` also sets how
             many training calls pass between two host reads of l0.
         hot_cold: on the Triton sparse inference path with ``precision="match"``, split the units: those
-            firing on >= 0.6 % of tokens (re-chosen from a 4096-token sample on l0-refresh calls) are
+            firing on >= 1.3 % of tokens (``ops.hot_cold_plan.HOT_MIN_FREQUENCY``; re-chosen from a
+            4096-token sample on l0-refresh calls) are
             computed densely inside the gate GEMM, the rest through TwELL (:mod:`twell.ops.hot_cold`).
             Costs a reordered copy of Wg plus the hot rows of Wu and Wd (~1.3x the gate weight).  Not
             used when the weights are inference tensors (created under ``torch.inference_mode``): they

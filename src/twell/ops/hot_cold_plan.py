@@ -22,8 +22,14 @@ from .._validation import check_tensor
 #: at 1.3 % (5.20 J), 7.659 at 1.6 %; at l0=56 9.107 / 9.073 ms at 0.6 %, 8.897 / 8.900 at 1.0 / 1.3 %; at
 #: l0=14 6.590 / 6.604 at 0.6 % and 6.665-6.816 elsewhere; at M=16384, l0=28 0.977-1.025 ms.  No threshold
 #: is better at every point by more than the spread (1-2 %; 0.8 % is slower than both its neighbours), so
-#: 0.6 % stays.
-HOT_MIN_FREQUENCY = 0.006
+#: 0.6 % stayed then.  Session 20 re-ran the probe with the heavy-first cold gather
+#: (hot_threshold_probe_session20.log), the shipped 0.6 % first and last: 1.3 % won where session 16 had
+#: it ahead, now by more than the spread: M=131072, l0=28 7.123 vs 7.385 / 7.376 ms (-3.5 %), 5.07 vs
+#: 5.16 / 5.26 J (256 vs 576 hot units); l0=56 8.451 vs 8.847 / 8.832 ms (-4.4 %, 576 vs 1344); M=16384,
+#: l0=28 0.911 vs 0.941 / 0.938 ms (-3 %).  It loses only at l0=14 (128 vs 256 hot units), 6.471 vs
+#: 6.425 / 6.421 ms (+0.7 %).  Inference only: training keeps its own threshold
+#: (``hot_cold_training.TRAIN_HOT_MIN_FREQUENCY``), whose per-unit gradient kernel has no token splits.
+HOT_MIN_FREQUENCY = 0.013
 #: The hot count is rounded down to a multiple of this (GEMM and tile alignment of the [M, F + H] output).
 HOT_MULTIPLE = 64
 #: Tokens sampled by :func:`unit_frequency` (one [4096, F] GEMM: ~0.14 ms at d=2048, F=5632 on an H200).

@@ -31,8 +31,8 @@ Kernels (every sum in a fixed order, no atomics: results are bitwise reproducibl
 * :func:`launch_unit_grads` (one program per unit): a hot unit copies its rows of the hot GEMMs'
   weight gradients; a cold unit sums its pairs (from the stable sort of the ids, as in v1) and its
   spilled tokens' recomputed pairs, and rounds once.  No token splits: a cold unit fires on fewer than
-  ``min_frequency`` of the tokens (0.6 % by default, ~100 pairs at M=16384), so one program per unit is
-  short; v1 needed splits for the hot units only.
+  ``min_frequency`` of the tokens (0.6 % by default in training, ~100 pairs at M=16384), so one program
+  per unit is short; v1 needed splits for the hot units only.
 """
 
 from __future__ import annotations
