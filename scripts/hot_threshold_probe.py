@@ -10,21 +10,26 @@ firing token in the gather on average, less at the margin; the break-even freque
 Each threshold's hot set is the prefix of the units by sampled frequency that ``choose_hot_units`` takes;
 the shipped threshold runs first and again last (the order's drift shows), and every output is compared with
 the first one's (relative L2: only the summation order differs between splits).
-Usage (GPU machine): ``PYTHONPATH=src python3 scripts/hot_threshold_probe.py``; ``--device cpu --tiny`` under
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/hot_threshold_probe.py [--points 16384:56 ...]``;
+``--device cpu --tiny`` under
 TRITON_INTERPRET=1 is the smoke test.
 """
 
 from __future__ import annotations
 
+import argparse
+
 import torch
 from clock_probe import Nvml, measure  # scripts/ (the script's own directory is on sys.path)
 
 from twell.bench.ffn import _dense_ffn
-from twell.bench.probe import probe_args, split_problem
+from twell.bench.probe import _probe_device, _probe_parser, split_problem
 from twell.ops import hot_cold
 from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, build_hot_cold_plan, choose_hot_units
 
-THRESHOLDS = (0.004, 0.008, 0.010, 0.013, 0.016)
+#: session 16's and 20's points (M, l0); ``--points`` picks others
+POINTS = ((131072, 28.0), (131072, 56.0), (131072, 14.0), (16384, 28.0))
+THRESHOLDS = (0.004, 0.006, 0.008, 0.010, 0.013, 0.016)
 #: --tiny: 40 tokens give frequencies in steps of 2.5 %, so the smoke test's thresholds are coarser
 TINY_THRESHOLDS = (0.03, 0.08)
 
@@ -56,10 +61,26 @@ def probe_point(m: int, l0: float, d: int, f: int, tile: int, cap: int, threshol
               f"{rel:.1e} | " + measure("hot/cold op", op, nvml, dev, seconds), flush=True)
 
 
+def parse_point(text: str) -> tuple[int, float]:
+    """``M:L0`` -> (M, l0), e.g. ``16384:56``."""
+    try:
+        m, l0 = text.split(":")
+        point = int(m), float(l0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a point is M:L0 (tokens : active units per token), got {text!r}") from None
+    if point[0] < 1 or not 0 < point[1] < 5632:
+        raise argparse.ArgumentTypeError(f"a point needs M >= 1 and 0 < l0 < 5632, got {text!r}")
+    return point
+
+
 def main() -> None:
-    dev, tiny = probe_args(__doc__)
+    ap = _probe_parser(__doc__)
+    ap.add_argument("--points", type=parse_point, nargs="+", default=list(POINTS),
+                    help="M:L0 points to probe (default: " + " ".join(f"{m}:{l0:g}" for m, l0 in POINTS) + ")")
+    a = ap.parse_args()
+    dev, tiny = _probe_device(a.device), a.tiny
     d, f, tile, cap, seconds, thresholds = 2048, 5632, 128, 16, 2.0, THRESHOLDS
-    points = ((131072, 28.0), (131072, 56.0), (131072, 14.0), (16384, 28.0))
+    points = tuple(a.points)
     if tiny:
         d, f, tile, cap, seconds, thresholds, points = 64, 700, 32, 8, 0.1, TINY_THRESHOLDS, ((40, 6.0),)
     nvml = Nvml((dev.index or 0) if dev.type == "cuda" else None)

@@ -6,6 +6,7 @@ Kept free of Triton so that ``twell.ops`` imports on machines without it; the ke
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,16 @@ from .._validation import check_tensor
 #: 6.425 / 6.421 ms (+0.7 %).  Inference only: training keeps its own threshold
 #: (``hot_cold_training.TRAIN_HOT_MIN_FREQUENCY``), whose per-unit gradient kernel has no token splits.
 HOT_MIN_FREQUENCY = 0.013
+#: ... and more units are hot where the 1.3 % threshold leaves more cold pairs per token than this.  The
+#: threshold alone was a loss wherever it left many cold pairs (session 20's sweep: 4096 tokens at 2 %
+#: 0.66x, 16384 1.03x, against 1.23x and 1.37x with 0.6 %).  Session 20's probe at l0=112
+#: (hot_threshold_probe_l0_112_session20.log) had its best time at 9.5-9.7 cold pairs per token at every M
+#: (M=16384: 1.292 ms with 2304 hot units against 1.339 with 3072 and 1.529 with 1344; M=131072: 10.282
+#: against 11.015 and 10.389), except at 4096 tokens (0.365 ms at 0.8 cold pairs, 0.383 at 9.7, 0.571 at
+#: 18.8); at l0=56 the best was 10.9 cold pairs at M=32768 (2.164 vs 2.395 ms at 15.6), 13.0 at 16384
+#: (1.120 vs 1.137-1.142 at 15.3) but 15.3 at 131072 (8.451 vs 8.695 at 11.2).  10 keeps l0 <= 28 on the
+#: threshold alone (9.8 cold pairs at l0=28).
+HOT_MAX_COLD_L0 = 10.0
 #: The hot count is rounded down to a multiple of this (GEMM and tile alignment of the [M, F + H] output).
 HOT_MULTIPLE = 64
 #: Tokens sampled by :func:`unit_frequency` (one [4096, F] GEMM: ~0.14 ms at d=2048, F=5632 on an H200).
@@ -88,19 +99,35 @@ def unit_frequency(x: torch.Tensor, w_gate: torch.Tensor, *, max_tokens: int = F
 
 
 def choose_hot_units(
-    frequency: torch.Tensor, *, min_frequency: float = HOT_MIN_FREQUENCY, multiple: int = HOT_MULTIPLE
+    frequency: torch.Tensor,
+    *,
+    min_frequency: float = HOT_MIN_FREQUENCY,
+    multiple: int = HOT_MULTIPLE,
+    max_cold_l0: float | None = HOT_MAX_COLD_L0,
 ) -> torch.Tensor:
-    """Ids (int64, increasing) of the most frequent units with frequency >= ``min_frequency``.
+    """Ids (int64, increasing) of the most frequent units: those with frequency >= ``min_frequency``, and
+    more where needed so that the cold units' expected pairs per token (the sum of their frequencies) is at
+    most ``max_cold_l0`` (None: no such bound).
 
-    The count is rounded down to a multiple of ``multiple``; an empty tensor means "no hot units".
-    One host synchronisation (the count decides tensor sizes): call it when refreshing a plan, not per step.
+    The threshold's count is rounded down to a multiple of ``multiple``, the bound's up (it is a bound; at
+    most F rounded down); an empty tensor means "no hot units".  One host synchronisation
+    (the count decides tensor sizes): call it when refreshing a plan, not per step.
     """
     check_tensor(frequency, "frequency", ndim=1)
     if multiple < 1:
         raise ValueError(f"multiple must be >= 1, got {multiple}")
+    if max_cold_l0 is not None and not (math.isfinite(max_cold_l0) and max_cold_l0 >= 0):
+        raise ValueError(f"max_cold_l0 must be None or a finite number >= 0, got {max_cold_l0}")
     n = int((frequency >= min_frequency).sum())
     n -= n % multiple
     order = torch.argsort(frequency, descending=True, stable=True)
+    if max_cold_l0 is not None:
+        ranked = frequency[order].double()
+        # cold pairs per token left after making the k most frequent units hot, k = 0 .. F
+        cold_after = ranked.sum() - torch.cat([ranked.new_zeros(1), ranked.cumsum(0)])
+        n_bound = int((cold_after > max_cold_l0).sum())  # cold_after decreases: the first k within the bound
+        f = frequency.shape[0]
+        n = max(n, min(-(-n_bound // multiple) * multiple, f - f % multiple))
     return order[:n].sort().values
 
 

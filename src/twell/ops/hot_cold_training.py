@@ -102,6 +102,7 @@ __all__ = [
 #: inference moved to 1.3 % (``hot_cold_plan.HOT_MIN_FREQUENCY``) but training was not re-measured, and its
 #: per-unit weight-gradient kernel runs a cold unit's pairs serially (~2x longer at 1.3 %).
 TRAIN_HOT_MIN_FREQUENCY = 0.006
+#: (and without inference's bound on the cold pairs per token, ``HOT_MAX_COLD_L0``: also not measured here)
 #: ELL width when the hot set carries no cold-l0 estimate.
 UNKNOWN_L0_WIDTH = 32
 #: Bounds of the default ELL width.
@@ -158,7 +159,7 @@ def hot_units_from_frequency(
     frequency: torch.Tensor, *, min_frequency: float = TRAIN_HOT_MIN_FREQUENCY, multiple: int = HOT_MULTIPLE
 ) -> HotUnits:
     """Hot set chosen as in inference (:func:`twell.ops.choose_hot_units`), with its cold l0 estimate."""
-    ids = choose_hot_units(frequency, min_frequency=min_frequency, multiple=multiple)
+    ids = choose_hot_units(frequency, min_frequency=min_frequency, multiple=multiple, max_cold_l0=None)
     cold_l0 = float(frequency.double().sum() - frequency[ids].double().sum())
     return hot_units(ids, frequency.shape[0], cold_l0=max(0.0, cold_l0))
 
