@@ -100,6 +100,26 @@ def test_choose_hot_units_threshold_and_multiple():
         ops.choose_hot_units(freq, multiple=0)
 
 
+def test_choose_hot_units_bounds_the_cold_pairs():
+    freq = torch.tensor([0.3, 0.0, 0.9, 0.05, 0.5, 0.2, 0.0, 0.1], dtype=torch.float64)  # sum 2.05
+    none_by_threshold = {"min_frequency": 1.0, "multiple": 1}
+    assert ops.choose_hot_units(freq, **none_by_threshold, max_cold_l0=None).numel() == 0
+    # cold pairs left after the 0, 1, 2, 3 most frequent units: 2.05, 1.15, 0.65, 0.35
+    assert ops.choose_hot_units(freq, **none_by_threshold, max_cold_l0=0.4).tolist() == [0, 2, 4]
+    assert ops.choose_hot_units(freq, **none_by_threshold, max_cold_l0=0.7).tolist() == [2, 4]
+    assert ops.choose_hot_units(freq, **none_by_threshold, max_cold_l0=5.0).numel() == 0
+    # the bound's count rounds up (it is a bound), the threshold's down; the larger one wins
+    assert ops.choose_hot_units(freq, min_frequency=1.0, multiple=2, max_cold_l0=0.4).tolist() == [0, 2, 4, 5]
+    assert ops.choose_hot_units(freq, min_frequency=0.1, multiple=1, max_cold_l0=0.4).tolist() == [0, 2, 4, 5, 7]
+    # a bound of 0 makes every firing unit hot; rounding up stops at F
+    assert ops.choose_hot_units(freq, **none_by_threshold, max_cold_l0=0.0).tolist() == [0, 2, 3, 4, 5, 7]
+    assert ops.choose_hot_units(freq, min_frequency=1.0, multiple=4, max_cold_l0=0.0).numel() == 8
+    assert ops.choose_hot_units(freq[:7], min_frequency=1.0, multiple=4, max_cold_l0=0.0).numel() == 4
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="max_cold_l0"):
+            ops.choose_hot_units(freq, max_cold_l0=bad)
+
+
 def test_unit_frequency_samples_evenly():
     x = torch.zeros(10000, 2)
     x[:, 0] = 1.0

@@ -123,8 +123,9 @@ def choose_hot_units(
     order = torch.argsort(frequency, descending=True, stable=True)
     if max_cold_l0 is not None:
         ranked = frequency[order].double()
-        # cold pairs per token left after making the k most frequent units hot, k = 0 .. F
-        cold_after = ranked.sum() - torch.cat([ranked.new_zeros(1), ranked.cumsum(0)])
+        # cold pairs per token left after making the k most frequent units hot, k = 0 .. F: suffix sums,
+        # so that the units that never fire leave exactly 0 (a total minus a prefix sum leaves rounding)
+        cold_after = torch.cat([ranked.flip(0).cumsum(0).flip(0), ranked.new_zeros(1)])
         n_bound = int((cold_after > max_cold_l0).sum())  # cold_after decreases: the first k within the bound
         f = frequency.shape[0]
         n = max(n, min(-(-n_bound // multiple) * multiple, f - f % multiple))
