@@ -88,11 +88,11 @@ def _events_median(fn: Callable[[], object], calls: int, gap_s: float) -> float:
 
 def measure(name: str, fn: Callable[[], object], nvml: Nvml, dev: torch.device, seconds: float) -> str:
     """One line: busy (back to back) and gapped time per call, with clocks, power and energy."""
-    fn()
-    if dev.type != "cuda":
+    if dev.type != "cuda":  # the CPU smoke test: one call, timed (a warm-up call doubled its interpreted work)
         t0 = time.perf_counter()
         fn()
         return f"{name}: {(time.perf_counter() - t0) * 1e3:.3f} ms/call (host clock, no NVML)"
+    fn()
     torch.cuda.synchronize()
     t_one = _events_median(fn, 5, 0.0)
     calls = max(5, int(seconds * 1e3 / t_one))
