@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from twell.nn.hot_cold_cache import HotColdCache
+from twell.ops.hot_cold_plan import HOT_MAX_COLD_L0, choose_hot_units, unit_frequency
 
 
 def _weights(f: int = 64, d: int = 8):
@@ -24,7 +25,7 @@ def _tokens(m: int = 512, d: int = 8):
 
 def test_refresh_chooses_frequent_units_and_plan_follows_weight_updates():
     wg, wu, wd = _weights()
-    cache = HotColdCache(min_frequency=0.5)
+    cache = HotColdCache(min_frequency=0.5, max_cold_l0=None)  # the threshold alone (the bound: below)
     assert cache.plan(wg, wu, wd) is None  # nothing chosen yet
     cache.refresh(_tokens(), wg, wu, wd)
     # 4 frequent units, rounded down to a multiple of 64 -> none: no plan
@@ -45,16 +46,35 @@ def test_refresh_chooses_frequent_units_and_plan_follows_weight_updates():
     assert cache.plan(wg2, wu2, wd2) is None
 
 
-def test_bad_min_frequency():
+def test_bad_min_frequency_and_bound():
     with pytest.raises(ValueError, match="min_frequency"):
         HotColdCache(min_frequency=0.0)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="max_cold_l0"):
+            HotColdCache(max_cold_l0=bad)
+
+
+def test_refresh_bounds_the_cold_pairs_per_token():
+    """The default cache makes more units hot where its threshold alone would leave more than ``max_cold_l0``
+    expected cold pairs per token, as ``choose_hot_units`` does with the same arguments."""
+    wg, wu, wd = _weights()
+    x = _tokens()
+    freq = unit_frequency(x, wg)
+    assert freq.sum() > 3.0  # the rare units fire on other channels: their pairs add up
+    bounded = HotColdCache(min_frequency=0.5, max_cold_l0=3.0)
+    bounded.refresh(x, wg, wu, wd)
+    plan = bounded.plan(wg, wu, wd)
+    want = choose_hot_units(freq, min_frequency=0.5, max_cold_l0=3.0)
+    assert want.numel() > 0 and plan is not None and torch.equal(plan.hot, want)
+    assert float(freq.sum() - freq[plan.hot].sum()) <= 3.0
+    assert HotColdCache().max_cold_l0 == HOT_MAX_COLD_L0
 
 
 def test_small_changes_of_the_hot_set_keep_the_plan():
     d, f = 8, 256
     gen = torch.Generator().manual_seed(3)
     wg, wu, wd = torch.randn(f, d, generator=gen), torch.randn(f, d, generator=gen), torch.randn(d, f, generator=gen)
-    cache = HotColdCache(min_frequency=0.5)
+    cache = HotColdCache(min_frequency=0.5, max_cold_l0=None)
     x = _tokens(256, d)
     wg[:, 0] = -3.0
     wg[:128, 0] = 3.0  # units 0-127 frequent

@@ -14,11 +14,19 @@ cannot be saved for backward").
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
-from ..ops.hot_cold_plan import HOT_MIN_FREQUENCY, HotColdPlan, build_hot_cold_plan, choose_hot_units, unit_frequency
+from ..ops.hot_cold_plan import (
+    HOT_MAX_COLD_L0,
+    HOT_MIN_FREQUENCY,
+    HotColdPlan,
+    build_hot_cold_plan,
+    choose_hot_units,
+    unit_frequency,
+)
 
 
 def _weights_key(*weights: torch.Tensor) -> tuple:
@@ -28,10 +36,14 @@ def _weights_key(*weights: torch.Tensor) -> tuple:
 class HotColdCache:
     """Holds the current plan of one layer (None: no unit fires often enough to be worth a dense pass)."""
 
-    def __init__(self, min_frequency: float = HOT_MIN_FREQUENCY) -> None:
+    def __init__(self, min_frequency: float = HOT_MIN_FREQUENCY, max_cold_l0: float | None = HOT_MAX_COLD_L0) -> None:
+        """``min_frequency`` and ``max_cold_l0``: :func:`twell.ops.choose_hot_units`'s (None: no bound)."""
         if not 0.0 < min_frequency <= 1.0:
             raise ValueError(f"min_frequency must be in (0, 1], got {min_frequency}")
+        if max_cold_l0 is not None and not (math.isfinite(max_cold_l0) and max_cold_l0 >= 0):
+            raise ValueError(f"max_cold_l0 must be None or a finite number >= 0, got {max_cold_l0}")
         self.min_frequency = min_frequency
+        self.max_cold_l0 = max_cold_l0
         self._hot: torch.Tensor | None = None
         self._plan: HotColdPlan | None = None
         self._key: Any = None
@@ -44,7 +56,8 @@ class HotColdCache:
     def refresh(self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> None:
         """Re-choose the hot units from (a sample of) the tokens ``x``; synchronises with the host once."""
         with torch.inference_mode(False), torch.no_grad():
-            hot = choose_hot_units(unit_frequency(x, w_gate), min_frequency=self.min_frequency)
+            hot = choose_hot_units(unit_frequency(x, w_gate), min_frequency=self.min_frequency,
+                                   max_cold_l0=self.max_cold_l0)
         if self._hot is not None and self._hot.device == hot.device and self._close_enough(self._hot, hot):
             return
         self._hot = hot
