@@ -259,12 +259,13 @@ class SparseGatedMLP(nn.Module):
             :data:`~twell.nn.train_dispatch.DEFAULT_TRAIN_POLICY`.  ``l0_refresh_every`` also sets how
             many training calls pass between two host reads of l0.
         hot_cold: on the Triton sparse inference path with ``precision="match"``, split the units: those
-            firing on >= 1.3 % of tokens (``ops.hot_cold_plan.HOT_MIN_FREQUENCY``; re-chosen from a
-            4096-token sample on l0-refresh calls) are
+            firing on >= 1.3 % of tokens, and more where that leaves over 10 cold pairs per token
+            (``ops.choose_hot_units``; re-chosen from a 4096-token sample on l0-refresh calls), are
             computed densely inside the gate GEMM, the rest through TwELL (:mod:`twell.ops.hot_cold`).
-            Costs a reordered copy of Wg plus the hot rows of Wu and Wd (~1.3x the gate weight).  Not
-            used when the weights are inference tensors (created under ``torch.inference_mode``): they
-            have no version counter, so a cached plan could go stale unseen.
+            Costs a reordered copy of Wg plus the hot rows of Wu and Wd ((F + 2H) / F of the gate
+            weight: 1.09x with 256 hot units, 1.82x with 2304 at d=2048, F=5632, session 20's sets at
+            0.5 % and 2 %).  Not used when the weights are inference tensors (created under
+            ``torch.inference_mode``): they have no version counter, so a cached plan could go stale unseen.
         device, dtype: of the parameters, as for ``nn.Linear``.
 
     Attributes set by ``forward``: ``last_l0`` (float32 scalar tensor on the layer's device, no grad; the
