@@ -11,8 +11,7 @@ Each threshold's hot set is the prefix of the units by sampled frequency that ``
 the shipped threshold runs first and again last (the order's drift shows), and every output is compared with
 the first one's (relative L2: only the summation order differs between splits).
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/hot_threshold_probe.py [--points 16384:56 ...]``;
-``--device cpu --tiny`` under
-TRITON_INTERPRET=1 is the smoke test.
+``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke test.
 """
 
 from __future__ import annotations
