@@ -14,7 +14,6 @@ cannot be saved for backward").
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -24,6 +23,7 @@ from ..ops.hot_cold_plan import (
     HOT_MIN_FREQUENCY,
     HotColdPlan,
     build_hot_cold_plan,
+    check_max_cold_l0,
     choose_hot_units,
     unit_frequency,
 )
@@ -40,8 +40,7 @@ class HotColdCache:
         """``min_frequency`` and ``max_cold_l0``: :func:`twell.ops.choose_hot_units`'s (None: no bound)."""
         if not 0.0 < min_frequency <= 1.0:
             raise ValueError(f"min_frequency must be in (0, 1], got {min_frequency}")
-        if max_cold_l0 is not None and not (math.isfinite(max_cold_l0) and max_cold_l0 >= 0):
-            raise ValueError(f"max_cold_l0 must be None or a finite number >= 0, got {max_cold_l0}")
+        check_max_cold_l0(max_cold_l0)
         self.min_frequency = min_frequency
         self.max_cold_l0 = max_cold_l0
         self._hot: torch.Tensor | None = None

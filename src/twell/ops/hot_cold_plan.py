@@ -98,6 +98,12 @@ def unit_frequency(x: torch.Tensor, w_gate: torch.Tensor, *, max_tokens: int = F
     return ((g > 0) | g.isnan()).float().mean(0)
 
 
+def check_max_cold_l0(max_cold_l0: float | None) -> None:
+    """Raise ValueError unless ``max_cold_l0`` (a bound on the cold pairs per token) is None or finite and >= 0."""
+    if max_cold_l0 is not None and not (math.isfinite(max_cold_l0) and max_cold_l0 >= 0):
+        raise ValueError(f"max_cold_l0 must be None or a finite number >= 0, got {max_cold_l0}")
+
+
 def choose_hot_units(
     frequency: torch.Tensor,
     *,
@@ -116,8 +122,7 @@ def choose_hot_units(
     check_tensor(frequency, "frequency", ndim=1)
     if multiple < 1:
         raise ValueError(f"multiple must be >= 1, got {multiple}")
-    if max_cold_l0 is not None and not (math.isfinite(max_cold_l0) and max_cold_l0 >= 0):
-        raise ValueError(f"max_cold_l0 must be None or a finite number >= 0, got {max_cold_l0}")
+    check_max_cold_l0(max_cold_l0)
     n = int((frequency >= min_frequency).sum())
     n -= n % multiple
     order = torch.argsort(frequency, descending=True, stable=True)

@@ -100,9 +100,9 @@ __all__ = [
 #: Units firing on at least this fraction of tokens are hot in training.  The 0.6 % that inference used
 #: until session 20 (training's H200 figures, 1.40-1.45x on the 1.5B step, were all measured with it);
 #: inference moved to 1.3 % (``hot_cold_plan.HOT_MIN_FREQUENCY``) but training was not re-measured, and its
-#: per-unit weight-gradient kernel runs a cold unit's pairs serially (~2x longer at 1.3 %).
+#: per-unit weight-gradient kernel runs a cold unit's pairs serially (~2x longer at 1.3 %).  Training also
+#: goes without inference's bound on the cold pairs per token (``HOT_MAX_COLD_L0``: not measured here either).
 TRAIN_HOT_MIN_FREQUENCY = 0.006
-#: (and without inference's bound on the cold pairs per token, ``HOT_MAX_COLD_L0``: also not measured here)
 #: ELL width when the hot set carries no cold-l0 estimate.
 UNKNOWN_L0_WIDTH = 32
 #: Bounds of the default ELL width.
