@@ -33,6 +33,7 @@ from .cold_down_kernel import down_cold_supported, launch_down_cold
 from .gate_kernel import launch_pack_twell, relu_keep_nan, round_to
 from .hot_cold_gate_kernel import launch_hot_cold_gate
 from .hot_cold_plan import HotColdPlan
+from .hot_down_kernel import hot_down_supported, launch_hot_down
 from .twell_ffn_kernel import launch_twell_ffn
 
 #: How the cold pairs are listed for the gather kernel (see ``launch_hot_cold_ffn``).
@@ -101,8 +102,15 @@ COLD_IN_DOWN_GEMM = False
 PINGPONG_GATE = False
 
 
+#: The hot down GEMM (fp32 output) in Triton (``hot_down_kernel``) where it takes the operands, instead of
+#: cuBLAS's ``torch.mm(..., out_dtype=torch.float32)``.  Session 21: to be measured (scripts/hot_down_probe.py).
+HOT_DOWN_TRITON = False
+
+
 def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
     """h_hot @ Wd_hot^T accumulated and returned in fp32 (the output is rounded once, later)."""
+    if HOT_DOWN_TRITON and hot_down_supported(h_hot, w_down_hot_t):
+        return launch_hot_down(h_hot, w_down_hot_t)
     if h_hot.is_cuda and h_hot.dtype in (torch.float16, torch.bfloat16):
         return torch.mm(h_hot, w_down_hot_t, out_dtype=torch.float32)
     return h_hot.float() @ w_down_hot_t.float()
