@@ -1,0 +1,68 @@
+"""Where the time of one inference FFN call goes: the GPU kernels of the hot/cold op and of ``SparseGatedMLP``.
+
+Runs ``torch.profiler`` over 64 calls each (one l0-refresh call of the module among them) of the public
+hot/cold op (``ops.hot_cold_gated_ffn``, the plan built once) and of the module with the default dispatch, on
+the synthetic problem of ``twell bench ffn``, and prints per call each kernel's mean GPU time, largest
+first, with the kernels' total and the wall time.  Why (session 21): the headline's dispatched module took
+0.834 ms at M=16384, 0.5 % against 0.819 for the op it runs (bench_results/h200/ffn_headline_session21.json);
+the table says which kernels the difference is.
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/infer_op_profile.py [--points 16384:28 ...]``;
+``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke test (host time only).
+"""
+
+from __future__ import annotations
+
+import torch
+from hot_threshold_probe import parse_point  # scripts/ (the script's own directory is on sys.path)
+
+from twell import ops
+from twell.bench.model_measure import kernel_lines, profile_kernels
+from twell.bench.probe import _probe_device, _probe_parser
+from twell.nn import SparseGatedMLP
+from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+CALLS = 64
+
+
+def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int) -> None:
+    gen = torch.Generator(device=dev).manual_seed(0)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    mlp = SparseGatedMLP.from_weights(wg, wu, wd).eval()
+    wd_t = wd.t().contiguous().t()
+    with torch.no_grad():
+        for _ in range(2):  # the first call measures l0 on the dense path, the second builds the plan
+            mlp(x)
+        plan = mlp._hot_cold._plan
+        if plan is None:
+            print(f"M={m} l0={l0}: the module took no hot/cold plan (dense or decode at this point)", flush=True)
+        fns = {"module": lambda: mlp(x)}
+        if plan is not None:
+            fns["hot/cold op"] = lambda: ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan)
+        for name, fn in fns.items():
+            fn()
+            if dev.type != "cuda":  # the smoke test: the calls run, there is no GPU kernel to profile
+                print(f"M={m} l0={l0} {name}: ran (no CUDA profile on {dev})", flush=True)
+                continue
+            prof = profile_kernels(fn, dev, top=20, calls=calls)
+            print(f"M={m} l0={l0} {name}: kernels {prof['kernel_ms']:.4f} ms/call, wall {prof['wall_ms']:.4f} ms/call",
+                  flush=True)
+            print(kernel_lines(prof), flush=True)
+
+
+def main() -> None:
+    ap = _probe_parser(__doc__)
+    ap.add_argument("--points", type=parse_point, nargs="+", default=[(16384, 28.0), (131072, 28.0)])
+    a = ap.parse_args()
+    dev = _probe_device(a.device)
+    d, f, calls, points = 2048, 5632, CALLS, a.points
+    if a.tiny:
+        d, f, calls, points = 64, 700, 2, [(300, 6.0)]
+    for m, l0 in points:
+        profile_point(m, l0, d, f, dev, calls)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
