@@ -133,7 +133,8 @@ class _InferenceState:
     and the call counter changes on every call.
     """
 
-    __slots__ = ("calls", "decided_estimate", "decided_policy", "decisions", "estimate", "refresh_now")
+    __slots__ = ("calls", "decided_estimate", "decided_policy", "decisions", "estimate", "l0", "l0_counts",
+                 "l0_tokens", "refresh_now")
 
     def __init__(self) -> None:
         self.calls = 0  # inference calls since the last reset: every l0_refresh_every-th one refreshes
@@ -143,6 +144,21 @@ class _InferenceState:
         self.decided_policy: DispatchPolicy | None = None
         self.decided_estimate: float | None = None
         self.decisions: dict[tuple[int, str], str] = {}
+        # The layer's last_l0: a tensor, or the last sparse call's per-(row, tile) counts and token count
+        # from which it is summed when first read (see SparseGatedMLP.last_l0).
+        self.l0: torch.Tensor | None = None
+        self.l0_counts: torch.Tensor | None = None
+        self.l0_tokens = 0
+
+    def set_l0(self, value: torch.Tensor | None) -> None:
+        self.l0, self.l0_counts = value, None
+
+    def read_l0(self) -> torch.Tensor | None:
+        if self.l0_counts is not None:
+            # An fp32 sum (exact while M * l0 < 2^24, off by ~1e-7 relative beyond) and an in-place divide.
+            self.l0 = self.l0_counts.sum(dtype=torch.float32).div_(self.l0_tokens)
+            self.l0_counts = None
+        return self.l0
 
 
 class _SparsePrep(NamedTuple):
@@ -270,7 +286,10 @@ class SparseGatedMLP(nn.Module):
 
     Attributes set by ``forward``: ``last_l0`` (float32 scalar tensor on the layer's device, no grad; the
     mean number of active units per token, when measured) and ``last_l1`` (the differentiable L1 penalty
-    of the last training forward; None after an inference forward).
+    of the last training forward; None after an inference forward).  After a sparse inference call
+    ``last_l0`` is summed from the call's TwELL counts when it is first read, so a call whose l0 nobody
+    reads launches no kernel for it; the counts ([M, F / tile] int32, 1.5 MB at 16,384 tokens and F=5632)
+    are held until then or until the next call.
     """
 
     def __init__(
@@ -347,7 +366,6 @@ class SparseGatedMLP(nn.Module):
         self._sparse_prep: _SparsePrep | None = None
 
         self._state = _InferenceState()  # before the properties below are assigned through
-        self.last_l0: torch.Tensor | None = None
         self.last_l1: torch.Tensor | None = None
         self._train_switch = TrainSwitch()
         # hot set of train_impl="hot-cold", re-chosen every l0_refresh_every training calls, and the
@@ -543,7 +561,7 @@ class SparseGatedMLP(nn.Module):
             out, l1, l0 = fn(x, *weights)
         # Plain attributes (never parameters, buffers or modules): Module.__setattr__'s lookups skipped.
         self.__dict__["last_l1"] = l1
-        self.__dict__["last_l0"] = l0.detach()
+        self._state.set_l0(l0.detach())
         return out
 
     def _weights(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -586,6 +604,15 @@ class SparseGatedMLP(nn.Module):
 
     # The inference state behind properties, so that the code and the tests that read these names keep
     # working while the per-call updates go to a plain object (see _InferenceState).
+    @property
+    def last_l0(self) -> torch.Tensor | None:
+        """Mean active units per token of the last call that measured it (see the class docs); None before any."""
+        return self._state.read_l0()
+
+    @last_l0.setter
+    def last_l0(self, value: torch.Tensor | None) -> None:
+        self._state.set_l0(value)
+
     @property
     def _l0_estimate(self) -> float | None:
         return self._state.estimate
@@ -704,13 +731,13 @@ class SparseGatedMLP(nn.Module):
             out, counts = torch.ops.twell.sparse_gated_ffn_unchecked(
                 x, w_gate, w_up, w_down_t, self.tile, prep.capacity, self.precision, prep.backend
             )
-        # Two device ops (an fp32 sum, exact while M * l0 < 2^24 and off by ~1e-7 relative beyond, and an
-        # in-place divide) where an int64 sum, two casts and a divide took four: 4.94 vs 9.67 us of host
-        # time on the CPU (scripts/module_overhead.py), and two kernel launches fewer on the GPU.  A decode
-        # call (two kernel launches of its own) measures l0 on refresh calls only, as the dense path does:
-        # the sum would double its launches.
+        # l0 summed from the counts only when read (_InferenceState.read_l0): the sum and its divide cost
+        # three kernels on the GPU (a cast copy of the counts, the reduction, the divide), 11 us a call at
+        # M=16384 on the H200 against the 0.811 ms op (bench_results/h200/infer_op_profile_session21.log).
+        # A decode call keeps l0 for refresh calls only, as the dense path does.
         if not decode or self._state.refresh_now:
-            self.last_l0 = counts.sum(dtype=torch.float32).div_(x.shape[0])
+            state = self._state
+            state.l0, state.l0_counts, state.l0_tokens = None, counts, x.shape[0]
         return out
 
     def _prepare_sparse(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> _SparsePrep:
