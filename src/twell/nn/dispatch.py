@@ -45,13 +45,20 @@ H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 #: the cold gather's rows-together loads, dispatch_2048x5632_session13_small_m.json, 1024-8192 tokens x the
 #: same 9 densities): 2048 tokens at 0.25 % (1.24x; 0.5-10 % 0.90-1.04x), 4096 at every density (1.12-1.46x;
 #: session 11 had 1.00x at 1 %), 8192 at every density (1.16-1.64x); 1024 lost everywhere (0.86-0.99x).
-#: The sparse path only got faster between the two runs, so the rows from 16384 still hold.  Each limit is
-#: the density the synthetic problem actually had at the last winning point (l0 / F, e.g. 13.569 / 5632 at
-#: 0.25 % and 2048 tokens), rounded up in its 7th decimal, so the measured point itself is inside; above
-#: 10 % nothing was measured.
+#: The sparse path only got faster between the two runs, so the rows from 16384 still hold.  Rows below
+#: 16384 again in session 21 (commit 1a486c0, after session 20's hot-set rule and the module's l0 read
+#: only when asked for, dispatch_2048x5632_session21_small_m.json, 1024-8192 tokens x 10 densities 0.25-10 %):
+#: 1024 tokens now win to 1.5 % (1.05-1.21x; 2 % 0.92x), 2048 to 0.5 % (1.59x, 1.15x; 0.75-3 % 0.91-1.02x),
+#: 4096 to 2 % (1.19-1.66x) but lose at 3 % (0.91x, 1.20x in session 13: the hot set there is session 20's
+#: rule's, not measured further) and win again from 5 % (1.19-1.21x), so the row stops at 2 %; 8192 at every
+#: density (1.15-1.95x).  The rows from 16384 were checked at the densities between session 11's points
+#: (dispatch_2048x5632_session21_mid_densities.json: 16384 and 65536 tokens at 1.5 / 3 / 4 / 7.5 %:
+#: 1.26-1.51x).  Each limit is the density the synthetic problem actually had at the last winning point
+#: (l0 / F, e.g. 81.55 / 5632 at 1.5 % and 1024 tokens), rounded up in its 7th decimal, so the measured point
+#: itself is inside; above 10 % nothing was measured.
 H200_BF16_2048X5632_TABLE: DispatchTable = (
-    (2048, 0.0024093), (4096, 0.0987608), (8192, 0.0993416), (16384, 0.0996176), (32768, 0.0998369),
-    (65536, 0.0997857), (131072, 0.0998256),
+    (1024, 0.0144799), (2048, 0.0048350), (4096, 0.0196513), (8192, 0.0993416), (16384, 0.0996176),
+    (32768, 0.0998369), (65536, 0.0997857), (131072, 0.0998256),
 )
 
 
