@@ -103,7 +103,9 @@ PINGPONG_GATE = False
 
 
 #: The hot down GEMM (fp32 output) in Triton (``hot_down_kernel``) where it takes the operands, instead of
-#: cuBLAS's ``torch.mm(..., out_dtype=torch.float32)``.  Session 21: to be measured (scripts/hot_down_probe.py).
+#: cuBLAS's ``torch.mm(..., out_dtype=torch.float32)``.  Measured slower (H200, session 21, interleaved): the
+#: GEMM 0.0622 vs 0.0504 ms at M=16384, H=256 (its fp32 write alone 0.0326), the op 0.8289 vs 0.8157 /
+#: 0.8158 ms at M=16384, l0=28 (bench_results/h200/hot_down_probe_session21.log): off.
 HOT_DOWN_TRITON = False
 
 

@@ -14,6 +14,17 @@ the edges with zeros and clips stores there, so any M and H take the same code.
 
 Prediction (session 21, before any GPU run; H200, d=2048, H=256): 0.045-0.05 ms at M=16384 against cuBLAS's
 0.06-0.07, ~0.35 ms at M=131072 against ~0.5: the op -2 to -3 %.
+
+Measured (H200, session 21, bench_results/h200/hot_down_probe_session21.log; interleaved call by call, an L2
+flush before each call): slower than cuBLAS at every point.  M=16384, H=256: cuBLAS 0.0504 ms (not the 0.073
+of session 15's back-to-back figure the prediction started from), the write floor (an fp32 ``zero_`` of the
+output) 0.0326, cuBLAS with a bf16 output 0.0377, the fastest configuration here 0.0607 (128 x 128 x 64, 3
+stages, 8 warps, stores from registers) and the TMA store 0.0826; H=1152 0.1349 vs 0.1238.  M=131072, H=256:
+0.4355 vs 0.3249 (floor 0.2319); H=1152 0.9839 vs 0.9119.  The op at M=16384, l0=28 took 0.8289 ms with it
+against 0.8157 / 0.8158 without; at 131072 6.3347 against 6.2193 / 6.2104; same bits.  The miss: cuBLAS's
+GEMM already runs at 1.5x its write floor, so at most ~0.017 ms (2 % of the op) was there to take, and these
+one-tile-per-program builds (no persistent loop, no store overlapped with the next tile's loads) reach only
+~1.9x.  Kept off (``hot_cold.HOT_DOWN_TRITON``), exact and tested, as the measured record.
 """
 
 from __future__ import annotations
@@ -26,8 +37,9 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ._runtime import interpreting
 from .gate_kernel import dot_acc, tile_coords
 
-#: ``(BM, BN, BK, stages, warps, TMA store)`` on the GPU, and the interpreter's small tiles.  To be chosen
-#: by scripts/hot_down_probe.py on the H200 (session 21).
+#: ``(BM, BN, BK, stages, warps, TMA store)`` on the GPU, and the interpreter's small tiles.  The GPU's was
+#: fixed before the probe; the probe's fastest, (128, 128, 64, 3, 8, False), was within 2-5 % of it at
+#: H=256 and 8 % faster at H=1152, all slower than cuBLAS (module docstring).
 _GPU_CONFIG = (128, 128, 64, 2, 4, False)
 _INTERPRET_CONFIG = (16, 32, 16, 1, 4, False)
 
