@@ -9,8 +9,11 @@ down row in the hot down GEMM: ~1.2 mJ a unit at M=131072 by session 15's clock 
 firing token in the gather on average, less at the margin; the break-even frequency may have moved up.
 Each threshold's hot set is the prefix of the units by sampled frequency that ``choose_hot_units`` takes;
 the shipped threshold runs first and again last (the order's drift shows), and every output is compared with
-the first one's (relative L2: only the summation order differs between splits).
-Usage (GPU machine): ``PYTHONPATH=src python3 scripts/hot_threshold_probe.py [--points 16384:56 ...]``;
+the first one's (relative L2: only the summation order differs between splits).  ``--bounds`` times the hot
+sets of other cold-pairs bounds (``HOT_MAX_COLD_L0``, session 20) at the shipped threshold after those: where
+the bound sets the hot count (4096 tokens at 3 %, session 21's 0.91x), every threshold gives the same set.
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/hot_threshold_probe.py [--points 16384:56 ...]
+[--bounds 5 10 20]``;
 ``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke test.
 """
 
@@ -34,20 +37,24 @@ TINY_THRESHOLDS = (0.03, 0.08)
 
 
 def probe_point(m: int, l0: float, d: int, f: int, tile: int, cap: int, thresholds: tuple[float, ...], nvml: Nvml,
-                dev: torch.device, seconds: float) -> None:
+                dev: torch.device, seconds: float, bounds: tuple[float, ...] = ()) -> None:
+    """Each threshold's hot set (with the shipped cold-pairs bound), the shipped one first and last, then each
+    of ``bounds``' (cold pairs per token, at the shipped threshold), timed back to back."""
     p = split_problem(m, d, f, l0, dev)
     x, wg, wu, wd, wdt = p.x, p.w_gate, p.w_up, p.w_down, p.w_down_t
     freq = p.frequency
     head = f"M={m:6d} l0={l0:4.1f}"
     print(f"{head} | " + measure("dense FFN", lambda: _dense_ffn(x, wg, wu, wd), nvml, dev, seconds), flush=True)
     first = None
-    for t in (HOT_MIN_FREQUENCY, *thresholds, HOT_MIN_FREQUENCY):
-        hot = choose_hot_units(freq, min_frequency=t)
+    sets = [(f"threshold {t:.3f}", choose_hot_units(freq, min_frequency=t))
+            for t in (HOT_MIN_FREQUENCY, *thresholds, HOT_MIN_FREQUENCY)]
+    sets += [(f"bound {b:4.1f}", choose_hot_units(freq, max_cold_l0=b)) for b in bounds]
+    for label, hot in sets:
         if hot.numel() == 0:
-            print(f"{head} threshold {t:.3f}: no hot unit, skipped", flush=True)
+            print(f"{head} {label}: no hot unit, skipped", flush=True)
             continue
         plan = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=tile)
-        cold_pairs = float(freq.sum() - freq[hot].sum())
+        cold_pairs = max(0.0, float(freq.sum() - freq[hot].sum()))  # no "-0.0" when every unit is hot
 
         def op(plan=plan):
             return hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=tile, capacity=cap)
@@ -56,7 +63,7 @@ def probe_point(m: int, l0: float, d: int, f: int, tile: int, cap: int, threshol
         if first is None:
             first = out
         rel = float((out - first).norm() / first.norm().clamp_min(1e-30))
-        print(f"{head} threshold {t:.3f} H={hot.numel():4d} cold pairs/token {cold_pairs:5.1f} rel vs first "
+        print(f"{head} {label} H={hot.numel():4d} cold pairs/token {cold_pairs:5.1f} rel vs first "
               f"{rel:.1e} | " + measure("hot/cold op", op, nvml, dev, seconds), flush=True)
 
 
@@ -72,19 +79,34 @@ def parse_point(text: str) -> tuple[int, float]:
     return point
 
 
+def parse_bound(text: str) -> float:
+    """A cold-pairs bound (pairs per token, > 0)."""
+    try:
+        bound = float(text)
+    except ValueError:
+        bound = float("nan")
+    if not bound > 0:
+        raise argparse.ArgumentTypeError(f"a bound is a number of cold pairs per token > 0, got {text!r}")
+    return bound
+
+
 def main() -> None:
     ap = _probe_parser(__doc__)
     ap.add_argument("--points", type=parse_point, nargs="+", default=list(POINTS),
                     help="M:L0 points to probe (default: " + " ".join(f"{m}:{l0:g}" for m, l0 in POINTS) + ")")
+    ap.add_argument("--bounds", type=parse_bound, nargs="+", default=[],
+                    help="cold-pairs bounds (pairs per token) whose hot sets are timed after the thresholds' "
+                         "(at the shipped threshold), e.g. 5 10 20")
     a = ap.parse_args()
     dev, tiny = _probe_device(a.device), a.tiny
     d, f, tile, cap, seconds, thresholds = 2048, 5632, 128, 16, 2.0, THRESHOLDS
-    points = tuple(a.points)
-    if tiny:
+    points, bounds = tuple(a.points), tuple(a.bounds)
+    if tiny:  # one bound too, so that the smoke test runs that path
         d, f, tile, cap, seconds, thresholds, points = 64, 700, 32, 8, 0.1, TINY_THRESHOLDS, ((40, 6.0),)
+        bounds = bounds or (1.0,)
     nvml = Nvml((dev.index or 0) if dev.type == "cuda" else None)
     for m, l0 in points:
-        probe_point(m, l0, d, f, tile, cap, thresholds, nvml, dev, seconds)
+        probe_point(m, l0, d, f, tile, cap, thresholds, nvml, dev, seconds, bounds)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -25,7 +25,7 @@ PROBES = {
     # FUSED_TMA_HOT: a switch whose two values take different paths under the interpreter too
     "fused_gate_ab.py": (("FUSED_TMA_HOT",), "M=", ["changed | hot/cold op", "changed | cold gather",
                                                     "bit for bit: True"]),
-    "hot_threshold_probe.py": ((), "M=", ["dense FFN: ", "threshold 0.030 H=", "rel vs first"]),
+    "hot_threshold_probe.py": ((), "M=", ["dense FFN: ", "threshold 0.030 H=", "bound  1.0 H=", "rel vs first"]),
     "epilogue_ablation_probe.py": ((), "M=", ["cold epilogue skipped", "hot epilogue skipped", "mainloop alone"]),
     "hot_down_probe.py": ((), "M=", ["rel err 0.0e+00", "(on vs off rel 0.0e+00)"]),
     "attention_probe.py": ((), "", ["default ", "q, k, v projections", "residual add + rms_norm"]),
