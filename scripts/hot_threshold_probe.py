@@ -25,10 +25,12 @@ import torch
 from clock_probe import Nvml, measure  # scripts/ (the script's own directory is on sys.path)
 
 from twell.bench.ffn import _dense_ffn
-from twell.bench.probe import _probe_device, _probe_parser, split_problem
+from twell.bench.probe import probe_device, probe_parser, split_problem
 from twell.ops import hot_cold
 from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, build_hot_cold_plan, choose_hot_units
 
+#: the problem's d x F (``--tiny``: 64 x 700)
+D, F = 2048, 5632
 #: session 16's and 20's points (M, l0); ``--points`` picks others
 POINTS = ((131072, 28.0), (131072, 56.0), (131072, 14.0), (16384, 28.0))
 THRESHOLDS = (0.004, 0.006, 0.008, 0.010, 0.013, 0.016)
@@ -74,8 +76,8 @@ def parse_point(text: str) -> tuple[int, float]:
         point = int(m), float(l0)
     except ValueError:
         raise argparse.ArgumentTypeError(f"a point is M:L0 (tokens : active units per token), got {text!r}") from None
-    if point[0] < 1 or not 0 < point[1] < 5632:
-        raise argparse.ArgumentTypeError(f"a point needs M >= 1 and 0 < l0 < 5632, got {text!r}")
+    if point[0] < 1 or not 0 < point[1] < F:
+        raise argparse.ArgumentTypeError(f"a point needs M >= 1 and 0 < l0 < {F} (F), got {text!r}")
     return point
 
 
@@ -91,15 +93,15 @@ def parse_bound(text: str) -> float:
 
 
 def main() -> None:
-    ap = _probe_parser(__doc__)
+    ap = probe_parser(__doc__)
     ap.add_argument("--points", type=parse_point, nargs="+", default=list(POINTS),
                     help="M:L0 points to probe (default: " + " ".join(f"{m}:{l0:g}" for m, l0 in POINTS) + ")")
     ap.add_argument("--bounds", type=parse_bound, nargs="+", default=[],
                     help="cold-pairs bounds (pairs per token) whose hot sets are timed after the thresholds' "
                          "(at the shipped threshold), e.g. 5 10 20")
     a = ap.parse_args()
-    dev, tiny = _probe_device(a.device), a.tiny
-    d, f, tile, cap, seconds, thresholds = 2048, 5632, 128, 16, 2.0, THRESHOLDS
+    dev, tiny = probe_device(a.device), a.tiny
+    d, f, tile, cap, seconds, thresholds = D, F, 128, 16, 2.0, THRESHOLDS
     points, bounds = tuple(a.points), tuple(a.bounds)
     if tiny:  # one bound too, so that the smoke test runs that path
         d, f, tile, cap, seconds, thresholds, points = 64, 700, 32, 8, 0.1, TINY_THRESHOLDS, ((40, 6.0),)

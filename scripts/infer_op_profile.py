@@ -17,7 +17,7 @@ from hot_threshold_probe import parse_point  # scripts/ (the script's own direct
 
 from twell import ops
 from twell.bench.model_measure import kernel_lines, profile_kernels
-from twell.bench.probe import _probe_device, _probe_parser
+from twell.bench.probe import probe_device, probe_parser
 from twell.nn import SparseGatedMLP
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
@@ -51,10 +51,10 @@ def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: i
 
 
 def main() -> None:
-    ap = _probe_parser(__doc__)
+    ap = probe_parser(__doc__)
     ap.add_argument("--points", type=parse_point, nargs="+", default=[(16384, 28.0), (131072, 28.0)])
     a = ap.parse_args()
-    dev = _probe_device(a.device)
+    dev = probe_device(a.device)
     d, f, calls, points = 2048, 5632, CALLS, a.points
     if a.tiny:
         d, f, calls, points = 64, 700, 2, [(300, 6.0)]

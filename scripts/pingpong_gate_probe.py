@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from clock_probe import Nvml, measure  # scripts/ (the script's own directory is on sys.path)
 
-from twell.bench.probe import _probe_device, _probe_parser, gate_outputs_agree, split_problem
+from twell.bench.probe import gate_outputs_agree, probe_device, probe_parser, split_problem
 from twell.ops import hot_cold, pingpong_gate_kernel
 from twell.ops.hot_cold import launch_hot_cold_ffn
 from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
@@ -27,7 +27,7 @@ from twell.ops.pingpong_gate_kernel import launch_pingpong_gate
 
 
 def main() -> None:
-    ap = _probe_parser(__doc__)
+    ap = probe_parser(__doc__)
     ap.add_argument("--stages", type=int, default=pingpong_gate_kernel.STAGES,
                     help=f"ring stages of the ping-pong gate (32 KB each; shipped {pingpong_gate_kernel.STAGES})")
     a = ap.parse_args()
@@ -36,7 +36,7 @@ def main() -> None:
     if not 2 <= a.stages <= 6:
         raise SystemExit(f"--stages takes 2 to 6 (32 KB of shared memory each, 227 KB a block), got {a.stages}")
     pingpong_gate_kernel.STAGES = a.stages
-    dev = _probe_device(a.device)
+    dev = probe_device(a.device)
     print(f"ping-pong gate on {a.stages} stages", flush=True)
     d, f, tile, cap, n_hot, seconds = 2048, 5632, 128, 16, 576, 1.0
     nvml = Nvml(dev.index or 0)

@@ -110,3 +110,19 @@ def test_gather_schedule_model_runs_and_orders_heavy_rows_first():
     line = proc.stdout.strip().splitlines()[-1]
     in_order, heaviest, split = (float(v) for v in re.findall(r"(\d+\.\d+)x", line))
     assert line.startswith("M=  2048 l0=  28") and min(in_order, heaviest, split) >= 1.0 and heaviest <= in_order
+
+
+def test_hot_threshold_probe_parses_points_and_bounds(monkeypatch):
+    """``--points M:L0`` and ``--bounds B``: good values parse, bad ones stop with what a value must be."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    ns = runpy.run_path(str(ROOT / "scripts" / "hot_threshold_probe.py"), run_name="probe")
+    assert ns["parse_point"]("4096:168") == (4096, 168.0)
+    assert ns["parse_bound"]("7.5") == 7.5
+    for bad in ("4096", "0:28", "4096:0", f"4096:{ns['F']}", "x:1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="point"):
+            ns["parse_point"](bad)
+    for bad in ("0", "-1", "nan", "ten"):
+        with pytest.raises(argparse.ArgumentTypeError, match="cold pairs per token > 0"):
+            ns["parse_bound"](bad)

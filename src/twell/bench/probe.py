@@ -16,14 +16,18 @@ from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from .shape_arg import parse_shape
 
 
-def _probe_parser(doc: str) -> argparse.ArgumentParser:
+def probe_parser(doc: str) -> argparse.ArgumentParser:
+    """The probes' command line: ``--device`` and ``--tiny``, its help the first line of ``doc``; a probe adds
+    its own options and parses it, then calls :func:`probe_device`."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="small shapes (CPU interpreter smoke test)")
     return ap
 
 
-def _probe_device(name: str) -> torch.device:
+def probe_device(name: str) -> torch.device:
+    """``torch.device(name)``; on CUDA the GPU and the torch / Triton versions are printed first (each log says
+    what it ran on)."""
     dev = torch.device(name)
     if dev.type == "cuda":
         print(torch.cuda.get_device_name(dev), "torch", torch.__version__, "triton", triton.__version__, flush=True)
@@ -34,17 +38,17 @@ def probe_args(doc: str) -> tuple[torch.device, bool]:
     """``(device, tiny)`` from the command line of a probe whose module docstring is ``doc`` (its first line
     is the help text); on a CUDA device prints the GPU and the torch / Triton versions first, so that each
     log says what it ran on.  ``--tiny`` (small shapes, for TRITON_INTERPRET=1 on the CPU) is the smoke test."""
-    a = _probe_parser(doc).parse_args()
-    return _probe_device(a.device), a.tiny
+    a = probe_parser(doc).parse_args()
+    return probe_device(a.device), a.tiny
 
 
 def probe_shape_args(doc: str, default_shape: str) -> tuple[torch.device, bool, tuple[int, int]]:
     """:func:`probe_args` plus ``--shape HIDDENxFFN`` (default ``default_shape``): ``(device, tiny, (d, f))``."""
-    ap = _probe_parser(doc)
+    ap = probe_parser(doc)
     ap.add_argument("--shape", type=parse_shape, default=parse_shape(default_shape),
                     help=f"HIDDENxFFN of the problem (default {default_shape})")
     a = ap.parse_args()
-    return _probe_device(a.device), a.tiny, a.shape
+    return probe_device(a.device), a.tiny, a.shape
 
 
 @dataclass(frozen=True)
