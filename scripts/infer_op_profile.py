@@ -4,7 +4,7 @@ Runs ``torch.profiler`` over 64 calls each (one l0-refresh call of the module am
 hot/cold op (``ops.hot_cold_gated_ffn``, the plan built once) and of the module with the default dispatch, on
 the synthetic problem of ``twell bench ffn``, and prints per call each kernel's mean GPU time, largest
 first, with the kernels' total and the wall time.  Why (session 21): the headline's dispatched module took
-0.834 ms at M=16384, 0.5 % against 0.819 for the op it runs (bench_results/h200/ffn_headline_session21.json);
+0.8351 ms at M=16384, 0.5 % against 0.8191 for the op it runs (bench_results/h200/ffn_headline_session21.json);
 the table says which kernels the difference is.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/infer_op_profile.py [--points 16384:28 ...]``;
 ``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke test (host time only).
