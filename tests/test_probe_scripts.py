@@ -28,6 +28,7 @@ PROBES = {
     "hot_threshold_probe.py": ((), "M=", ["dense FFN: ", "threshold 0.030 H=", "bound  1.0 H=", "rel vs first"]),
     "epilogue_ablation_probe.py": ((), "M=", ["cold epilogue skipped", "hot epilogue skipped", "mainloop alone"]),
     "infer_op_profile.py": ((), "M=", ["module: ran"]),
+    "forward_layer_times.py": ((), "layer", ["overflowing cold tiles"]),
     "hot_down_probe.py": ((), "M=", ["rel err 0.0e+00", "(on vs off rel 0.0e+00)"]),
     "attention_probe.py": ((), "", ["default ", "q, k, v projections", "residual add + rms_norm"]),
 }

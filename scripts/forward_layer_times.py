@@ -1,0 +1,124 @@
+"""Per-layer FFN time of ``twell bench model``'s forward, dense against sparse, with each sparse layer's hot set
+and overflowing cold tiles.
+
+Why (session 21): the 1.5B forward reads 1.337x of dense against the 1.35x goal, while the synthetic FFN at
+131,072 tokens and l0=28 reads ~2x.  The model's per-layer sparsity (``model_forward_lazy_l0_session21.json``)
+has the first 8 positions of each sequence far denser in the first layers (l0 874 at layer 0, 458 at layer 1,
+224 at layer 2, against 20-44 for the other positions); their cold tiles may overflow the container's slots,
+and the row kernel recomputes an overflowing tile densely on CUDA cores.  This says, per layer, what each FFN
+takes and how many (token, cold tile) pairs overflow.
+
+Builds the preset as ``twell bench model`` does (calibrated sparsity, fused RMSNorms and rotary), warms each
+variant up, then times every layer's MLP call with CUDA events over ``--reps`` forwards (medians).
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/forward_layer_times.py [--preset 1.5b]``; ``--device cpu
+--tiny`` (the tiny preset, host clock) is the smoke test.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import triton
+
+from twell.bench.model_setup import DEFAULT_L0, PRESETS, prepare
+from twell.bench.model_sparsity import SparsityTarget
+from twell.bench.probe import probe_device, probe_parser
+from twell.format.twell import default_capacity
+from twell.nn import DispatchPolicy, SparseGatedMLP
+
+
+def _stamp(dev: torch.device) -> Callable[[], object]:
+    """A time stamp: a recorded CUDA event on the GPU, the host clock elsewhere."""
+    if dev.type == "cuda":
+        def event() -> torch.cuda.Event:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return event
+    return time.perf_counter
+
+
+def _elapsed_ms(a: object, b: object) -> float:
+    if isinstance(a, torch.cuda.Event):
+        return a.elapsed_time(b)
+    return (b - a) * 1e3  # type: ignore[operator]
+
+
+def layer_times(model: torch.nn.Module, mlps: list[torch.nn.Module], ids: torch.Tensor, reps: int,
+                dev: torch.device) -> list[float]:
+    """Median ms of each layer's MLP call over ``reps`` forwards of ``model.model`` on ``ids``."""
+    stamp = _stamp(dev)
+    marks: list[list[tuple[object, object]]] = [[] for _ in mlps]
+    starts: dict[int, object] = {}
+    handles = []
+    for i, mlp in enumerate(mlps):
+        handles.append(mlp.register_forward_pre_hook(lambda _m, _a, i=i: starts.__setitem__(i, stamp())))
+        handles.append(mlp.register_forward_hook(lambda _m, _a, _o, i=i: marks[i].append((starts[i], stamp()))))
+    try:
+        for _ in range(reps):
+            model.model(input_ids=ids, use_cache=False)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    finally:
+        for h in handles:
+            h.remove()
+    return [statistics.median(_elapsed_ms(a, b) for a, b in m) for m in marks]
+
+
+def overflow_stats(mlp: torch.nn.Module) -> str:
+    """The hot count and the overflowing (token, cold tile) pairs of a sparse layer's last call."""
+    if not isinstance(mlp, SparseGatedMLP):
+        return ""
+    counts = mlp._state.l0_counts  # the last sparse call's counts, kept until last_l0 is read
+    if counts is None:
+        return "no counts kept (dense or decode call, or l0 already read)"
+    plan = mlp._hot_cold._plan
+    n_hot = plan.n_hot if plan is not None else 0
+    n_cold_tiles = triton.cdiv(mlp.intermediate_size - n_hot, mlp.tile)
+    cap = mlp.capacity or default_capacity(mlp.tile)
+    over = counts[:, :n_cold_tiles] > cap
+    rows = int(over.any(1).sum())
+    return f"H={n_hot:4d} overflowing cold tiles {int(over.sum()):7d} in {rows:6d} tokens"
+
+
+def main() -> None:
+    ap = probe_parser(__doc__)
+    ap.add_argument("--preset", default="1.5b", choices=sorted(PRESETS))
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+    dev = probe_device(a.device)
+    preset, batch, seq, reps = a.preset, a.batch, a.seq, a.reps
+    if a.tiny:
+        preset, batch, seq, reps = "tiny", 2, 16, 2
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    bench = prepare(preset, device=dev, dtype=dtype, batch=batch, seq=seq,
+                    target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=("default",),
+                    fused_norms=True, fused_rope=dev.type == "cuda")
+    ids = bench.tokens
+    if a.tiny:  # the CPU takes the dense path under the default policy: hold the sparse set sparse
+        for mlp in bench.sets.sets["sparse:default"]:
+            mlp.policy = DispatchPolicy.always_sparse()
+    times = {}
+    with torch.inference_mode():
+        for name in ("dense", "sparse:default"):
+            mlps = bench.sets.use(name)
+            for _ in range(2):  # the sparse set's first call measures l0 (dense path), the second builds plans
+                bench.model.model(input_ids=ids, use_cache=False)
+            times[name] = layer_times(bench.model, mlps, ids, reps, dev)
+        sparse = bench.sets.use("sparse:default")
+        print(f"{preset}, {batch} x {seq} tokens, {dtype}; per layer: dense ms, sparse ms, dense / sparse, "
+              f"the sparse layer's hot units and overflowing cold tiles (last call)", flush=True)
+        for i, (t_d, t_s) in enumerate(zip(times["dense"], times["sparse:default"], strict=True)):
+            print(f"layer {i:2d}: dense {t_d:8.3f} ms, sparse {t_s:8.3f} ms, {t_d / t_s:5.2f}x | "
+                  f"{overflow_stats(sparse[i])}", flush=True)
+        tot_d, tot_s = sum(times["dense"]), sum(times["sparse:default"])
+        print(f"all layers: dense {tot_d:.3f} ms, sparse {tot_s:.3f} ms, {tot_d / tot_s:.3f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()
