@@ -100,8 +100,9 @@ def main() -> None:
     dev, tiny = probe_args(__doc__)
     setup = split_probe_setup(tiny)
     configs = [(16, 16, 16, 1, 4, 2)] if tiny else CONFIGS
-    run_points(setup, lambda m, l0: probe_point(m, l0, setup.d, setup.f, setup.hot_units[l0], setup.tile, setup.cap,
-                                                configs, dev, setup.rep_ms), dev)
+    run_points(setup.points,
+               lambda m, l0: probe_point(m, l0, setup.d, setup.f, setup.hot_units[l0], setup.tile, setup.cap, configs,
+                                         dev, setup.rep_ms), dev)
 
 
 if __name__ == "__main__":

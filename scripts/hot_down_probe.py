@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from clock_probe import Nvml, measure  # scripts/ (the script's own directory is on sys.path)
 
-from twell.bench.probe import probe_args, split_problem
+from twell.bench.probe import probe_args, run_points, split_problem
 from twell.bench.timing import time_ms_interleaved
 from twell.ops import hot_cold
 from twell.ops.hot_cold_plan import build_hot_cold_plan, choose_hot_units
@@ -103,10 +103,7 @@ def main() -> None:
     nvml = Nvml((dev.index or 0) if dev.type == "cuda" else None)
     for m, n_hot in gemms:
         gemm_point(m, n_hot, d, configs, dev, rep_ms)
-    for m, l0 in ops:
-        op_point(m, l0, d, f, tile, cap, nvml, dev, rep_ms, seconds)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+    run_points(ops, lambda m, l0: op_point(m, l0, d, f, tile, cap, nvml, dev, rep_ms, seconds), dev)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import torch
 from clock_probe import Nvml, measure  # scripts/ (the script's own directory is on sys.path)
 
 from twell.bench.ffn import _dense_ffn
-from twell.bench.probe import probe_device, probe_parser, split_problem
+from twell.bench.probe import probe_device, probe_parser, run_points, split_problem
 from twell.ops import hot_cold
 from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, build_hot_cold_plan, choose_hot_units
 
@@ -107,10 +107,8 @@ def main() -> None:
         d, f, tile, cap, seconds, thresholds, points = 64, 700, 32, 8, 0.1, TINY_THRESHOLDS, ((40, 6.0),)
         bounds = bounds or (1.0,)
     nvml = Nvml((dev.index or 0) if dev.type == "cuda" else None)
-    for m, l0 in points:
-        probe_point(m, l0, d, f, tile, cap, thresholds, nvml, dev, seconds, bounds)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+    run_points(points, lambda m, l0: probe_point(m, l0, d, f, tile, cap, thresholds, nvml, dev, seconds, bounds),
+               dev)
 
 
 if __name__ == "__main__":

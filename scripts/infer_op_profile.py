@@ -17,7 +17,7 @@ from hot_threshold_probe import parse_point  # scripts/ (the script's own direct
 
 from twell import ops
 from twell.bench.model_measure import kernel_lines, profile_kernels
-from twell.bench.probe import probe_device, probe_parser
+from twell.bench.probe import probe_device, probe_parser, run_points
 from twell.nn import SparseGatedMLP
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
@@ -58,10 +58,7 @@ def main() -> None:
     d, f, calls, points = 2048, 5632, CALLS, a.points
     if a.tiny:
         d, f, calls, points = 64, 700, 2, [(300, 6.0)]
-    for m, l0 in points:
-        profile_point(m, l0, d, f, dev, calls)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+    run_points(points, lambda m, l0: profile_point(m, l0, d, f, dev, calls), dev)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import torch
 
 from twell import ops
 from twell.bench.ffn import _dense_ffn
-from twell.bench.probe import probe_args
+from twell.bench.probe import probe_args, run_points
 from twell.bench.timing import time_ms, time_ms_interleaved
 from twell.nn import SparseGatedMLP
 from twell.ops.hot_cold_plan import fused_gate_tile
@@ -68,10 +68,7 @@ def main() -> None:
     d, f, points, rep_ms = 2048, 5632, ((256, 0.5), (1024, 5.0), (16384, 0.5), (131072, 0.5)), 100.0
     if tiny:
         d, f, points, rep_ms = 64, 256, ((8, 5.0),), 2.0
-    for m, dens in points:
-        probe_point(m, dens, d, f, dev, rep_ms)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
+    run_points(points, lambda m, dens: probe_point(m, dens, d, f, dev, rep_ms), dev)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ hot/cold split probes' points and problems, and the registers and spills of the 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -99,10 +99,10 @@ def split_problem(m: int, d: int, f: int, l0: float, device: torch.device) -> Sp
     return SplitProblem(x, wg, p["w_up"], wd, wd.t().contiguous(), freq, torch.argsort(freq, descending=True))
 
 
-def run_points(setup: SplitProbeSetup, probe: Callable[[int, float], None], device: torch.device) -> None:
-    """``probe(m, l0)`` for each point, the allocator's cache emptied between points on CUDA (the problems at
-    M=131072 take tens of GB)."""
-    for m, l0 in setup.points:
+def run_points(points: Iterable[tuple[int, float]], probe: Callable[[int, float], None], device: torch.device) -> None:
+    """``probe(m, x)`` for each point ``(m, x)`` (tokens and l0 or density), the allocator's cache emptied between
+    points on CUDA (the problems at M=131072 take tens of GB)."""
+    for m, l0 in points:
         probe(m, l0)
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._runtime import interpreting
+from ._runtime import interpreting, tma_capable
 from .gate_kernel import dot_acc, tile_coords
 
 #: ``(BM, BN, BK, stages, warps, TMA store)`` on the GPU, and the interpreter's small tiles.  The GPU's was
@@ -73,7 +73,7 @@ def hot_down_supported(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> bool:
     interpreter), both contiguous, rows a multiple of 16 bytes (TMA's stride rule: H and d multiples of 8)."""
     if h_hot.dtype not in (torch.float16, torch.bfloat16) or w_down_hot_t.dtype != h_hot.dtype:
         return False
-    if not (interpreting() or (h_hot.is_cuda and torch.cuda.get_device_capability(h_hot.device)[0] >= 9)):
+    if not (interpreting() or tma_capable(h_hot.device)):
         return False
     n_hot, d = w_down_hot_t.shape
     return (h_hot.is_contiguous() and w_down_hot_t.is_contiguous() and h_hot.shape[1] == n_hot
