@@ -27,7 +27,7 @@ from twell.bench.model_setup import DEFAULT_L0, PRESETS, prepare
 from twell.bench.model_sparsity import SparsityTarget
 from twell.bench.probe import probe_device, probe_parser
 from twell.format.twell import default_capacity
-from twell.nn import DispatchPolicy, SparseGatedMLP
+from twell.nn import DispatchPolicy, SparseGatedMLP, hot_cold_cache
 
 
 def _stamp(dev: torch.device) -> Callable[[], object]:
@@ -81,7 +81,8 @@ def overflow_stats(mlp: torch.nn.Module) -> str:
     cap = mlp.capacity or default_capacity(mlp.tile)
     over = counts[:, :n_cold_tiles] > cap
     rows = int(over.any(1).sum())
-    return f"H={n_hot:4d} overflowing cold tiles {int(over.sum()):7d} in {rows:6d} tokens"
+    budget = mlp._hot_cold.dense_rows(counts.shape[0])
+    return f"H={n_hot:4d} overflowing cold tiles {int(over.sum()):7d} in {rows:6d} tokens, dense-row budget {budget:5d}"
 
 
 def main() -> None:
@@ -90,7 +91,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-dense-rows", action="store_true",
+                    help="every overflowing row in the row kernel (hot_cold_cache.DENSE_OVERFLOW_ROWS off)")
     a = ap.parse_args()
+    if a.no_dense_rows:
+        hot_cold_cache.DENSE_OVERFLOW_ROWS = False
     dev = probe_device(a.device)
     preset, batch, seq, reps = a.preset, a.batch, a.seq, a.reps
     if a.tiny:
@@ -112,7 +117,8 @@ def main() -> None:
             times[name] = layer_times(bench.model, mlps, ids, reps, dev)
         sparse = bench.sets.use("sparse:default")
         print(f"{preset}, {batch} x {seq} tokens, {dtype}; per layer: dense ms, sparse ms, dense / sparse, "
-              f"the sparse layer's hot units and overflowing cold tiles (last call)", flush=True)
+              f"the sparse layer's hot units, overflowing cold tiles and dense-row budget (last call; dense rows "
+              f"{'on' if hot_cold_cache.DENSE_OVERFLOW_ROWS else 'off'})", flush=True)
         for i, (t_d, t_s) in enumerate(zip(times["dense"], times["sparse:default"], strict=True)):
             print(f"layer {i:2d}: dense {t_d:8.3f} ms, sparse {t_s:8.3f} ms, {t_d / t_s:5.2f}x | "
                   f"{overflow_stats(sparse[i])}", flush=True)

@@ -55,9 +55,15 @@ H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 #: (dispatch_2048x5632_session21_mid_densities.json: 16384 and 65536 tokens at 1.5 / 3 / 4 / 7.5 %:
 #: 1.26-1.51x).  Each limit is the density the synthetic problem actually had at the last winning point
 #: (l0 / F, e.g. 81.55 / 5632 at 1.5 % and 1024 tokens), rounded up in its 7th decimal, so the measured point
-#: itself is inside; above 10 % nothing was measured.
+#: itself is inside; above 10 % nothing was measured.  Session 22's sweep (``twell bench ffn``, commit 642b089,
+#: bench_results/h200/ffn_sweep_session22.json) ran the 1024-token row on another machine of the same kind and it
+#: lost at every density it sent sparse: 0.85x / 0.66x / 0.67x at 0.25 / 0.5 / 1 % (module 0.140-0.179 ms against
+#: dense 0.119; session 21's tuning had 0.099-0.114 ms for the sparse module there).  A call of ~0.1 ms is
+#: bound by the host's launches, so the winner at 1024 tokens depends on the machine's CPU: 1024 tokens go dense
+#: again (as after session 13), and 2048 keeps only 0.25 %, the one density that won in both session 13 (1.24x)
+#: and session 21 (1.59x).
 H200_BF16_2048X5632_TABLE: DispatchTable = (
-    (1024, 0.0144799), (2048, 0.0048350), (4096, 0.0196513), (8192, 0.0993416), (16384, 0.0996176),
+    (2048, 0.0024093), (4096, 0.0196513), (8192, 0.0993416), (16384, 0.0996176),
     (32768, 0.0998369), (65536, 0.0997857), (131072, 0.0998256),
 )
 

@@ -18,15 +18,33 @@ from typing import Any
 
 import torch
 
+from ..format.twell import DEFAULT_TILE, default_capacity
+from ..ops.hot_cold_dense_rows import dense_row_budget
 from ..ops.hot_cold_plan import (
     HOT_MAX_COLD_L0,
     HOT_MIN_FREQUENCY,
     HotColdPlan,
+    active_frequency,
     build_hot_cold_plan,
     check_max_cold_l0,
     choose_hot_units,
-    unit_frequency,
+    overflow_row_fraction,
+    sample_active,
 )
+
+#: The hot/cold op's dense rows (``twell.ops.hot_cold_dense_rows``): the tokens with an overflowing cold tile
+#: computed by three dense GEMMs, as many as the refresh sample predicts (below).  Why: in the 1.5B forward's
+#: calibrated sparsity on the H200 the first layers' few dense tokens cost the most (layer 0: 10.504 ms sparse
+#: with 13,353 overflowing cold tiles in 739 of 131,072 tokens, against 6.0-6.5 ms for layers without any;
+#: bench_results/h200/forward_layer_times_session22.log).  Off: every overflowing row in the row kernel.
+DENSE_OVERFLOW_ROWS = True
+#: The dense-row budget of a call: the refresh sample's fraction of rows with an overflowing cold tile times the
+#: call's tokens, times this margin (the sample holds 4096 rows: ~23 such rows at layer 0 above), plus the
+#: slack below, rounded up to the multiple.  Unused budget costs GEMM rows (~3 x 2 x d x F FLOPs each), a budget
+#: short of the rows leaves the rest to the row kernel.
+DENSE_ROWS_MARGIN = 1.5
+DENSE_ROWS_SLACK = 32
+DENSE_ROWS_MULTIPLE = 64
 
 
 def _weights_key(*weights: torch.Tensor) -> tuple:
@@ -46,22 +64,37 @@ class HotColdCache:
         self._hot: torch.Tensor | None = None
         self._plan: HotColdPlan | None = None
         self._key: Any = None
+        #: fraction of the last refresh sample's rows with an overflowing cold tile under the current hot set
+        self.overflow_fraction = 0.0
 
     @property
     def chosen(self) -> bool:
         """Whether the hot units have been chosen at least once (since the last :meth:`clear`)."""
         return self._hot is not None
 
-    def refresh(self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> None:
-        """Re-choose the hot units from (a sample of) the tokens ``x``; synchronises with the host once."""
+    def refresh(self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *,
+                tile: int = DEFAULT_TILE, capacity: int | None = None) -> None:
+        """Re-choose the hot units from (a sample of) the tokens ``x``, and measure on the same sample the
+        fraction of rows whose cold tiles (of ``tile`` units, ``capacity`` slots; None: the default) overflow
+        (:attr:`overflow_fraction`, for :meth:`dense_rows`); synchronises with the host twice."""
         with torch.inference_mode(False), torch.no_grad():
-            hot = choose_hot_units(unit_frequency(x, w_gate), min_frequency=self.min_frequency,
+            active = sample_active(x, w_gate)
+            hot = choose_hot_units(active_frequency(active), min_frequency=self.min_frequency,
                                    max_cold_l0=self.max_cold_l0)
-        if self._hot is not None and self._hot.device == hot.device and self._close_enough(self._hot, hot):
-            return
-        self._hot = hot
-        self._plan = None
-        self._key = None
+            if not (self._hot is not None and self._hot.device == hot.device and self._close_enough(self._hot, hot)):
+                self._hot = hot
+                self._plan = None
+                self._key = None
+            cap = default_capacity(tile) if capacity is None else capacity
+            self.overflow_fraction = overflow_row_fraction(active, self._hot, tile, cap) if self._hot.numel() else 0.0
+
+    def dense_rows(self, n_tokens: int) -> int:
+        """The dense-row budget of a call of ``n_tokens`` (``hot_cold_gated_ffn``'s ``dense_rows``): 0 with
+        :data:`DENSE_OVERFLOW_ROWS` off or no overflowing row in the last refresh sample."""
+        if not DENSE_OVERFLOW_ROWS:
+            return 0
+        return dense_row_budget(n_tokens, self.overflow_fraction, margin=DENSE_ROWS_MARGIN, slack=DENSE_ROWS_SLACK,
+                                multiple=DENSE_ROWS_MULTIPLE)
 
     #: A re-chosen hot set that shares at least this fraction of units with the current one (and has the
     #: same size) is ignored: units near the frequency threshold flip in and out of a 4096-token sample,
@@ -103,3 +136,4 @@ class HotColdCache:
         self._hot = None
         self._plan = None
         self._key = None
+        self.overflow_fraction = 0.0

@@ -508,7 +508,7 @@ class SparseGatedMLP(nn.Module):
                                                           fused_tile=fused_tile)
                 out, _ = torch.ops.twell.hot_cold_gated_ffn_unchecked(
                     x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), plan.hot, plan.cold, w_gemm,
-                    w_down_hot_t, self.tile, capacity, backend, fused_tile)
+                    w_down_hot_t, self.tile, capacity, backend, fused_tile, self._hot_cold.dense_rows(m))
             else:
                 out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
                     x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), self.tile, capacity, self.precision,
@@ -706,7 +706,7 @@ class SparseGatedMLP(nn.Module):
         if prep.hot_cold and not decode:
             # Hot units re-chosen on refresh calls only (the choice synchronises with the host).
             if self._state.refresh_now or not self._hot_cold.chosen:
-                self._hot_cold.refresh(x, w_gate, w_up, w_down)
+                self._hot_cold.refresh(x, w_gate, w_up, w_down, tile=self.tile, capacity=prep.capacity)
             plan = self._hot_cold.plan(w_gate, w_up, w_down, key=prep.generation,
                                        fused_tile=fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device))
         w_down_t = self._buffers["_wd_unit_major"]  # current: _prepare_sparse rebuilt it if Wd changed
@@ -725,7 +725,7 @@ class SparseGatedMLP(nn.Module):
         elif plan is not None:
             out, counts = torch.ops.twell.hot_cold_gated_ffn_unchecked(
                 x, w_gate, w_up, w_down_t, plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t, self.tile,
-                prep.capacity, prep.backend, plan.fused_tile,
+                prep.capacity, prep.backend, plan.fused_tile, self._hot_cold.dense_rows(x.shape[0]),
             )
         else:
             out, counts = torch.ops.twell.sparse_gated_ffn_unchecked(

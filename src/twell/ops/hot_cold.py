@@ -31,6 +31,7 @@ import triton.language as tl
 from .bitmap_kernels import launch_bitmap_ffn, launch_pack_bitmap
 from .cold_down_kernel import down_cold_supported, launch_down_cold
 from .gate_kernel import launch_pack_twell, relu_keep_nan, round_to
+from .hot_cold_dense_rows import dense_rows_ffn, select_overflow_rows
 from .hot_cold_gate_kernel import launch_hot_cold_gate
 from .hot_cold_plan import HotColdPlan
 from .hot_down_kernel import hot_down_supported, launch_hot_down
@@ -144,6 +145,7 @@ def launch_hot_cold_ffn(
     tile: int,
     capacity: int,
     cold_format: str = "auto",
+    dense_rows: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [M, d], counts [M, n_cold_tiles + n_hot_tiles]) for validated, contiguous inputs.
 
@@ -153,6 +155,10 @@ def launch_hot_cold_ffn(
 
     ``cold_format``: how the cold pairs are listed (``COLD_FORMATS``): "twell" (TwELL slots of
     ``capacity``; "auto" picks it) or "bitmap" (``ops.bitmap_kernels``, tiles that are multiples of 32).
+
+    ``dense_rows``: up to this many rows with an overflowing cold tile (the first in row order) are computed
+    whole by dense GEMMs instead of the row kernel's per-token dense pass (``hot_cold_dense_rows``; TwELL cold
+    format; 0: none).  The others keep that pass: the result is exact at any budget.
 
     ``counts`` holds the non-zeros per (row, tile of cold columns) then per (row, tile of hot units):
     each row sums to its l0.
@@ -204,8 +210,14 @@ def launch_hot_cold_ffn(
     elif cold_format == "bitmap":
         launch_bitmap_ffn(x, g_cold, *cold, plan.cold, w_up, w_down_t, tile=tile, out=out, init=init)
     else:
+        skip = rows = None
+        if dense_rows > 0 and taken is None and m:
+            skip, rows = select_overflow_rows(cold[-1], capacity, min(dense_rows, m))
         launch_twell_ffn(x, *cold, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile, round_hidden=True,
-                         out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids, taken=taken)
+                         out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids, taken=taken,
+                         skip_overflow_rows=skip)
+        if rows is not None:
+            dense_rows_ffn(x, rows, w_gate, w_up, w_down_t, out)
     return out, torch.cat([cold[-1], hot_counts], 1)
 
 

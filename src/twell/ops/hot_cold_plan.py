@@ -85,17 +85,49 @@ class HotColdPlan:
         return int(self.hot.shape[0] + self.cold.shape[0])
 
 
-def unit_frequency(x: torch.Tensor, w_gate: torch.Tensor, *, max_tokens: int = FREQUENCY_SAMPLE_TOKENS) -> torch.Tensor:
-    """Fraction of tokens on which each unit fires, from up to ``max_tokens`` evenly spaced rows of x; fp32 [F]."""
+def sample_active(x: torch.Tensor, w_gate: torch.Tensor, *, max_tokens: int = FREQUENCY_SAMPLE_TOKENS) -> torch.Tensor:
+    """Which units fire (gate > 0, or NaN) on up to ``max_tokens`` evenly spaced rows of x: bool [S, F]."""
     check_tensor(x, "x", ndim=2)
     check_tensor(w_gate, "w_gate", ndim=2)
     m = x.shape[0]
-    if m == 0:
-        return torch.zeros(w_gate.shape[0], dtype=torch.float32, device=x.device)
     if m > max_tokens:
         x = x[torch.linspace(0, m - 1, max_tokens, device=x.device).long()]
     g = torch.nn.functional.linear(x, w_gate)
-    return ((g > 0) | g.isnan()).float().mean(0)
+    return (g > 0) | g.isnan()
+
+
+def unit_frequency(x: torch.Tensor, w_gate: torch.Tensor, *, max_tokens: int = FREQUENCY_SAMPLE_TOKENS) -> torch.Tensor:
+    """Fraction of tokens on which each unit fires, from up to ``max_tokens`` evenly spaced rows of x; fp32 [F]."""
+    return active_frequency(sample_active(x, w_gate, max_tokens=max_tokens))
+
+
+def active_frequency(active: torch.Tensor) -> torch.Tensor:
+    """Per-unit firing fraction of a bool [S, F] sample (:func:`sample_active`); zeros for an empty sample."""
+    if active.shape[0] == 0:
+        return torch.zeros(active.shape[1], dtype=torch.float32, device=active.device)
+    return active.float().mean(0)
+
+
+def overflow_row_fraction(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int) -> float:
+    """Fraction of the sample's rows with a cold tile of more than ``capacity`` non-zeros (one host sync).
+
+    ``active``: bool [S, F] (:func:`sample_active`); ``hot``: the hot unit ids.  The cold tiles are the split's:
+    the cold units in increasing id order, ``tile`` to a tile (``build_hot_cold_plan``'s ``cold``).
+    """
+    s, f = active.shape
+    if s == 0:
+        return 0.0
+    cold_mask = torch.ones(f, dtype=torch.bool, device=active.device)
+    cold_mask[hot.to(active.device)] = False
+    cold = active[:, cold_mask]
+    n_cold = cold.shape[1]
+    if n_cold == 0:
+        return 0.0
+    pad = -n_cold % tile
+    if pad:
+        cold = torch.nn.functional.pad(cold, (0, pad))
+    per_tile = cold.view(s, -1, tile).sum(2, dtype=torch.int32)
+    return float((per_tile > capacity).any(1).float().mean())
 
 
 def check_max_cold_l0(max_cold_l0: float | None) -> None:

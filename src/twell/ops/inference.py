@@ -332,6 +332,7 @@ def hot_cold_gated_ffn(
     nan_policy: str = "propagate",
     return_counts: bool = False,
     cold_format: str = "auto",
+    dense_rows: int = 0,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The ReLU-gated FFN with the hot/cold split of ``plan`` (``twell.ops.hot_cold``): hot units densely,
     cold units through TwELL ("twell", what "auto" picks: faster on the H200) or a per-row-tile bitmap
@@ -340,6 +341,10 @@ def hot_cold_gated_ffn(
 
     With ``return_counts`` also returns the non-zeros per (row, tile of cold columns, then of hot units),
     int32 [M, ceil((F - H) / tile) + ceil(H / tile)]: each row sums to its l0.
+
+    ``dense_rows`` (int >= 0; Triton path, TwELL cold format): up to this many tokens with an overflowing cold
+    tile are computed by three dense GEMMs on their rows instead of one at a time in the row kernel
+    (``twell.ops.hot_cold_dense_rows``); a speed setting only, the values stay the dense FFN's.
     """
     if not isinstance(plan, HotColdPlan):
         raise TypeError(f"plan must be a HotColdPlan (twell.ops.build_hot_cold_plan), got {type(plan).__name__}")
@@ -352,6 +357,9 @@ def hot_cold_gated_ffn(
     if capacity is None:
         capacity = default_capacity(tile)
     check_positive_int(capacity, "capacity", maximum=tile)
+    if isinstance(dense_rows, bool) or not isinstance(dense_rows, int) or dense_rows < 0:
+        raise ValueError(f"dense_rows must be an int >= 0 (rows with an overflowing cold tile done by dense GEMMs; "
+                         f"0: none), got {dense_rows!r}")
     if plan.n_units != w_gate.shape[0] or plan.w_gemm.shape[1] != x.shape[1]:
         raise ValueError(
             f"the plan is for F={plan.n_units}, d={plan.w_gemm.shape[1]} but the weights have F={w_gate.shape[0]}, "
@@ -368,7 +376,7 @@ def hot_cold_gated_ffn(
 
     out, counts = launch_hot_cold_ffn(
         x.contiguous(), plan, w_gate.contiguous(), w_up.contiguous(), _unit_major(w_down), tile=tile,
-        capacity=capacity, cold_format=cold_format,
+        capacity=capacity, cold_format=cold_format, dense_rows=dense_rows,
     )
     return (out, counts) if return_counts else out
 

@@ -307,6 +307,8 @@ def _twell_ffn_row_kernel(
     H_SLOTS=0,
     HEAVY_FIRST: tl.constexpr = False,
     MARK: tl.constexpr = 1,
+    skip_ptr=None,
+    SKIP_OVERFLOW_ROWS: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     if HEAVY_FIRST:  # (LISTED too) the first H_SLOTS programs take the list pass's heavy queue, the others row
@@ -357,6 +359,12 @@ def _twell_ffn_row_kernel(
         row_vals = tl.load(val_ptr + row * n_tiles * CAP + flat, mask=flat_ok & keep, other=0.0).to(tl.float32)
         row_idx = tl.load(idx_ptr + row * n_tiles * CAP + flat, mask=flat_ok & keep, other=0).to(tl.int32)
     cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=(tiles < n_tiles) & searched, other=0)
+    if SKIP_OVERFLOW_ROWS:  # a flagged row with an overflowing tile is the caller's whole (the hot/cold op's
+        # dense rows): nothing more read, nothing written.  Other rows' flags are not read (a listed row's counts
+        # stay masked to 0 here: listing excludes an overflowing tile).
+        if tl.sum((cnt > CAP).to(tl.int32), axis=0) > 0:
+            if tl.load(skip_ptr + row) != 0:
+                return
     ell = tl.where(cnt <= CAP, cnt, 0)  # overflowing tiles are handled densely below
     if SKIP_TC_ROWS:
         ell = tl.where(keep, ell, 0)  # such a row has no overflowing tile either: nothing runs below
@@ -456,6 +464,7 @@ def launch_twell_ffn(
     rows_together: bool | None = None,
     listed: bool | None = None,
     heavy_first: bool | None = None,
+    skip_overflow_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -485,6 +494,9 @@ def launch_twell_ffn(
     ``heavy_first`` (None: :func:`heavy_first_default` for the ``n_cols`` units' rows, where the rows are listed):
     the heavy rows first, then the others in index order (same results, bit for bit); it needs the lists
     (ValueError without them).
+    ``skip_overflow_rows`` (int8 [M]): rows flagged non-zero that have an overflowing tile are neither read nor
+    written (the caller computes them whole: ``hot_cold_dense_rows``); a flag on a row without one is not read
+    (the row is computed as usual).  Not with the tensor-core gather or ``taken`` (ValueError).
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -501,6 +513,14 @@ def launch_twell_ffn(
         if prefetch:  # two steps' rows in registers: SB 4 with the prefetch spills 172 B (ptxas), SB 2 none
             sb = max(1, sb // 2)
     has_spill = spill_values is not None
+    if skip_overflow_rows is not None:
+        if taken is not None or tensor_cores:
+            raise ValueError("launch_twell_ffn: `skip_overflow_rows` does not combine with `taken` or the tensor-core "
+                             "gather (each picks rows to leave to another kernel); pass one of them")
+        if skip_overflow_rows.shape != (m,) or skip_overflow_rows.dtype != torch.int8:
+            raise ValueError(f"launch_twell_ffn: skip_overflow_rows must be int8 [{m}], got "
+                             f"{skip_overflow_rows.dtype} {tuple(skip_overflow_rows.shape)}")
+        tensor_cores = False
     if taken is not None and tensor_cores:
         raise ValueError("launch_twell_ffn: `taken` (rows done by another kernel) and the tensor-core gather "
                          "both pick rows to skip; pass one of them")
@@ -578,6 +598,8 @@ def launch_twell_ffn(
         H_SLOTS=h_slots,
         HEAVY_FIRST=heavy_first,
         MARK=twell_list_kernel.HEAVY_MARK,
+        skip_ptr=skip_overflow_rows if skip_overflow_rows is not None else counts,
+        SKIP_OVERFLOW_ROWS=skip_overflow_rows is not None,
         num_warps=num_warps or 4,
     )
     return out

@@ -1,0 +1,242 @@
+"""The hot/cold op's dense rows (twell.ops.hot_cold_dense_rows): rows with an overflowing cold tile computed by
+dense GEMMs, the row kernel skipping them, the budget chosen from the refresh sample.
+
+Kernels run in Triton's interpreter on the CPU (natively on a GPU); inputs are exact-grid values from
+test_ops_kernels.make_problem, so counts equal the reference's bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_ops_kernels import make_problem
+
+import twell.ops as ops
+from twell.nn import hot_cold_cache
+from twell.nn.hot_cold_cache import HotColdCache
+from twell.ops import hot_cold
+from twell.ops.hot_cold_dense_rows import dense_row_budget, dense_rows_ffn, select_overflow_rows
+from twell.ops.hot_cold_plan import overflow_row_fraction, sample_active
+from twell.ops.twell_ffn_kernel import launch_twell_ffn
+from twell.reference import inference as ref
+from twell.tolerances import REL_TOL, rel_error
+
+
+def _problem_with_dense_rows(m: int, d: int, f: int, dense: list[int], dtype: torch.dtype, device) -> dict:
+    """A sparse problem whose rows ``dense`` fire most units (their cold tiles overflow any small capacity)."""
+    p = make_problem(m, d, f, frac_pos=0.06, seed=5, dtype=torch.float32, device="cpu")
+    # the bias channel (x[:, 0] = 1 against each unit's negative offset in Wg[:, 0]) turned over on these rows:
+    # the offset then adds 4x its size to every gate, and most units fire
+    p["x"][dense, 0] = -4.0
+    return {k: v.to(dtype=dtype, device=device) for k, v in p.items()}
+
+
+def _plan(p: dict, n_hot: int) -> ops.HotColdPlan:
+    freq = ops.unit_frequency(p["x"], p["w_gate"])
+    hot = torch.argsort(freq, descending=True, stable=True)[:n_hot]
+    return ops.build_hot_cold_plan(p["w_gate"], p["w_up"], p["w_down"], hot)
+
+
+def _run(p: dict, plan: ops.HotColdPlan, backend: str, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    return ops.hot_cold_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], plan, backend=backend,
+                                  return_counts=True, **kw)
+
+
+def _overflowing_rows(counts: torch.Tensor, plan: ops.HotColdPlan, tile: int, cap: int) -> list[int]:
+    n_cold_tiles = -(-(plan.n_units - plan.n_hot) // tile)
+    return torch.nonzero((counts[:, :n_cold_tiles] > cap).any(1)).flatten().tolist()
+
+
+def test_select_overflow_rows_first_rows_in_order():
+    counts = torch.tensor([[1, 2], [5, 0], [0, 0], [3, 9], [4, 4], [0, 7]], dtype=torch.int32)
+    # capacity 4: rows 1 (5), 3 (9) and 5 (7) overflow; row 4 sits at the capacity
+    skip, rows = select_overflow_rows(counts, 4, 2)
+    assert skip.dtype == torch.int8
+    assert skip.tolist() == [0, 1, 0, 1, 0, 0]
+    assert rows.tolist() == [1, 3]
+    skip, rows = select_overflow_rows(counts, 4, 5)
+    assert skip.tolist() == [0, 1, 0, 1, 0, 1]
+    assert rows.tolist() == [1, 3, 5, 0, 0]  # unused slots hold row 0
+    skip, rows = select_overflow_rows(counts, 9, 3)
+    assert skip.tolist() == [0] * 6 and rows.tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_dense_rows_ffn_is_the_dense_ffn_on_those_rows(dtype):
+    p = make_problem(7, 16, 48, frac_pos=0.3, seed=2, dtype=dtype, device="cpu")
+    out = torch.full((7, 16), float("nan"), dtype=dtype)
+    rows = torch.tensor([4, 1, 1], dtype=torch.int64)  # a repeated row writes the same values twice
+    dense_rows_ffn(p["x"], rows, p["w_gate"], p["w_up"], p["w_down"].t().contiguous(), out)
+    want = ref.dense_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], precision="match")
+    for r in (1, 4):
+        assert rel_error(out[r], want[r]) <= REL_TOL[dtype]
+    assert torch.isnan(out[[0, 2, 3, 5, 6]]).all()  # rows not listed are left alone
+
+
+def test_row_kernel_skips_flagged_overflowing_rows_only(device):
+    m, d, f, tile, cap = 6, 16, 64, 16, 2
+    p = _problem_with_dense_rows(m, d, f, [1, 4], torch.float32, device)
+    gate = ops.gate_twell(p["x"], p["w_gate"], tile=tile, capacity=cap)
+    over = (gate.counts > cap).any(1).cpu()
+    assert over.any() and not over.all(), "the problem must have rows with and without an overflowing tile"
+    wdt = p["w_down"].t().contiguous()
+    flags = torch.ones(m, dtype=torch.int8, device=device)  # every row flagged: only overflowing ones skip
+    out = torch.full((m, d), float("nan"), device=device)
+    launch_twell_ffn(p["x"], gate.values, gate.indices, gate.counts, None, None, p["w_gate"], p["w_up"], wdt,
+                     n_cols=f, tile=tile, round_hidden=True, out=out, skip_overflow_rows=flags)
+    want = ref.dense_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], precision="match")
+    out = out.cpu()
+    assert torch.isnan(out[over]).all()
+    assert rel_error(out[~over], want.cpu()[~over]) <= REL_TOL[torch.float32]
+
+
+def test_row_kernel_skip_flags_checked(device):
+    p = make_problem(4, 16, 32, frac_pos=0.3, seed=1, dtype=torch.float32, device=device)
+    gate = ops.gate_twell(p["x"], p["w_gate"], tile=16, capacity=4)
+    args = (p["x"], gate.values, gate.indices, gate.counts, None, None, p["w_gate"], p["w_up"],
+            p["w_down"].t().contiguous())
+    out = torch.empty(4, 16, device=device)
+    kw = dict(n_cols=32, tile=16, round_hidden=True, out=out)
+    with pytest.raises(ValueError, match=r"skip_overflow_rows must be int8 \[4\]"):
+        launch_twell_ffn(*args, **kw, skip_overflow_rows=torch.zeros(4, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match=r"skip_overflow_rows must be int8 \[4\]"):
+        launch_twell_ffn(*args, **kw, skip_overflow_rows=torch.zeros(3, dtype=torch.int8, device=device))
+    with pytest.raises(ValueError, match="does not combine with `taken`"):
+        launch_twell_ffn(*args, **kw, skip_overflow_rows=torch.zeros(4, dtype=torch.int8, device=device),
+                         taken=torch.zeros(4, dtype=torch.int8, device=device))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("budget", [0, 1, 2, 3, 64])
+def test_op_with_dense_rows_matches_reference(budget, dtype, device):
+    m, d, f, tile, cap, n_hot = 9, 32, 128, 16, 2, 16
+    p = _problem_with_dense_rows(m, d, f, [0, 4, 8], dtype, device)
+    plan = _plan(p, n_hot)
+    out, counts = _run(p, plan, "triton", tile=tile, capacity=cap, dense_rows=budget)
+    ref_out, ref_counts = _run(p, plan, "torch", tile=tile, capacity=cap)
+    assert torch.equal(counts.cpu(), ref_counts.cpu())
+    over = _overflowing_rows(counts.cpu(), plan, tile, cap)
+    assert {0, 4, 8} <= set(over) and len(over) < m  # some rows overflow (more than the small budgets), some not
+    dense = ref.dense_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], precision="match")
+    assert rel_error(out, ref_out) <= REL_TOL[dtype]
+    assert rel_error(out, dense) <= REL_TOL[dtype]
+    for r in over[:budget]:  # the dense-row path computed these rows whole
+        assert rel_error(out[r], dense[r]) <= REL_TOL[dtype]
+
+
+def test_op_dense_rows_bad_values(device):
+    p = make_problem(4, 16, 64, frac_pos=0.2, seed=3, dtype=torch.float32, device=device)
+    plan = _plan(p, 16)
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="dense_rows must be an int >= 0"):
+            _run(p, plan, "triton", tile=16, dense_rows=bad)
+
+
+def test_op_dense_rows_uses_the_selection(device, monkeypatch):
+    """A budget > 0 takes the dense-row path (the selection runs), 0 does not."""
+    calls = []
+    real = hot_cold.select_overflow_rows
+
+    def spy(*a, **k):
+        calls.append(a[2])
+        return real(*a, **k)
+
+    monkeypatch.setattr(hot_cold, "select_overflow_rows", spy)
+    p = _problem_with_dense_rows(6, 32, 128, [2], torch.float32, device)
+    plan = _plan(p, 16)
+    _run(p, plan, "triton", tile=16, capacity=2, dense_rows=0)
+    assert calls == []
+    _run(p, plan, "triton", tile=16, capacity=2, dense_rows=100)
+    assert calls == [6]  # the budget is capped at the call's rows
+
+
+def test_overflow_row_fraction_counts_cold_tiles_only():
+    active = torch.zeros(4, 8, dtype=torch.bool)
+    active[0, [0, 1, 2]] = True  # cold tile 0 holds units 0, 1, 3 (unit 2 is hot): 2 non-zeros
+    active[1, [3, 4, 5, 6]] = True  # cold units 3 | 4 5 6 (tiles [0 1 3], [4 5 6], [7]): tile 1 holds 3
+    active[2, [7]] = True
+    hot = torch.tensor([2])
+    assert overflow_row_fraction(active, hot, 3, 2) == 0.25  # row 1 only
+    assert overflow_row_fraction(active, hot, 3, 3) == 0.0
+    assert overflow_row_fraction(active, torch.arange(8), 3, 1) == 0.0  # nothing cold
+    assert overflow_row_fraction(active[:0], hot, 3, 1) == 0.0
+
+
+def test_dense_row_budget():
+    assert dense_row_budget(131072, 0.0, margin=1.5, slack=32, multiple=64) == 0
+    assert dense_row_budget(0, 0.1, margin=1.5, slack=32, multiple=64) == 0
+    assert dense_row_budget(131072, 23 / 4096, margin=1.5, slack=32, multiple=64) == 1152  # 1104 + 32 -> 1152
+    assert dense_row_budget(100, 0.5, margin=1.5, slack=32, multiple=64) == 100  # at most the call's rows
+
+
+def test_cache_measures_the_overflow_fraction(device, monkeypatch):
+    p = _problem_with_dense_rows(8, 32, 128, [1, 6], torch.float32, device)
+    cache = HotColdCache(min_frequency=0.3, max_cold_l0=None)  # 8 tokens: the default would make every unit hot
+    cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=2)
+    assert 0 < cache._hot.numel() < 128
+    active = sample_active(p["x"], p["w_gate"])
+    want = overflow_row_fraction(active, cache._hot, 16, 2)
+    assert want >= 2 / 8
+    assert cache.overflow_fraction == want
+    assert cache.dense_rows(8) == 8 and cache.dense_rows(0) == 0
+    monkeypatch.setattr(hot_cold_cache, "DENSE_OVERFLOW_ROWS", False)
+    assert cache.dense_rows(8) == 0
+    cache.clear()
+    assert cache.overflow_fraction == 0.0
+    # no hot unit: the layer has no plan (the plain TwELL op runs), so no dense-row budget either
+    cache = HotColdCache(min_frequency=1.0, max_cold_l0=None)
+    cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=2)
+    assert cache._hot.numel() == 0 and cache.overflow_fraction == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2048, 5632), (768, 2048)])
+def test_gpu_bf16_dense_first_tokens(shape):
+    """Real shapes, bf16: a batch whose first tokens of each sequence fire ~15 % of units (as the 1.5B forward's
+    first layers do); the dense rows against an fp32 reference and against the op without them."""
+    from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+    d, f = shape
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(1)
+    p = synthetic_ffn_problem(8192, d, f, SparsityProfile(mean_l0=0.005 * f), generator=gen, device=dev)
+    p = {k: p[k] for k in ("x", "w_gate", "w_up", "w_down")}
+    heavy = torch.arange(0, 8192, 512, device=dev)
+    p["x"][heavy] = p["x"][heavy] * 6  # larger inputs on these rows: far more gates above 0
+    plan = ops.build_hot_cold_plan(p["w_gate"], p["w_up"], p["w_down"],
+                                   ops.choose_hot_units(ops.unit_frequency(p["x"], p["w_gate"])))
+    want = ref.dense_gated_ffn(p["x"].float(), p["w_gate"].float(), p["w_up"].float(), p["w_down"].float(),
+                               precision="fp32")
+    base, counts = _run(p, plan, "triton")
+    over = _overflowing_rows(counts, plan, 128, 16)
+    assert len(over) >= 8
+    for budget in (4, 64):
+        torch.manual_seed(0)
+        out, c = _run(p, plan, "triton", dense_rows=budget)
+        assert torch.equal(c, counts)
+        assert rel_error(out, want) <= REL_TOL[torch.bfloat16]
+        assert rel_error(out, base) <= REL_TOL[torch.bfloat16]
+        assert not torch.isnan(out).any()
+
+
+def test_module_passes_the_sample_budget(device, monkeypatch):
+    """SparseGatedMLP's sparse call takes the budget its refresh sample gives (here every row's worth)."""
+    from twell.nn import DispatchPolicy, SparseGatedMLP
+
+    budgets = []
+    real = hot_cold.select_overflow_rows
+
+    def spy(*a, **k):
+        budgets.append(a[2])
+        return real(*a, **k)
+
+    monkeypatch.setattr(hot_cold, "select_overflow_rows", spy)
+    p = _problem_with_dense_rows(8, 32, 128, [1, 6], torch.float32, device)
+    mlp = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"], backend="triton", tile=16, capacity=2,
+                                      policy=DispatchPolicy.always_sparse()).eval()
+    mlp._hot_cold = HotColdCache(min_frequency=0.3, max_cold_l0=None)  # 8 tokens: some units cold
+    with torch.no_grad():
+        out = mlp(p["x"])
+    assert mlp._hot_cold.overflow_fraction > 0 and budgets == [8]
+    dense = ref.dense_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], precision="match")
+    assert rel_error(out, dense) <= REL_TOL[torch.float32]
