@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 S=session22
-R="$R/run"
+R="$OUT/run"
 mkdir -p "$R"
 timeout 300 python3 -m pytest tests -q -m gpu -p no:cacheprovider > "$R/pytest_gpu_all_$S.log" 2>&1; echo "pytest rc=$?"
 timeout 90 python3 scripts/forward_layer_times.py > "$R/forward_layer_times_dense_rows_$S.log" 2>&1; echo "layers rc=$?"
