@@ -22,4 +22,4 @@ echo "model off rc=$?"
 tail -3 "$R/pytest_gpu_all_$S.log"
 for f in forward_layer_times_dense_rows forward_layer_times_no_dense_rows; do head -6 "$R/${f}_$S.log"; tail -1 "$R/${f}_$S.log"; done
 tail -6 "$R/model_forward_dense_rows_$S.log"; tail -6 "$R/model_forward_no_dense_rows_$S.log"
-rm -rf "$OUT"/*_parts
+rm -rf "$R"/*_parts
