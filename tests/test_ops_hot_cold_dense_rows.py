@@ -202,7 +202,7 @@ def test_gpu_bf16_dense_first_tokens(shape):
     p = synthetic_ffn_problem(8192, d, f, SparsityProfile(mean_l0=0.005 * f), generator=gen, device=dev)
     p = {k: p[k] for k in ("x", "w_gate", "w_up", "w_down")}
     heavy = torch.arange(0, 8192, 512, device=dev)
-    p["x"][heavy] = p["x"][heavy] * 6  # larger inputs on these rows: far more gates above 0
+    p["x"][heavy, 1] += 2.0  # the generator's per-position shift channel: these rows fire far more units
     plan = ops.build_hot_cold_plan(p["w_gate"], p["w_up"], p["w_down"],
                                    ops.choose_hot_units(ops.unit_frequency(p["x"], p["w_gate"])))
     want = ref.dense_gated_ffn(p["x"].float(), p["w_gate"].float(), p["w_up"].float(), p["w_down"].float(),
@@ -211,7 +211,6 @@ def test_gpu_bf16_dense_first_tokens(shape):
     over = _overflowing_rows(counts, plan, 128, 16)
     assert len(over) >= 8
     for budget in (4, 64):
-        torch.manual_seed(0)
         out, c = _run(p, plan, "triton", dense_rows=budget)
         assert torch.equal(c, counts)
         assert rel_error(out, want) <= REL_TOL[torch.bfloat16]
