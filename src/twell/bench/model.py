@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from .._io import write_json_atomic
-from ..nn import FusedRMSNorm
+from ..nn import FusedRMSNorm, qkv_fused
 from ..nn.rope import rotary_fused
 from ..ops import hot_cold_plan
 from .environment import environment
@@ -90,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fused-rope", action="store_true",
                    help="rotary embedding in one Triton pass per tensor (twell.nn.fuse_rotary; transformers' "
                         "forward bits), every variant alike")
+    p.add_argument("--fused-qkv", action="store_true",
+                   help="each attention layer's q, k and v projections as one GEMM (twell.nn.fuse_qkv), every "
+                        "variant alike")
     p.add_argument("--fused-gate", action=argparse.BooleanOptionalAction, default=True,
                    help="sparse layers' hot/cold split with its GEMM, hot hidden state and cold pack in one kernel "
                         "(twell.ops.hot_cold_gate_kernel; bf16/fp16; on by default)")
@@ -195,7 +198,7 @@ def _prepare(a: argparse.Namespace, policies: tuple[str, ...], device: torch.dev
     bench = prepare(a.preset, device=device, dtype=getattr(torch, a.dtype), batch=a.batch, seq=a.seq,
                     target=target, policies=policies, seed=a.seed, backend=a.backend,
                     max_positions=max(a.seq, a.prompt_len + a.new_tokens), fused_norms=a.fused_norms,
-                    fused_rope=a.fused_rope)
+                    fused_rope=a.fused_rope, fused_qkv=a.fused_qkv)
     log(f"built in {bench.seconds['build_s']:.1f} s, calibrated in {bench.seconds['calibrate_s']:.1f} s")
     return bench
 
@@ -206,6 +209,7 @@ def _setup_info(bench: BenchModel) -> dict[str, Any]:
             "device": str(bench.device), **bench.seconds, "target": bench.target.to_dict(),
             "fused_norms": any(isinstance(m, FusedRMSNorm) for m in bench.model.modules()),
             "fused_rope": rotary_fused(),
+            "fused_qkv": qkv_fused(bench.model),
             "calibration": bench.calibration}
 
 

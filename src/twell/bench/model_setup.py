@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..models import TwellLlamaConfig, TwellLlamaForCausalLM, apply, revert
-from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, fuse_rms_norms, fuse_rotary
+from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, fuse_qkv, fuse_rms_norms, fuse_rotary
 from ..ops import DECODE_MAX_TOKENS
 from ..train.model import ModelSpec
 from .model_measure import synchronize
@@ -188,6 +188,7 @@ def prepare(
     max_positions: int = 2048,
     fused_norms: bool = False,
     fused_rope: bool = False,
+    fused_qkv: bool = False,
 ) -> BenchModel:
     """Build the preset's model, give it the target sparsity (:mod:`twell.bench.model_sparsity`) calibrated
     on the benchmark batch ``[batch, seq]`` itself, and build its MLP sets.  Deterministic in ``seed``.
@@ -195,7 +196,8 @@ def prepare(
     ``fused_norms``: the model's RMSNorms run through ``F.rms_norm`` (:func:`twell.nn.fuse_rms_norms`),
     for every variant alike, before the calibration (so the thresholds match what runs).  ``fused_rope``: the
     rotary embedding in one Triton pass per tensor (:func:`twell.nn.fuse_rotary`, process-wide; forward bits
-    unchanged)."""
+    unchanged).  ``fused_qkv``: each attention layer's q, k and v projections as one GEMM
+    (:func:`twell.nn.fuse_qkv`), every variant alike, before the calibration."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     spec = PRESETS[preset]
@@ -206,6 +208,8 @@ def prepare(
         fuse_rms_norms(model)
     if fused_rope:
         fuse_rotary()
+    if fused_qkv:
+        fuse_qkv(model)
     sets = MlpSets(model, policies)
     synchronize(device)
     t1 = time.perf_counter()

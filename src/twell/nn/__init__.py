@@ -10,6 +10,7 @@ from .dispatch import (
 from .dispatch_file import load_policy, save_policy
 from .mlp import DenseReluGatedMLP, SparseGatedMLP, static_dispatch
 from .norm import FusedRMSNorm, fuse_rms_norms, unfuse_rms_norms
+from .qkv import fuse_qkv, qkv_fused, unfuse_qkv
 from .rope import fuse_rotary, unfuse_rotary
 
 __all__ = [
@@ -21,11 +22,14 @@ __all__ = [
     "DispatchPolicy",
     "FusedRMSNorm",
     "SparseGatedMLP",
+    "fuse_qkv",
     "fuse_rms_norms",
     "fuse_rotary",
     "load_policy",
+    "qkv_fused",
     "save_policy",
     "static_dispatch",
+    "unfuse_qkv",
     "unfuse_rms_norms",
     "unfuse_rotary",
 ]

@@ -34,7 +34,7 @@ def select_overflow_rows(cold_counts: torch.Tensor, capacity: int, budget: int) 
     then a scatter whose only repeated target is a discarded slot).
     """
     m = cold_counts.shape[0]
-    over = (cold_counts > capacity).any(1)
+    over = cold_counts.amax(1) > capacity
     rank = torch.cumsum(over, 0, dtype=torch.int64)  # inclusive: the k-th overflowing row has rank k
     take = over & (rank <= budget)
     slot = torch.where(take, rank - 1, budget)  # slot ``budget`` collects the rest and is dropped
