@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_ops_hot_cold import _plan, _run
 from test_ops_kernels import make_problem
 
 import twell.ops as ops
@@ -31,15 +32,18 @@ def _problem_with_dense_rows(m: int, d: int, f: int, dense: list[int], dtype: to
     return {k: v.to(dtype=dtype, device=device) for k, v in p.items()}
 
 
-def _plan(p: dict, n_hot: int) -> ops.HotColdPlan:
-    freq = ops.unit_frequency(p["x"], p["w_gate"])
-    hot = torch.argsort(freq, descending=True, stable=True)[:n_hot]
-    return ops.build_hot_cold_plan(p["w_gate"], p["w_up"], p["w_down"], hot)
+@pytest.fixture
+def selections(monkeypatch) -> list[int]:
+    """The budgets of the op's dense-row selections (``select_overflow_rows`` calls) while the test runs."""
+    budgets: list[int] = []
+    real = hot_cold.select_overflow_rows
 
+    def spy(*a, **k):
+        budgets.append(a[2])
+        return real(*a, **k)
 
-def _run(p: dict, plan: ops.HotColdPlan, backend: str, **kw) -> tuple[torch.Tensor, torch.Tensor]:
-    return ops.hot_cold_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], plan, backend=backend,
-                                  return_counts=True, **kw)
+    monkeypatch.setattr(hot_cold, "select_overflow_rows", spy)
+    return budgets
 
 
 def _overflowing_rows(counts: torch.Tensor, plan: ops.HotColdPlan, tile: int, cap: int) -> list[int]:
@@ -132,22 +136,14 @@ def test_op_dense_rows_bad_values(device):
             _run(p, plan, "triton", tile=16, dense_rows=bad)
 
 
-def test_op_dense_rows_uses_the_selection(device, monkeypatch):
+def test_op_dense_rows_uses_the_selection(device, selections):
     """A budget > 0 takes the dense-row path (the selection runs), 0 does not."""
-    calls = []
-    real = hot_cold.select_overflow_rows
-
-    def spy(*a, **k):
-        calls.append(a[2])
-        return real(*a, **k)
-
-    monkeypatch.setattr(hot_cold, "select_overflow_rows", spy)
     p = _problem_with_dense_rows(6, 32, 128, [2], torch.float32, device)
     plan = _plan(p, 16)
     _run(p, plan, "triton", tile=16, capacity=2, dense_rows=0)
-    assert calls == []
+    assert selections == []
     _run(p, plan, "triton", tile=16, capacity=2, dense_rows=100)
-    assert calls == [6]  # the budget is capped at the call's rows
+    assert selections == [6]  # the budget is capped at the call's rows
 
 
 def test_overflow_row_fraction_counts_cold_tiles_only():
@@ -218,24 +214,16 @@ def test_gpu_bf16_dense_first_tokens(shape):
         assert not torch.isnan(out).any()
 
 
-def test_module_passes_the_sample_budget(device, monkeypatch):
+def test_module_passes_the_sample_budget(device, selections):
     """SparseGatedMLP's sparse call takes the budget its refresh sample gives (here every row's worth)."""
     from twell.nn import DispatchPolicy, SparseGatedMLP
 
-    budgets = []
-    real = hot_cold.select_overflow_rows
-
-    def spy(*a, **k):
-        budgets.append(a[2])
-        return real(*a, **k)
-
-    monkeypatch.setattr(hot_cold, "select_overflow_rows", spy)
     p = _problem_with_dense_rows(8, 32, 128, [1, 6], torch.float32, device)
     mlp = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"], backend="triton", tile=16, capacity=2,
                                       policy=DispatchPolicy.always_sparse()).eval()
     mlp._hot_cold = HotColdCache(min_frequency=0.3, max_cold_l0=None)  # 8 tokens: some units cold
     with torch.no_grad():
         out = mlp(p["x"])
-    assert mlp._hot_cold.overflow_fraction > 0 and budgets == [8]
+    assert mlp._hot_cold.overflow_fraction > 0 and selections == [8]
     dense = ref.dense_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], precision="match")
     assert rel_error(out, dense) <= REL_TOL[torch.float32]
