@@ -56,12 +56,12 @@ H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 #: 1.26-1.51x).  Each limit is the density the synthetic problem actually had at the last winning point
 #: (l0 / F, e.g. 81.55 / 5632 at 1.5 % and 1024 tokens), rounded up in its 7th decimal, so the measured point
 #: itself is inside; above 10 % nothing was measured.  Session 22's sweep (``twell bench ffn``, commit 642b089,
-#: bench_results/h200/ffn_sweep_session22.json) ran the 1024-token row on another machine of the same kind and it
-#: lost at every density it sent sparse: 0.85x / 0.66x / 0.67x at 0.25 / 0.5 / 1 % (module 0.140-0.179 ms against
-#: dense 0.119; session 21's tuning had 0.099-0.114 ms for the sparse module there).  A call of ~0.1 ms is
-#: bound by the host's launches, so the winner at 1024 tokens depends on the machine's CPU: 1024 tokens go dense
-#: again (as after session 13), and 2048 keeps only 0.25 %, the one density that won in both session 13 (1.24x)
-#: and session 21 (1.59x).
+#: bench_results/h200/ffn_sweep_old_table_session22.json) sent 1024 tokens sparse and lost at every density it
+#: covered: 0.85x / 0.66x / 0.67x at 0.25 / 0.5 / 1 % (module 0.140-0.179 ms against dense 0.119; session 21's
+#: tuning had 0.099-0.114 ms for the sparse module there).  The op alone at 1024 tokens moved as much between two
+#: runs on one machine (0.097-0.114 ms in ffn_small_m_session22.json, 0.142-0.180 in ffn_sweep_dispatch_session22
+#: .json; bench_results/h200/session22_runs.md), so 1024 tokens go dense again (as after session 13), and 2048
+#: keeps only 0.25 %, the one density that won in sessions 13 (1.24x), 21 (1.59x) and 22 (1.61x, 1.64x).
 H200_BF16_2048X5632_TABLE: DispatchTable = (
     (2048, 0.0024093), (4096, 0.0196513), (8192, 0.0993416), (16384, 0.0996176),
     (32768, 0.0998369), (65536, 0.0997857), (131072, 0.0998256),

@@ -36,7 +36,10 @@ from ..ops.hot_cold_plan import (
 #: computed by three dense GEMMs, as many as the refresh sample predicts (below).  Why: in the 1.5B forward's
 #: calibrated sparsity on the H200 the first layers' few dense tokens cost the most (layer 0: 10.504 ms sparse
 #: with 13,353 overflowing cold tiles in 739 of 131,072 tokens, against 6.0-6.5 ms for layers without any;
-#: bench_results/h200/forward_layer_times_session22.log).  Off: every overflowing row in the row kernel.
+#: bench_results/h200/forward_layer_times_session22.log).  Measured on (session 22, same process, on / off):
+#: layer 0 6.725 / 10.889 ms, layer 1 6.814 / 7.924, the 28 FFNs 189.477 / 201.061 ms; the whole forward 1.348x /
+#: 1.326x of dense (514.2 / 522.0 ms; bench_results/h200/model_forward_inproc_*dense_rows_session22.json).  On.
+#: Off: every overflowing row in the row kernel.
 DENSE_OVERFLOW_ROWS = True
 #: The dense-row budget of a call: the refresh sample's fraction of rows with an overflowing cold tile times the
 #: call's tokens, times this margin (the sample holds 4096 rows: ~23 such rows at layer 0 above), plus the

@@ -18,6 +18,10 @@ torch.compile keep it):
 
 Rows past the budget keep the row kernel's exact dense pass, so nothing is dropped; the budget only moves time.
 Unused budget slots compute row 0 again and write the same dense result over it (a valid value for that row).
+
+Measured (H200, session 22, the same forward): layer 0 10.889 -> 6.725 ms and layer 1 7.924 -> 6.814 ms with budgets
+of 1152 and 384 rows (bench_results/h200/forward_layer_times_{no_,}dense_rows_session22.log); the 1.5B forward
+1.326x -> 1.348x of dense.  The budget comes from ``twell.nn.hot_cold_cache``.
 """
 
 from __future__ import annotations
