@@ -10,7 +10,8 @@ How: :func:`fuse_qkv` gives the three ``nn.Linear`` modules of each attention la
 instance attribute: the modules, their parameters and ``state_dict`` keys stay as they are).  The first of the
 three called on a tensor computes all three outputs in one ``F.linear`` over the stacked weights (and biases,
 Qwen2's included) and keeps the other two for their own call on that same tensor (same object, same version
-counter); any other call, and every call under ``torch.compile`` tracing, runs the module's own linear.  With
+counter); any other call, and every call under ``torch.compile`` tracing, runs the module's own linear (a lone
+call leaves the other two outputs held until the layer's next projection call).  With
 grad enabled the stacked weight is concatenated on each call (so gradients reach the three parameters); without
 it, it is cached and rebuilt when a weight changes (storage or version counter), at the cost of one copy of the
 three weights per layer (25 MB at the 1.5B shapes in bf16).
