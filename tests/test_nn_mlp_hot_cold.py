@@ -31,7 +31,7 @@ def test_hot_units_chosen_on_refresh_and_output_exact():
     layer = _layer(l0_refresh_every=2)
     refreshes = []
     original = layer._hot_cold.refresh
-    layer._hot_cold.refresh = lambda *a: (refreshes.append(1), original(*a))[1]
+    layer._hot_cold.refresh = lambda *a, **k: (refreshes.append(1), original(*a, **k))[1]
     with torch.no_grad():
         for i in range(4):
             x = _x(40, seed=i)
