@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .._validation import check_tensor
+from ..reference.inference import tile_counts
 
 #: Units firing on at least this fraction of tokens are made hot by :func:`choose_hot_units`.  From
 #: the H200 probe at d=2048, F=5632, M=131072, l0=28: going from 384 to 512 hot units (frequencies
@@ -120,13 +121,9 @@ def overflow_row_fraction(active: torch.Tensor, hot: torch.Tensor, tile: int, ca
     cold_mask = torch.ones(f, dtype=torch.bool, device=active.device)
     cold_mask[hot.to(active.device)] = False
     cold = active[:, cold_mask]
-    n_cold = cold.shape[1]
-    if n_cold == 0:
+    if cold.shape[1] == 0:
         return 0.0
-    pad = -n_cold % tile
-    if pad:
-        cold = torch.nn.functional.pad(cold, (0, pad))
-    per_tile = cold.view(s, -1, tile).sum(2, dtype=torch.int32)
+    per_tile = tile_counts(cold.to(torch.int8), tile)  # 1 where a unit fires: the split's per-tile counts
     return float((per_tile > capacity).any(1).float().mean())
 
 
