@@ -12,7 +12,9 @@ Per layer, medians of ``twell.bench.timing.time_ms``: SDPA (causal, [B, H, S, D]
 under each backend PyTorch offers here (flash, efficient, cuDNN) and the default choice, with each output's
 largest difference from the flash backend's; q, k, v as three linears against one linear of the
 concatenated weight; ``h = r + a`` then ``F.rms_norm(h)`` against the same under ``torch.compile`` (one fused
-kernel); a backend or a compile that fails is reported and the probe goes on.
+kernel); the o projection and the dense FFN's down projection followed by the residual add, against one
+``torch.addmm`` that adds the residual in cuBLAS's epilogue (session 23: the 56 residual additions of a forward
+read and write ~1.5 GB each); a backend or a compile that fails is reported and the probe goes on.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/attention_probe.py``; ``--device cpu --tiny`` is the
 smoke test.
 """
@@ -93,6 +95,17 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - report and go on: the probe's other figures stand
         line += f", compile failed: {str(exc).splitlines()[0][:120]}"
     print(line)
+
+    wo = torch.randn(d, d, device=device, dtype=dtype) * d ** -0.5
+    f = 4 * d if tiny else 5632
+    hid = torch.randn(b * s, f, device=device, dtype=dtype)
+    wd = torch.randn(d, f, device=device, dtype=dtype) * f ** -0.5
+    for name, inp, w in (("o projection", a, wo), ("FFN down projection", hid, wd)):
+        sep = time_ms(lambda inp=inp, w=w: r + F.linear(inp, w), device=device, rep_ms=rep)
+        fused_add = time_ms(lambda inp=inp, w=w: torch.addmm(r, inp, w.t()), device=device, rep_ms=rep)
+        diff = (torch.addmm(r, inp, w.t()).float() - (r + F.linear(inp, w)).float()).abs().max().item()
+        print(f"{name} + residual add M={b * s} K={inp.shape[1]} N={d}: linear then add {sep:.3f} ms, addmm "
+              f"{fused_add:.3f} ms ({sep / fused_add:.3f}x), max |diff| {diff:.2e}")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,10 @@ PROBES = {
     "epilogue_ablation_probe.py": ((), "M=", ["cold epilogue skipped", "hot epilogue skipped", "mainloop alone"]),
     "infer_op_profile.py": ((), "M=", ["module: ran"]),
     "forward_layer_times.py": ((), "layer", ["overflowing cold tiles"]),
+    "forward_hot_sets.py": ((), "", ["each layer's best rule", "0.013:10: 2 FFNs", "0.025:none"]),
     "hot_down_probe.py": ((), "M=", ["rel err 0.0e+00", "(on vs off rel 0.0e+00)"]),
-    "attention_probe.py": ((), "", ["default ", "q, k, v projections", "residual add + rms_norm"]),
+    "attention_probe.py": ((), "", ["default ", "q, k, v projections", "residual add + rms_norm",
+                                          "o projection + residual add", "FFN down projection + residual add"]),
 }
 
 
@@ -112,6 +114,20 @@ def test_gather_schedule_model_runs_and_orders_heavy_rows_first():
     line = proc.stdout.strip().splitlines()[-1]
     in_order, heaviest, split = (float(v) for v in re.findall(r"(\d+\.\d+)x", line))
     assert line.startswith("M=  2048 l0=  28") and min(in_order, heaviest, split) >= 1.0 and heaviest <= in_order
+
+
+def test_forward_hot_sets_parses_rules(monkeypatch):
+    """``--rules FREQ:BOUND``: good values parse (``none``: no bound), bad ones stop with what a rule must be."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    ns = runpy.run_path(str(ROOT / "scripts" / "forward_hot_sets.py"), run_name="probe")
+    assert ns["parse_rule"]("0.02:none") == (0.02, None)
+    assert ns["parse_rule"]("0.013:12.5") == (0.013, 12.5)
+    assert ns["rule_name"]((0.02, None)) == "0.020:none"
+    for bad in ("0.02", "0:10", "1.5:10", "0.02:-1", "0.02:nan", "x:1"):
+        with pytest.raises(argparse.ArgumentTypeError, match="rule"):
+            ns["parse_rule"](bad)
 
 
 def test_hot_threshold_probe_parses_points_and_bounds(monkeypatch):

@@ -1,0 +1,129 @@
+"""Per-layer FFN time of the 1.5B forward under several hot-set rules (``choose_hot_units``' frequency threshold
+and cold-pairs bound), to see whether the rule tuned on the synthetic FFN suits the model's layers.
+
+Why (session 23): in session 22's per-layer times (``bench_results/h200/forward_layer_times_dense_rows_session22.
+log``) layers 5-14 took 7.0-7.7 ms sparse with 576-832 hot units against 6.0-6.5 ms for layers 16-27 with 128-256;
+the forward sits at 1.348x of dense against the 1.35x goal.  A hot unit costs two GEMM columns for every token
+(~1.8 us a unit at 131,072 tokens: its Wu row in the fused gate, its Wd row in the hot down GEMM), a cold one
+~1.5-2 ns per firing token in the gather; the rule (``HOT_MIN_FREQUENCY`` 1.3 %, ``HOT_MAX_COLD_L0`` 10) was
+measured on the synthetic FFN at l0 14-112 (``hot_threshold_probe_session20.log``), not on these layers.
+
+Each rule ``FREQ:BOUND`` (``BOUND`` ``none``: no bound) is set on every sparse layer's hot/cold cache, which is
+cleared so that the next call re-chooses the hot set from its 4096-token sample; two forwards warm up, then each
+layer's MLP call is timed over ``--reps`` forwards (medians, CUDA events).  The shipped rule runs first and last
+(the drift between them is the run's spread).  Printed per layer and rule: ms, hot units, cold pairs per token
+(from the last call's per-tile counts); then each rule's sum and the sum of each layer's best rule.
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/forward_hot_sets.py [--rules 0.013:10 0.02:none ...]``;
+``--device cpu --tiny`` (tiny preset, host clock) is the smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import triton
+from forward_layer_times import layer_times  # scripts/ (the script's own directory is on sys.path)
+
+from twell.bench.model_setup import DEFAULT_L0, PRESETS, prepare
+from twell.bench.model_sparsity import SparsityTarget
+from twell.bench.probe import probe_device, probe_parser
+from twell.nn import DispatchPolicy, SparseGatedMLP
+from twell.ops.hot_cold_plan import HOT_MAX_COLD_L0, HOT_MIN_FREQUENCY, check_max_cold_l0
+
+Rule = tuple[float, float | None]
+SHIPPED: Rule = (HOT_MIN_FREQUENCY, HOT_MAX_COLD_L0)
+RULES: tuple[Rule, ...] = ((0.013, 13.0), (0.013, 16.0), (0.013, None), (0.018, 10.0), (0.018, None),
+                           (0.025, None), (0.009, 10.0), (0.006, 10.0))
+
+
+def parse_rule(text: str) -> Rule:
+    """``FREQ:BOUND`` -> (min_frequency, max_cold_l0), ``BOUND`` ``none`` for no bound."""
+    try:
+        f, b = text.split(":")
+        rule = float(f), None if b.lower() == "none" else float(b)
+        check_max_cold_l0(rule[1])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a rule is FREQ:BOUND (0 < FREQ <= 1, BOUND >= 0 or none), got {text!r}") \
+            from None
+    if not 0 < rule[0] <= 1:
+        raise argparse.ArgumentTypeError(f"a rule's FREQ must be in (0, 1], got {text!r}")
+    return rule
+
+
+def rule_name(rule: Rule) -> str:
+    return f"{rule[0]:.3f}:{'none' if rule[1] is None else f'{rule[1]:g}'}"
+
+
+def hot_and_cold_l0(mlp: SparseGatedMLP) -> tuple[int, float]:
+    """The hot count of the layer's plan and its last call's cold pairs per token (nan without kept counts)."""
+    plan = mlp._hot_cold._plan
+    n_hot = plan.n_hot if plan is not None else 0
+    counts = mlp._state.l0_counts
+    if counts is None:
+        return n_hot, math.nan
+    n_cold_tiles = triton.cdiv(mlp.intermediate_size - n_hot, mlp.tile)
+    return n_hot, float(counts[:, :n_cold_tiles].float().sum(1).mean())
+
+
+def set_rule(mlps: list[torch.nn.Module], rule: Rule) -> None:
+    for mlp in mlps:
+        cache = mlp._hot_cold
+        cache.min_frequency, cache.max_cold_l0 = rule
+        cache.clear()  # the next sparse call re-chooses the hot set under the new rule
+
+
+def main() -> None:
+    ap = probe_parser(__doc__)
+    ap.add_argument("--preset", default="1.5b", choices=sorted(PRESETS))
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rules", type=parse_rule, nargs="+", default=list(RULES),
+                    help="FREQ:BOUND rules timed between the shipped one's two runs")
+    a = ap.parse_args()
+    dev = probe_device(a.device)
+    preset, batch, seq, reps = a.preset, a.batch, a.seq, a.reps
+    if a.tiny:
+        preset, batch, seq, reps = "tiny", 2, 16, 2
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    bench = prepare(preset, device=dev, dtype=dtype, batch=batch, seq=seq,
+                    target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=("default",),
+                    fused_norms=True, fused_rope=dev.type == "cuda")
+    ids = bench.tokens
+    rules = [SHIPPED, *a.rules, SHIPPED]
+    results: list[tuple[Rule, list[float], list[tuple[int, float]]]] = []
+    with torch.inference_mode():
+        dense = layer_times(bench.model, bench.sets.use("dense"), ids, reps, dev) if not a.tiny else None
+        mlps = bench.sets.use("sparse:default")
+        if a.tiny:  # the CPU takes the dense path under the default policy: hold the sparse set sparse
+            for mlp in mlps:
+                mlp.policy = DispatchPolicy.always_sparse()
+        for rule in rules:
+            set_rule(mlps, rule)
+            for _ in range(2):  # the first call re-chooses the hot sets and builds the plans
+                bench.model.model(input_ids=ids, use_cache=False)
+            times = layer_times(bench.model, mlps, ids, reps, dev)
+            results.append((rule, times, [hot_and_cold_l0(m) for m in mlps]))
+            print(f"rule {rule_name(rule):>10}: {len(times)} FFNs {sum(times):8.3f} ms", flush=True)
+        set_rule(mlps, SHIPPED)
+    print(f"{preset}, {batch} x {seq} tokens, {dtype}; per layer and rule (FREQ:BOUND): sparse ms / hot units / "
+          f"cold pairs per token; the shipped rule first and last", flush=True)
+    print("layer " + ("  dense  " if dense else "") + " ".join(f"{rule_name(r):>20}" for r, _, _ in results)
+          + "  best", flush=True)
+    best_sum = 0.0
+    for i in range(len(results[0][1])):
+        cells = [f"{t[i]:7.3f}/{h[i][0]:4d}/{h[i][1]:5.1f}" for _, t, h in results]
+        j = min(range(len(results)), key=lambda k: results[k][1][i])
+        best_sum += results[j][1][i]
+        lead = f"{dense[i]:8.3f} " if dense else ""
+        print(f"{i:5d} {lead}" + " ".join(f"{c:>20}" for c in cells) + f"  {rule_name(results[j][0])}", flush=True)
+    sums = " ".join(f"{sum(t):20.3f}" for _, t, _ in results)
+    print(f"  sum {f'{sum(dense):8.3f} ' if dense else ''}{sums}", flush=True)
+    print(f"each layer's best rule: {best_sum:.3f} ms; the shipped rule's two runs {sum(results[0][1]):.3f} / "
+          f"{sum(results[-1][1]):.3f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    main()
