@@ -9,10 +9,13 @@ the forward sits at 1.348x of dense against the 1.35x goal.  A hot unit costs tw
 measured on the synthetic FFN at l0 14-112 (``hot_threshold_probe_session20.log``), not on these layers.
 
 Each rule ``FREQ:BOUND`` (``BOUND`` ``none``: no bound) is set on every sparse layer's hot/cold cache, which is
-cleared so that the next call re-chooses the hot set from its 4096-token sample; two forwards warm up, then each
-layer's MLP call is timed over ``--reps`` forwards (medians, CUDA events).  The shipped rule runs first and last
-(the drift between them is the run's spread).  Printed per layer and rule: ms, hot units, cold pairs per token
-(from the last call's per-tile counts); then each rule's sum and the sum of each layer's best rule.
+cleared so that the next call re-chooses the hot set from its 4096-token sample and builds the plan; each layer's
+cache state (hot set, plan, dense-row fraction) is then kept per rule.  The timed forwards interleave the rules:
+each of ``--reps`` rounds runs one forward per rule, restoring that rule's cache states first, so the GPU's drift
+over the run (session 23's first, sequential grid: the shipped rule's 28 FFNs 188.374 ms first, 195.409 last,
+``forward_hot_sets_session23.log``) falls on every rule alike.  Each layer's MLP call is timed with CUDA events;
+medians over the rounds.  Printed per layer and rule: ms, hot units, cold pairs per token (from the rule's last
+call's per-tile counts); then each rule's sum and the sum of each layer's best rule.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/forward_hot_sets.py [--rules 0.013:10 0.02:none ...]``;
 ``--device cpu --tiny`` (tiny preset, host clock) is the smoke test.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 
 import torch
 import triton
@@ -34,8 +38,10 @@ from twell.ops.hot_cold_plan import HOT_MAX_COLD_L0, HOT_MIN_FREQUENCY, check_ma
 
 Rule = tuple[float, float | None]
 SHIPPED: Rule = (HOT_MIN_FREQUENCY, HOT_MAX_COLD_L0)
-RULES: tuple[Rule, ...] = ((0.013, 13.0), (0.013, 16.0), (0.013, None), (0.018, 10.0), (0.018, None),
-                           (0.025, None), (0.009, 10.0), (0.006, 10.0))
+#: the default grid: wider cold bounds (the middle layers' best in the sequential grid) and fewer or no hot units
+#: (1.0:none: no unit is hot, the plain TwELL path; the last layers' best there)
+RULES: tuple[Rule, ...] = ((0.013, 13.0), (0.013, 16.0), (0.013, None), (0.02, 16.0), (0.035, None), (0.035, 16.0),
+                           (1.0, None))
 
 
 def parse_rule(text: str) -> Rule:
@@ -74,14 +80,28 @@ def set_rule(mlps: list[torch.nn.Module], rule: Rule) -> None:
         cache.clear()  # the next sparse call re-chooses the hot set under the new rule
 
 
+def save_states(mlps: list[torch.nn.Module]) -> list[tuple]:
+    """Each layer's hot/cold cache state (hot set, plan, its weights key, dense-row fraction)."""
+    return [(c._hot, c._plan, c._key, c.overflow_fraction) for c in (m._hot_cold for m in mlps)]
+
+
+def restore_states(mlps: list[torch.nn.Module], rule: Rule, states: list[tuple]) -> None:
+    """Put back the states :func:`save_states` kept under ``rule`` (set too, so that a refresh call in between
+    re-chooses the same set: a set within ``KEEP_OVERLAP`` of the current one is ignored)."""
+    for mlp, (hot, plan, key, frac) in zip(mlps, states, strict=True):
+        cache = mlp._hot_cold
+        cache.min_frequency, cache.max_cold_l0 = rule
+        cache._hot, cache._plan, cache._key, cache.overflow_fraction = hot, plan, key, frac
+
+
 def main() -> None:
     ap = probe_parser(__doc__)
     ap.add_argument("--preset", default="1.5b", choices=sorted(PRESETS))
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5, help="interleaved rounds (one forward per rule each)")
     ap.add_argument("--rules", type=parse_rule, nargs="+", default=list(RULES),
-                    help="FREQ:BOUND rules timed between the shipped one's two runs")
+                    help="FREQ:BOUND rules timed against the shipped one, interleaved")
     a = ap.parse_args()
     dev = probe_device(a.device)
     preset, batch, seq, reps = a.preset, a.batch, a.seq, a.reps
@@ -92,24 +112,31 @@ def main() -> None:
                     target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=("default",),
                     fused_norms=True, fused_rope=dev.type == "cuda")
     ids = bench.tokens
-    rules = [SHIPPED, *a.rules, SHIPPED]
-    results: list[tuple[Rule, list[float], list[tuple[int, float]]]] = []
+    rules = [SHIPPED, *(r for r in a.rules if r != SHIPPED)]
     with torch.inference_mode():
         dense = layer_times(bench.model, bench.sets.use("dense"), ids, reps, dev) if not a.tiny else None
         mlps = bench.sets.use("sparse:default")
         if a.tiny:  # the CPU takes the dense path under the default policy: hold the sparse set sparse
             for mlp in mlps:
                 mlp.policy = DispatchPolicy.always_sparse()
+        states = []
         for rule in rules:
             set_rule(mlps, rule)
             for _ in range(2):  # the first call re-chooses the hot sets and builds the plans
                 bench.model.model(input_ids=ids, use_cache=False)
-            times = layer_times(bench.model, mlps, ids, reps, dev)
-            results.append((rule, times, [hot_and_cold_l0(m) for m in mlps]))
-            print(f"rule {rule_name(rule):>10}: {len(times)} FFNs {sum(times):8.3f} ms", flush=True)
-        set_rule(mlps, SHIPPED)
+            states.append(save_states(mlps))
+        samples: list[list[list[float]]] = [[[] for _ in mlps] for _ in rules]  # [rule][layer] -> ms per round
+        stats: list[list[tuple[int, float]]] = [[] for _ in rules]
+        for _ in range(reps):
+            for k, rule in enumerate(rules):
+                restore_states(mlps, rule, states[k])
+                for i, t in enumerate(layer_times(bench.model, mlps, ids, 1, dev)):
+                    samples[k][i].append(t)
+                stats[k] = [hot_and_cold_l0(m) for m in mlps]
+        restore_states(mlps, SHIPPED, states[0])
+    results = [(rule, [statistics.median(s) for s in samples[k]], stats[k]) for k, rule in enumerate(rules)]
     print(f"{preset}, {batch} x {seq} tokens, {dtype}; per layer and rule (FREQ:BOUND): sparse ms / hot units / "
-          f"cold pairs per token; the shipped rule first and last", flush=True)
+          f"cold pairs per token; medians of {reps} rounds that interleave the rules", flush=True)
     print("layer " + ("  dense  " if dense else "") + " ".join(f"{rule_name(r):>20}" for r, _, _ in results)
           + "  best", flush=True)
     best_sum = 0.0
@@ -121,8 +148,8 @@ def main() -> None:
         print(f"{i:5d} {lead}" + " ".join(f"{c:>20}" for c in cells) + f"  {rule_name(results[j][0])}", flush=True)
     sums = " ".join(f"{sum(t):20.3f}" for _, t, _ in results)
     print(f"  sum {f'{sum(dense):8.3f} ' if dense else ''}{sums}", flush=True)
-    print(f"each layer's best rule: {best_sum:.3f} ms; the shipped rule's two runs {sum(results[0][1]):.3f} / "
-          f"{sum(results[-1][1]):.3f} ms", flush=True)
+    print(f"each layer's best rule: {best_sum:.3f} ms; the shipped rule {sum(results[0][1]):.3f} ms "
+          f"({reps} interleaved rounds)", flush=True)
 
 
 if __name__ == "__main__":

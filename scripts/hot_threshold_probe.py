@@ -92,6 +92,17 @@ def parse_bound(text: str) -> float:
     return bound
 
 
+def parse_threshold(text: str) -> float:
+    """A firing-frequency threshold in (0, 1]."""
+    try:
+        t = float(text)
+    except ValueError:
+        t = float("nan")
+    if not 0 < t <= 1:
+        raise argparse.ArgumentTypeError(f"a threshold is a firing frequency in (0, 1], got {text!r}")
+    return t
+
+
 def main() -> None:
     ap = probe_parser(__doc__)
     ap.add_argument("--points", type=parse_point, nargs="+", default=list(POINTS),
@@ -99,9 +110,12 @@ def main() -> None:
     ap.add_argument("--bounds", type=parse_bound, nargs="+", default=[],
                     help="cold-pairs bounds (pairs per token) whose hot sets are timed after the thresholds' "
                          "(at the shipped threshold), e.g. 5 10 20")
+    ap.add_argument("--thresholds", type=parse_threshold, nargs="*", default=list(THRESHOLDS),
+                    help="frequency thresholds timed between the shipped one's two runs (default: "
+                         + " ".join(f"{t:g}" for t in THRESHOLDS) + "; none: only the shipped one)")
     a = ap.parse_args()
     dev, tiny = probe_device(a.device), a.tiny
-    d, f, tile, cap, seconds, thresholds = D, F, 128, 16, 2.0, THRESHOLDS
+    d, f, tile, cap, seconds, thresholds = D, F, 128, 16, 2.0, tuple(a.thresholds)
     points, bounds = tuple(a.points), tuple(a.bounds)
     if tiny:  # one bound too, so that the smoke test runs that path
         d, f, tile, cap, seconds, thresholds, points = 64, 700, 32, 8, 0.1, TINY_THRESHOLDS, ((40, 6.0),)

@@ -29,7 +29,7 @@ PROBES = {
     "epilogue_ablation_probe.py": ((), "M=", ["cold epilogue skipped", "hot epilogue skipped", "mainloop alone"]),
     "infer_op_profile.py": ((), "M=", ["module: ran"]),
     "forward_layer_times.py": ((), "layer", ["overflowing cold tiles"]),
-    "forward_hot_sets.py": ((), "", ["each layer's best rule", "0.013:10: 2 FFNs", "0.025:none"]),
+    "forward_hot_sets.py": ((), "", ["each layer's best rule", "0.013:10", "1.000:none"]),
     "hot_down_probe.py": ((), "M=", ["rel err 0.0e+00", "(on vs off rel 0.0e+00)"]),
     "attention_probe.py": ((), "", ["default ", "q, k, v projections", "residual add + rms_norm",
                                           "o projection + residual add", "FFN down projection + residual add"]),
@@ -144,3 +144,7 @@ def test_hot_threshold_probe_parses_points_and_bounds(monkeypatch):
     for bad in ("0", "-1", "nan", "ten"):
         with pytest.raises(argparse.ArgumentTypeError, match="cold pairs per token > 0"):
             ns["parse_bound"](bad)
+    assert ns["parse_threshold"]("0.02") == 0.02
+    for bad in ("0", "1.5", "nan", "x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="threshold is a firing frequency"):
+            ns["parse_threshold"](bad)
