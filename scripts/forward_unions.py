@@ -95,6 +95,9 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--points", type=float, nargs="*", default=[14.0, 28.0, 56.0],
                     help="l0 of the synthetic problems (131,072 tokens; --tiny: 256)")
+    ap.add_argument("--plain", action="store_true",
+                    help="the transformers RMSNorm and rotary modules (not twell.nn's fused ones)")
+    ap.add_argument("--no-errors", action="store_true", help="skip the ops' error checks")
     a = ap.parse_args()
     dev = probe_device(a.device)
     preset, batch, seq, m_syn, d, f = a.preset, a.batch, a.seq, 131072, 2048, 5632
@@ -103,7 +106,7 @@ def main() -> None:
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     bench = prepare(preset, device=dev, dtype=dtype, batch=batch, seq=seq,
                     target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=("default",),
-                    fused_norms=True, fused_rope=dev.type == "cuda")
+                    fused_norms=not a.plain, fused_rope=dev.type == "cuda" and not a.plain)
     mlps = bench.sets.use("sparse:default")
     inputs: dict[int, torch.Tensor] = {}
     handles = [m.register_forward_pre_hook(lambda _m, args, i=i: inputs.__setitem__(i, args[0].detach()))
@@ -113,7 +116,8 @@ def main() -> None:
             bench.model.model(input_ids=bench.tokens, use_cache=False)
     for h in handles:
         h.remove()
-    print(f"{preset}, {batch} x {seq} tokens, {dtype}; per layer: unions of {BLOCK} consecutive tokens' active units "
+    kind = "plain" if a.plain else "fused"
+    print(f"{preset}, {batch} x {seq} tokens, {dtype}, {kind} norms and rotary; per layer: unions of {BLOCK} consecutive tokens' active units "
           f"against {BLOCK} independent tokens'; cold: outside the layer's current hot set", flush=True)
     with torch.inference_mode():
         for i, mlp in enumerate(mlps):
@@ -126,7 +130,7 @@ def main() -> None:
                 mask = torch.ones(active.shape[1], dtype=torch.bool, device=active.device)
                 mask[hot.to(active.device)] = False
                 cold = mask.nonzero().flatten()
-            errs = f" | {op_errors(mlp, x)}" if dev.type == "cuda" and i in ERROR_LAYERS else ""
+            errs = f" | {op_errors(mlp, x)}" if dev.type == "cuda" and i in ERROR_LAYERS and not a.no_errors else ""
             print(f"layer {i:2d}: {union_stats(active, cold)}{errs}", flush=True)
             del x, active
         for l0 in a.points:
