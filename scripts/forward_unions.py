@@ -117,8 +117,9 @@ def main() -> None:
     for h in handles:
         h.remove()
     kind = "plain" if a.plain else "fused"
-    print(f"{preset}, {batch} x {seq} tokens, {dtype}, {kind} norms and rotary; per layer: unions of {BLOCK} consecutive tokens' active units "
-          f"against {BLOCK} independent tokens'; cold: outside the layer's current hot set", flush=True)
+    print(f"{preset}, {batch} x {seq} tokens, {dtype}, {kind} norms and rotary; per layer: unions of {BLOCK} "
+          f"consecutive tokens' active units against {BLOCK} independent tokens'; cold: outside the layer's current "
+          f"hot set", flush=True)
     with torch.inference_mode():
         for i, mlp in enumerate(mlps):
             x = inputs.pop(i)
