@@ -34,10 +34,15 @@ from twell.bench.model_setup import DEFAULT_L0, PRESETS, prepare
 from twell.bench.model_sparsity import SparsityTarget
 from twell.bench.probe import probe_device, probe_parser
 from twell.nn import DispatchPolicy, SparseGatedMLP
-from twell.ops.hot_cold_plan import HOT_MAX_COLD_L0, HOT_MIN_FREQUENCY, check_max_cold_l0
+from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, check_max_cold_l0, default_max_cold_l0
 
 Rule = tuple[float, float | None]
-SHIPPED: Rule = (HOT_MIN_FREQUENCY, HOT_MAX_COLD_L0)
+
+
+def shipped_rule(n_tokens: int) -> Rule:
+    """The rule ``SparseGatedMLP`` applies on calls of ``n_tokens`` (the bound depends on the call size)."""
+    return HOT_MIN_FREQUENCY, default_max_cold_l0(n_tokens)
+
 #: the default grid: wider cold bounds (the middle layers' best in the sequential grid) and fewer or no hot units
 #: (1.0:none: no unit is hot, the plain TwELL path; the last layers' best there)
 RULES: tuple[Rule, ...] = ((0.013, 13.0), (0.013, 16.0), (0.013, None), (0.02, 16.0), (0.035, None), (0.035, 16.0),
@@ -112,7 +117,8 @@ def main() -> None:
                     target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=("default",),
                     fused_norms=True, fused_rope=dev.type == "cuda")
     ids = bench.tokens
-    rules = [SHIPPED, *(r for r in a.rules if r != SHIPPED)]
+    shipped = shipped_rule(batch * seq)
+    rules = [shipped, *(r for r in a.rules if r != shipped)]
     with torch.inference_mode():
         dense = layer_times(bench.model, bench.sets.use("dense"), ids, reps, dev) if not a.tiny else None
         mlps = bench.sets.use("sparse:default")
@@ -133,7 +139,7 @@ def main() -> None:
                 for i, t in enumerate(layer_times(bench.model, mlps, ids, 1, dev)):
                     samples[k][i].append(t)
                 stats[k] = [hot_and_cold_l0(m) for m in mlps]
-        restore_states(mlps, SHIPPED, states[0])
+        restore_states(mlps, shipped, states[0])
     results = [(rule, [statistics.median(s) for s in samples[k]], stats[k]) for k, rule in enumerate(rules)]
     print(f"{preset}, {batch} x {seq} tokens, {dtype}; per layer and rule (FREQ:BOUND): sparse ms / hot units / "
           f"cold pairs per token; medians of {reps} rounds that interleave the rules", flush=True)

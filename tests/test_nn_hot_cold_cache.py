@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from twell.nn.hot_cold_cache import HotColdCache
-from twell.ops.hot_cold_plan import HOT_MAX_COLD_L0, choose_hot_units, unit_frequency
+from twell.ops.hot_cold_plan import HOT_MAX_COLD_L0, choose_hot_units, default_max_cold_l0, unit_frequency
 
 
 def _weights(f: int = 64, d: int = 8):
@@ -67,7 +67,41 @@ def test_refresh_bounds_the_cold_pairs_per_token():
     want = choose_hot_units(freq, min_frequency=0.5, max_cold_l0=3.0)
     assert want.numel() > 0 and plan is not None and torch.equal(plan.hot, want)
     assert float(freq.sum() - freq[plan.hot].sum()) <= 3.0
-    assert HotColdCache().max_cold_l0 == HOT_MAX_COLD_L0
+    assert HotColdCache().max_cold_l0 is default_max_cold_l0
+
+
+def test_the_default_bound_follows_the_call_size(monkeypatch):
+    """The default cache bounds the cold pairs by ``HOT_MAX_COLD_L0`` below ``HOT_LARGE_TOKENS`` tokens and by
+    ``HOT_MAX_COLD_L0_LARGE`` from there on, read at refresh time; a fixed bound applies at every size."""
+    from twell.ops import hot_cold_plan
+
+    assert default_max_cold_l0(hot_cold_plan.HOT_LARGE_TOKENS - 1) == HOT_MAX_COLD_L0
+    assert default_max_cold_l0(hot_cold_plan.HOT_LARGE_TOKENS) == hot_cold_plan.HOT_MAX_COLD_L0_LARGE
+    wg, wu, wd = _weights(f=256)
+    x = _tokens()
+    freq = unit_frequency(x, wg)
+    # bounds that take 64 and 128 hot units here (the count is rounded up to a multiple of 64): a little above
+    # the pairs left cold by the 64 most frequent units, and half-way between those and the 128 most frequent's
+    ranked = freq.sort(descending=True).values.double()
+    after_64, after_128 = float(ranked[64:].sum()), float(ranked[128:].sum())
+    large, small = after_64 * 1.05, (after_64 + after_128) / 2
+    assert after_128 < small < after_64 < large < float(ranked[4:].sum())
+    # shrink the size switch to this sample so that both bounds are exercised on a small problem
+    monkeypatch.setattr(hot_cold_plan, "HOT_LARGE_TOKENS", x.shape[0])
+    monkeypatch.setattr(hot_cold_plan, "HOT_MAX_COLD_L0", small)
+    monkeypatch.setattr(hot_cold_plan, "HOT_MAX_COLD_L0_LARGE", large)
+    cache = HotColdCache(min_frequency=0.5)
+    cache.refresh(x, wg, wu, wd)
+    assert cache._hot.numel() == 64
+    assert torch.equal(cache._hot, choose_hot_units(freq, min_frequency=0.5, max_cold_l0=large))
+    cache = HotColdCache(min_frequency=0.5)
+    cache.refresh(x[:-1], wg, wu, wd)  # one token fewer than HOT_LARGE_TOKENS: the smaller bound
+    assert cache._hot.numel() == 128
+    assert torch.equal(cache._hot, choose_hot_units(unit_frequency(x[:-1], wg), min_frequency=0.5,
+                                                    max_cold_l0=small))
+    fixed = HotColdCache(min_frequency=0.5, max_cold_l0=small)  # a fixed bound holds at every size
+    fixed.refresh(x, wg, wu, wd)
+    assert fixed._hot.numel() == 128
 
 
 def test_small_changes_of_the_hot_set_keep_the_plan():

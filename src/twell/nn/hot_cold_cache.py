@@ -14,6 +14,7 @@ cannot be saved for backward").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,13 +22,13 @@ import torch
 from ..format.twell import DEFAULT_TILE, default_capacity
 from ..ops.hot_cold_dense_rows import dense_row_budget
 from ..ops.hot_cold_plan import (
-    HOT_MAX_COLD_L0,
     HOT_MIN_FREQUENCY,
     HotColdPlan,
     active_frequency,
     build_hot_cold_plan,
     check_max_cold_l0,
     choose_hot_units,
+    default_max_cold_l0,
     overflow_row_fraction,
     sample_active,
 )
@@ -57,11 +58,18 @@ def _weights_key(*weights: torch.Tensor) -> tuple:
 class HotColdCache:
     """Holds the current plan of one layer (None: no unit fires often enough to be worth a dense pass)."""
 
-    def __init__(self, min_frequency: float = HOT_MIN_FREQUENCY, max_cold_l0: float | None = HOT_MAX_COLD_L0) -> None:
-        """``min_frequency`` and ``max_cold_l0``: :func:`twell.ops.choose_hot_units`'s (None: no bound)."""
+    def __init__(
+        self,
+        min_frequency: float = HOT_MIN_FREQUENCY,
+        max_cold_l0: float | None | Callable[[int], float | None] = default_max_cold_l0,
+    ) -> None:
+        """``min_frequency`` and ``max_cold_l0``: :func:`twell.ops.choose_hot_units`'s (None: no bound).
+        ``max_cold_l0`` may also be a function of the refresh call's token count; the default,
+        :func:`twell.ops.hot_cold_plan.default_max_cold_l0`, allows more cold pairs on the largest calls."""
         if not 0.0 < min_frequency <= 1.0:
             raise ValueError(f"min_frequency must be in (0, 1], got {min_frequency}")
-        check_max_cold_l0(max_cold_l0)
+        if not callable(max_cold_l0):
+            check_max_cold_l0(max_cold_l0)
         self.min_frequency = min_frequency
         self.max_cold_l0 = max_cold_l0
         self._hot: torch.Tensor | None = None
@@ -82,8 +90,8 @@ class HotColdCache:
         (:attr:`overflow_fraction`, for :meth:`dense_rows`); synchronises with the host twice."""
         with torch.inference_mode(False), torch.no_grad():
             active = sample_active(x, w_gate)
-            hot = choose_hot_units(active_frequency(active), min_frequency=self.min_frequency,
-                                   max_cold_l0=self.max_cold_l0)
+            bound = self.max_cold_l0(x.shape[0]) if callable(self.max_cold_l0) else self.max_cold_l0
+            hot = choose_hot_units(active_frequency(active), min_frequency=self.min_frequency, max_cold_l0=bound)
             if not (self._hot is not None and self._hot.device == hot.device and self._close_enough(self._hot, hot)):
                 self._hot = hot
                 self._plan = None

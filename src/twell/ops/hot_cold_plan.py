@@ -42,6 +42,21 @@ HOT_MIN_FREQUENCY = 0.013
 #: (1.120 vs 1.137-1.142 at 15.3) but 15.3 at 131072 (8.451 vs 8.695 at 11.2).  10 keeps l0 <= 28 on the
 #: threshold alone (9.8 cold pairs at l0=28).
 HOT_MAX_COLD_L0 = 10.0
+#: From ``HOT_LARGE_TOKENS`` tokens on, the bound is ``HOT_MAX_COLD_L0_LARGE`` (:func:`default_max_cold_l0`): fewer
+#: hot units, more cold pairs.  Measured on the H200 in session 23.  In the 1.5B forward (131,072 tokens a call,
+#: per-layer FFN times with the rules interleaved round by round, medians of 5;
+#: bench_results/h200/forward_hot_sets_interleaved_session23.log) the 28 FFNs took 188.900 ms with bound 13
+#: against 194.895 with 10.  The 14 layers where the bound changes the hot set (2-15: 256-512 hot units
+#: instead of 320-832, 10.2-12.9 cold pairs per token) account for -4.570 ms of it; the 14 whose set did not
+#: change moved -1.423 ms, which is the run's spread.  Bound 16 gave -2.281 ms on the changed layers, no bound
+#: -4.161.  On the synthetic FFN at 131,072 tokens and l0=56 (hot_bound_probe_session23.log, back to back at
+#: the power cap) bound 13 took 8.489 ms against 8.569 / 8.597 with bound 10, and bound 16 took 8.370 ms.  At
+#: l0=28 the bound does not bind.  At 16,384 tokens and l0=56 the larger bounds lose: 1.095 ms with 13 and
+#: 1.113 with 16, against 1.076 / 1.080 with 10.  Session 20 also found the best bound at 32,768 tokens to be
+#: 10.9, so smaller calls keep 10.  Between 16,384 and 131,072 tokens nothing was measured; 131,072 is the
+#: smallest size where the larger bound won.
+HOT_LARGE_TOKENS = 131072
+HOT_MAX_COLD_L0_LARGE = 13.0
 #: The hot count is rounded down to a multiple of this (GEMM and tile alignment of the [M, F + H] output).
 HOT_MULTIPLE = 64
 #: Tokens sampled by :func:`unit_frequency` (one [4096, F] GEMM: ~0.14 ms at d=2048, F=5632 on an H200).
@@ -125,6 +140,12 @@ def overflow_row_fraction(active: torch.Tensor, hot: torch.Tensor, tile: int, ca
         return 0.0
     per_tile = tile_counts(cold.to(torch.int8), tile)  # 1 where a unit fires: the split's per-tile counts
     return float((per_tile > capacity).any(1).float().mean())
+
+
+def default_max_cold_l0(n_tokens: int) -> float:
+    """The cold-pairs bound of the hot set chosen on a call of ``n_tokens`` tokens: ``HOT_MAX_COLD_L0_LARGE`` from
+    ``HOT_LARGE_TOKENS`` tokens on, ``HOT_MAX_COLD_L0`` below (the constants are read at call time)."""
+    return HOT_MAX_COLD_L0_LARGE if n_tokens >= HOT_LARGE_TOKENS else HOT_MAX_COLD_L0
 
 
 def check_max_cold_l0(max_cold_l0: float | None) -> None:
