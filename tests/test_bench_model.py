@@ -39,6 +39,8 @@ def test_calibration_reaches_target_l0_and_keeps_the_bias_channel() -> None:
     for cal, got in zip(bench.calibration, layers, strict=True):
         assert got["l0_mean"] == pytest.approx(cal["target_l0"], rel=0.1)
         assert got["dead_fraction"] == pytest.approx(target.dead_fraction, abs=0.02)
+        # the token overlap is recorded: a 64-token block's union holds at least a token's units
+        assert got["union64"] >= got["l0_mean"] and 0 < got["union64_vs_independent"] <= 1.5
     mean = sum(r["l0_mean"] for r in layers) / len(layers)
     assert mean == pytest.approx(12.0, rel=0.1)
     # Early-middle layers denser: the targets of layer 0 (depth 1/4) exceed layer 1's (depth 3/4).

@@ -309,3 +309,20 @@ def test_function_validation() -> None:
         synthetic_gate_logits(10, 100, SparsityProfile(20.0))
     with pytest.raises(ValueError, match="mean_l0.*unreachable"):
         synthetic_ffn_problem(10, 8, 100, SparsityProfile(64.0))
+
+
+def test_measure_sparsity_token_overlap() -> None:
+    """``union64``: blocks whose tokens repeat one active set union to that set's size; independent tokens
+    union to about what the unit frequencies predict (ratio ~1); short sequences report no union."""
+    n_seq, seq_len, n_units = 4, 128, 512
+    g = gen(7)
+    rows = (torch.rand(n_seq * seq_len // 64, 1, n_units, generator=g) < 0.02).float()
+    shared = rows.expand(-1, 64, -1).reshape(n_seq * seq_len, n_units)  # every block repeats one row
+    stats = measure_sparsity(shared, seq_len=seq_len)
+    assert stats["union64"] == pytest.approx(stats["l0_mean"])
+    assert stats["union64_vs_independent"] < 0.5
+    independent = (torch.rand(n_seq * seq_len * 8, n_units, generator=g) < 0.02).float()
+    stats = measure_sparsity(independent, seq_len=seq_len)
+    assert stats["union64_vs_independent"] == pytest.approx(1.0, abs=0.03)
+    assert stats["union64_independent"] == pytest.approx(n_units * (1 - 0.98 ** 64), rel=0.03)
+    assert "union64" not in measure_sparsity(independent, seq_len=32)

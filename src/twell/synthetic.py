@@ -36,6 +36,7 @@ import torch
 from ._validation import FLOAT_DTYPES, check_positive_int, check_tensor
 
 __all__ = [
+    "UNION_BLOCK",
     "SparsityProfile",
     "layer_profiles",
     "measure_sparsity",
@@ -450,6 +451,15 @@ def layer_profiles(
     return [SparsityProfile(mean_l0=float(v), **profile_kwargs) for v in l0]
 
 
+#: Block of consecutive tokens whose union of active units :func:`measure_sparsity` reports: the block-union
+#: method's block (``ops.block_union_kernel``), whose work per token is 4 d |union| FLOPs.  Why it is measured
+#: (session 23): in ``twell bench model``'s 1.5B forward 64 consecutive tokens' units unioned to 1.6-1.9 l0 in
+#: layers 5-27, against 23-31 l0 for independent tokens with the same frequencies (bench_results/h200/
+#: forward_unions_session23.log), so a method that reuses weights across a block reads that model as far
+#: cheaper than independent tokens; every model benchmark now records it.
+UNION_BLOCK = 64
+
+
 def measure_sparsity(act: torch.Tensor, *, seq_len: int | None = None) -> dict[str, float]:
     """Statistics of a dense activation tensor ``[..., F]`` (leading dims are flattened to tokens).
 
@@ -458,7 +468,12 @@ def measure_sparsity(act: torch.Tensor, *, seq_len: int | None = None) -> dict[s
     ``dead_fraction`` (units never active), ``top10_share`` (share of all activations carried by the
     ``ceil(0.1 F)`` most frequently active units; 0.1 for perfectly uniform units), and, when
     ``seq_len`` is given, ``l0_first8`` / ``l0_rest`` (mean l0 of positions ``t % seq_len < 8`` and of
-    the others; NaN when there are none) and their ratio ``early_ratio``.
+    the others; NaN when there are none) and their ratio ``early_ratio``; with ``seq_len >=`` :data:`UNION_BLOCK`
+    also the token overlap: ``union64`` (mean number of units active on at least one of
+    :data:`UNION_BLOCK` consecutive tokens of a sequence, over each sequence's full blocks),
+    ``union64_independent`` (the same expected of independent tokens with these unit frequencies:
+    ``sum_j 1 - (1 - p_j)^64``) and their ratio ``union64_vs_independent`` (1 for independent tokens, ``l0 /
+    union64_independent`` when the tokens of a block share every unit).
     """
     act = check_tensor(act, "act", dtypes=FLOAT_DTYPES)
     if act.dim() < 2:
@@ -489,4 +504,12 @@ def measure_sparsity(act: torch.Tensor, *, seq_len: int | None = None) -> dict[s
         stats["l0_first8"] = first
         stats["l0_rest"] = rest
         stats["early_ratio"] = first / rest if rest > 0 else float("nan")
+        if seq_len >= UNION_BLOCK and n_tokens % seq_len == 0:
+            n_blocks = seq_len // UNION_BLOCK
+            blocks = nz.view(-1, seq_len, n_units)[:, : n_blocks * UNION_BLOCK].reshape(-1, UNION_BLOCK, n_units)
+            union = float(blocks.any(1).sum(1, dtype=torch.float64).mean())
+            independent = float((1 - (1 - per_unit / n_tokens) ** UNION_BLOCK).sum())
+            stats["union64"] = union
+            stats["union64_independent"] = independent
+            stats["union64_vs_independent"] = union / independent if independent > 0 else float("nan")
     return stats

@@ -36,12 +36,14 @@ def _sparsity_line(parts: dict[str, dict[str, Any]]) -> str | None:
         return None
     l0 = [r["l0_mean"] for r in layers]
     early = [r["early_ratio"] for r in layers if r.get("early_ratio") is not None]
+    overlap = [r["union64_vs_independent"] for r in layers if r.get("union64_vs_independent") is not None]
     return (
         f"sparsity: target mean l0 {setup['target']['mean_l0']:.1f} of {setup['shape']['intermediate_size']}; "
         f"achieved on the forward batch {sum(l0) / len(l0):.1f} (layers {min(l0):.1f}..{max(l0):.1f}), "
         f"dead units {100 * sum(r['dead_fraction'] for r in layers) / len(layers):.0f} %, "
         f"max/mean per token {max(r['l0_max_over_mean'] for r in layers):.1f}x"
         + (f", first 8 positions / rest {sum(early) / len(early):.1f}x" if early else "")
+        + (f", 64-token unions / independent tokens' {min(overlap):.2f}..{max(overlap):.2f}" if overlap else "")
     )
 
 
