@@ -49,12 +49,13 @@ HOT_MAX_COLD_L0 = 10.0
 #: against 194.895 with 10.  The 14 layers where the bound changes the hot set (2-15: 256-512 hot units
 #: instead of 320-832, 10.2-12.9 cold pairs per token) account for -4.570 ms of it; the 14 whose set did not
 #: change moved -1.423 ms, which is the run's spread.  Bound 16 gave -2.281 ms on the changed layers, no bound
-#: -4.161.  On the synthetic FFN at 131,072 tokens and l0=56 (hot_bound_probe_session23.log, back to back at
-#: the power cap) bound 13 took 8.489 ms against 8.569 / 8.597 with bound 10, and bound 16 took 8.370 ms.  At
-#: l0=28 the bound does not bind.  At 16,384 tokens and l0=56 the larger bounds lose: 1.095 ms with 13 and
-#: 1.113 with 16, against 1.076 / 1.080 with 10.  Session 20 also found the best bound at 32,768 tokens to be
-#: 10.9, so smaller calls keep 10.  Between 16,384 and 131,072 tokens nothing was measured; 131,072 is the
-#: smallest size where the larger bound won.
+#: -4.161.  The whole forward, bound 13 against 10 in one call: 1.349x against 1.338x of dense
+#: (model_forward_bound{13,10}_session23.json).  On the synthetic FFN at 131,072 tokens and l0=56
+#: (hot_bound_probe_session23.log, back to back at the power cap) bound 13 took 8.489 ms against 8.569 / 8.597
+#: with bound 10, and bound 16 took 8.370 ms.  At l0=28 the bound does not bind.  At 16,384 tokens and l0=56
+#: the larger bounds lose: 1.095 ms with 13 and 1.113 with 16, against 1.076 / 1.080 with 10.  Session 20 also
+#: found the best bound at 32,768 tokens to be 10.9, so smaller calls keep 10.  Between 16,384 and 131,072
+#: tokens nothing was measured; 131,072 is the smallest size where the larger bound won.
 HOT_LARGE_TOKENS = 131072
 HOT_MAX_COLD_L0_LARGE = 13.0
 #: The hot count is rounded down to a multiple of this (GEMM and tile alignment of the [M, F + H] output).
