@@ -5,8 +5,12 @@ Why (session 23): in session 22's per-layer times (``bench_results/h200/forward_
 log``) layers 5-14 took 7.0-7.7 ms sparse with 576-832 hot units against 6.0-6.5 ms for layers 16-27 with 128-256;
 the forward sits at 1.348x of dense against the 1.35x goal.  A hot unit costs two GEMM columns for every token
 (~1.8 us a unit at 131,072 tokens: its Wu row in the fused gate, its Wd row in the hot down GEMM), a cold one
-~1.5-2 ns per firing token in the gather; the rule (``HOT_MIN_FREQUENCY`` 1.3 %, ``HOT_MAX_COLD_L0`` 10) was
-measured on the synthetic FFN at l0 14-112 (``hot_threshold_probe_session20.log``), not on these layers.
+~1.5-2 ns per firing token in the gather; the rule then (``HOT_MIN_FREQUENCY`` 1.3 %, a bound of 10 cold pairs)
+was measured on the synthetic FFN at l0 14-112 (``hot_threshold_probe_session20.log``), not on these layers.  What
+this grid found (the bound 13 on calls from 131,072 tokens, ``hot_cold_plan.default_max_cold_l0``) is the shipped
+rule since; "shipped" below means the rule at the run's token count.  A rule with no hot unit runs the plain op
+(block-union from 8192 tokens), whose speed here comes from the benchmark model's token overlap
+(``scripts/forward_unions.py``).
 
 Each rule ``FREQ:BOUND`` (``BOUND`` ``none``: no bound) is set on every sparse layer's hot/cold cache, which is
 cleared so that the next call re-chooses the hot set from its 4096-token sample and builds the plan; each layer's
