@@ -31,13 +31,16 @@ import math
 import statistics
 
 import torch
-import triton
-from forward_layer_times import layer_times  # scripts/ (the script's own directory is on sys.path)
+from forward_layer_times import (  # scripts/ (the script's own directory is on sys.path)
+    add_model_args,
+    cold_counts,
+    hold_sparse,
+    layer_times,
+    prepare_forward,
+)
 
-from twell.bench.model_setup import DEFAULT_L0, PRESETS, prepare
-from twell.bench.model_sparsity import SparsityTarget
 from twell.bench.probe import probe_device, probe_parser
-from twell.nn import DispatchPolicy, SparseGatedMLP
+from twell.nn import SparseGatedMLP
 from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, check_max_cold_l0, default_max_cold_l0
 
 Rule = tuple[float, float | None]
@@ -73,13 +76,8 @@ def rule_name(rule: Rule) -> str:
 
 def hot_and_cold_l0(mlp: SparseGatedMLP) -> tuple[int, float]:
     """The hot count of the layer's plan and its last call's cold pairs per token (nan without kept counts)."""
-    plan = mlp._hot_cold._plan
-    n_hot = plan.n_hot if plan is not None else 0
-    counts = mlp._state.l0_counts
-    if counts is None:
-        return n_hot, math.nan
-    n_cold_tiles = triton.cdiv(mlp.intermediate_size - n_hot, mlp.tile)
-    return n_hot, float(counts[:, :n_cold_tiles].float().sum(1).mean())
+    n_hot, cold = cold_counts(mlp)
+    return n_hot, math.nan if cold is None else float(cold.float().sum(1).mean())
 
 
 def set_rule(mlps: list[torch.nn.Module], rule: Rule) -> None:
@@ -105,9 +103,7 @@ def restore_states(mlps: list[torch.nn.Module], rule: Rule, states: list[tuple])
 
 def main() -> None:
     ap = probe_parser(__doc__)
-    ap.add_argument("--preset", default="1.5b", choices=sorted(PRESETS))
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--seq", type=int, default=2048)
+    add_model_args(ap)
     ap.add_argument("--reps", type=int, default=5, help="interleaved rounds (one forward per rule each)")
     ap.add_argument("--rules", type=parse_rule, nargs="+", default=list(RULES),
                     help="FREQ:BOUND rules timed against the shipped one, interleaved")
@@ -116,19 +112,15 @@ def main() -> None:
     preset, batch, seq, reps = a.preset, a.batch, a.seq, a.reps
     if a.tiny:
         preset, batch, seq, reps = "tiny", 2, 16, 2
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    bench = prepare(preset, device=dev, dtype=dtype, batch=batch, seq=seq,
-                    target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=("default",),
-                    fused_norms=True, fused_rope=dev.type == "cuda")
-    ids = bench.tokens
+    bench = prepare_forward(preset, batch, seq, dev)
+    dtype, ids = bench.dtype, bench.tokens
     shipped = shipped_rule(batch * seq)
     rules = [shipped, *(r for r in a.rules if r != shipped)]
     with torch.inference_mode():
         dense = layer_times(bench.model, bench.sets.use("dense"), ids, reps, dev) if not a.tiny else None
         mlps = bench.sets.use("sparse:default")
-        if a.tiny:  # the CPU takes the dense path under the default policy: hold the sparse set sparse
-            for mlp in mlps:
-                mlp.policy = DispatchPolicy.always_sparse()
+        if a.tiny:
+            hold_sparse(mlps)
         states = []
         for rule in rules:
             set_rule(mlps, rule)

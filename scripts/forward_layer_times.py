@@ -16,6 +16,7 @@ Usage (GPU machine): ``PYTHONPATH=src python3 scripts/forward_layer_times.py [--
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from collections.abc import Callable
 import torch
 import triton
 
-from twell.bench.model_setup import DEFAULT_L0, PRESETS, prepare
+from twell.bench.model_setup import DEFAULT_L0, PRESETS, BenchModel, prepare
 from twell.bench.model_sparsity import SparsityTarget
 from twell.bench.probe import probe_device, probe_parser
 from twell.format.twell import default_capacity
@@ -68,28 +69,56 @@ def layer_times(model: torch.nn.Module, mlps: list[torch.nn.Module], ids: torch.
     return [statistics.median(_elapsed_ms(a, b) for a, b in m) for m in marks]
 
 
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The model options the forward probes share: ``--preset``, ``--batch``, ``--seq``."""
+    ap.add_argument("--preset", default="1.5b", choices=sorted(PRESETS))
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=2048)
+
+
+def prepare_forward(preset: str, batch: int, seq: int, dev: torch.device, *, fused: bool = True) -> BenchModel:
+    """The preset as ``twell bench model`` builds it (calibrated sparsity; bf16 on CUDA, fp32 elsewhere), with the
+    fused RMSNorms and, on CUDA, the fused rotary (``fused=False``: the transformers modules)."""
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return prepare(preset, device=dev, dtype=dtype, batch=batch, seq=seq,
+                   target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=("default",),
+                   fused_norms=fused, fused_rope=fused and dev.type == "cuda")
+
+
+def hold_sparse(mlps: list[torch.nn.Module]) -> None:
+    """Send every call of ``mlps`` sparse (the CPU takes the dense path under the default policy)."""
+    for mlp in mlps:
+        mlp.policy = DispatchPolicy.always_sparse()
+
+
+def cold_counts(mlp: SparseGatedMLP) -> tuple[int, torch.Tensor | None]:
+    """The hot count of the layer's plan and its last sparse call's per-(token, cold tile) counts (None when no
+    counts are kept: a dense or decode call, or l0 already read)."""
+    plan = mlp._hot_cold._plan
+    n_hot = plan.n_hot if plan is not None else 0
+    counts = mlp._state.l0_counts  # the last sparse call's counts, kept until last_l0 is read
+    if counts is None:
+        return n_hot, None
+    return n_hot, counts[:, :triton.cdiv(mlp.intermediate_size - n_hot, mlp.tile)]
+
+
 def overflow_stats(mlp: torch.nn.Module) -> str:
     """The hot count and the overflowing (token, cold tile) pairs of a sparse layer's last call."""
     if not isinstance(mlp, SparseGatedMLP):
         return ""
-    counts = mlp._state.l0_counts  # the last sparse call's counts, kept until last_l0 is read
-    if counts is None:
+    n_hot, cold = cold_counts(mlp)
+    if cold is None:
         return "no counts kept (dense or decode call, or l0 already read)"
-    plan = mlp._hot_cold._plan
-    n_hot = plan.n_hot if plan is not None else 0
-    n_cold_tiles = triton.cdiv(mlp.intermediate_size - n_hot, mlp.tile)
     cap = mlp.capacity or default_capacity(mlp.tile)
-    over = counts[:, :n_cold_tiles] > cap
+    over = cold > cap
     rows = int(over.any(1).sum())
-    budget = mlp._hot_cold.dense_rows(counts.shape[0])
+    budget = mlp._hot_cold.dense_rows(cold.shape[0])
     return f"H={n_hot:4d} overflowing cold tiles {int(over.sum()):7d} in {rows:6d} tokens, dense-row budget {budget:5d}"
 
 
 def main() -> None:
     ap = probe_parser(__doc__)
-    ap.add_argument("--preset", default="1.5b", choices=sorted(PRESETS))
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--seq", type=int, default=2048)
+    add_model_args(ap)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-dense-rows", action="store_true",
                     help="every overflowing row in the row kernel (hot_cold_cache.DENSE_OVERFLOW_ROWS off)")
@@ -100,14 +129,10 @@ def main() -> None:
     preset, batch, seq, reps = a.preset, a.batch, a.seq, a.reps
     if a.tiny:
         preset, batch, seq, reps = "tiny", 2, 16, 2
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    bench = prepare(preset, device=dev, dtype=dtype, batch=batch, seq=seq,
-                    target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=("default",),
-                    fused_norms=True, fused_rope=dev.type == "cuda")
-    ids = bench.tokens
-    if a.tiny:  # the CPU takes the dense path under the default policy: hold the sparse set sparse
-        for mlp in bench.sets.sets["sparse:default"]:
-            mlp.policy = DispatchPolicy.always_sparse()
+    bench = prepare_forward(preset, batch, seq, dev)
+    dtype, ids = bench.dtype, bench.tokens
+    if a.tiny:
+        hold_sparse(bench.sets.sets["sparse:default"])
     times = {}
     with torch.inference_mode():
         for name in ("dense", "sparse:default"):

@@ -22,14 +22,14 @@ test.
 from __future__ import annotations
 
 import torch
+from forward_layer_times import add_model_args, prepare_forward  # scripts/ (the script's own directory is on sys.path)
 
-from twell.bench.model_setup import DEFAULT_L0, PRESETS, prepare
-from twell.bench.model_sparsity import SparsityTarget
 from twell.bench.probe import probe_device, probe_parser, split_problem
 from twell.format.twell import default_capacity
 from twell.ops import hot_cold
+from twell.synthetic import UNION_BLOCK, block_unions, independent_union
 
-BLOCK = 64
+BLOCK = UNION_BLOCK
 #: the layers whose ops are checked against fp32 (the densest first ones, a middle and the last)
 ERROR_LAYERS = (0, 1, 9, 27)
 
@@ -43,18 +43,12 @@ def active_of(x: torch.Tensor, w_gate: torch.Tensor, chunk: int = 16384) -> torc
     return torch.cat(parts)
 
 
-def block_unions(active: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
-    """Union size of each full block of ``block`` consecutive rows (float)."""
-    m = active.shape[0] - active.shape[0] % block
-    return active[:m].view(-1, block, active.shape[1]).any(1).sum(1).float()
-
-
 def union_stats(active: torch.Tensor, cold: torch.Tensor | None) -> str:
     """l0, block union, independent-token union (all units and, given ``cold`` ids, the cold ones), sampled."""
     freq = active.float().mean(0)
     l0 = float(active.sum(1).float().mean())
     u = float(block_unions(active).mean())
-    iid = float((1 - (1 - freq) ** BLOCK).sum())
+    iid = independent_union(freq)
     n_blocks = active.shape[0] // BLOCK
     picks = torch.linspace(0, n_blocks - 1, min(64, n_blocks), device=active.device).long()
     sample = active[: n_blocks * BLOCK].view(n_blocks, BLOCK, -1)[picks].reshape(-1, active.shape[1])
@@ -63,7 +57,7 @@ def union_stats(active: torch.Tensor, cold: torch.Tensor | None) -> str:
     if cold is not None and cold.numel():
         ca = active[:, cold]
         line += (f" | cold l0 {float(ca.sum(1).float().mean()):5.1f} union {float(block_unions(ca).mean()):7.1f}"
-                 f" independent {float((1 - (1 - freq[cold]) ** BLOCK).sum()):7.1f}")
+                 f" independent {independent_union(freq[cold]):7.1f}")
     return line
 
 
@@ -90,9 +84,7 @@ def op_errors(mlp: torch.nn.Module, x: torch.Tensor) -> str:
 
 def main() -> None:
     ap = probe_parser(__doc__)
-    ap.add_argument("--preset", default="1.5b", choices=sorted(PRESETS))
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--seq", type=int, default=2048)
+    add_model_args(ap)
     ap.add_argument("--points", type=float, nargs="*", default=[14.0, 28.0, 56.0],
                     help="l0 of the synthetic problems (131,072 tokens; --tiny: 256)")
     ap.add_argument("--plain", action="store_true",
@@ -103,10 +95,8 @@ def main() -> None:
     preset, batch, seq, m_syn, d, f = a.preset, a.batch, a.seq, 131072, 2048, 5632
     if a.tiny:
         preset, batch, seq, m_syn, d, f = "tiny", 2, 128, 256, 64, 700
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    bench = prepare(preset, device=dev, dtype=dtype, batch=batch, seq=seq,
-                    target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=("default",),
-                    fused_norms=not a.plain, fused_rope=dev.type == "cuda" and not a.plain)
+    bench = prepare_forward(preset, batch, seq, dev, fused=not a.plain)
+    dtype = bench.dtype
     mlps = bench.sets.use("sparse:default")
     inputs: dict[int, torch.Tensor] = {}
     handles = [m.register_forward_pre_hook(lambda _m, args, i=i: inputs.__setitem__(i, args[0].detach()))

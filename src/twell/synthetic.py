@@ -38,6 +38,8 @@ from ._validation import FLOAT_DTYPES, check_positive_int, check_tensor
 __all__ = [
     "UNION_BLOCK",
     "SparsityProfile",
+    "block_unions",
+    "independent_union",
     "layer_profiles",
     "measure_sparsity",
     "position_scale",
@@ -460,6 +462,23 @@ def layer_profiles(
 UNION_BLOCK = 64
 
 
+def block_unions(active: torch.Tensor, *, block: int = UNION_BLOCK, seq_len: int | None = None) -> torch.Tensor:
+    """Union size (float64) of each full block of ``block`` consecutive rows of a bool ``[tokens, units]`` tensor;
+    with ``seq_len`` the blocks stay within each sequence of ``seq_len`` rows (its last partial block left out),
+    without it within the whole tensor."""
+    n_units = active.shape[-1]
+    seqs = active.reshape(-1, seq_len or active.shape[0], n_units)
+    n_blocks = seqs.shape[1] // block
+    blocks = seqs[:, : n_blocks * block].reshape(-1, block, n_units)
+    return blocks.any(1).sum(1, dtype=torch.float64)
+
+
+def independent_union(frequency: torch.Tensor, block: int = UNION_BLOCK) -> float:
+    """Expected union size of ``block`` independent tokens whose units fire with ``frequency``:
+    ``sum_j 1 - (1 - p_j)^block``."""
+    return float((1 - (1 - frequency.double()) ** block).sum())
+
+
 def measure_sparsity(act: torch.Tensor, *, seq_len: int | None = None) -> dict[str, float]:
     """Statistics of a dense activation tensor ``[..., F]`` (leading dims are flattened to tokens).
 
@@ -505,10 +524,8 @@ def measure_sparsity(act: torch.Tensor, *, seq_len: int | None = None) -> dict[s
         stats["l0_rest"] = rest
         stats["early_ratio"] = first / rest if rest > 0 else float("nan")
         if seq_len >= UNION_BLOCK and n_tokens % seq_len == 0:
-            n_blocks = seq_len // UNION_BLOCK
-            blocks = nz.view(-1, seq_len, n_units)[:, : n_blocks * UNION_BLOCK].reshape(-1, UNION_BLOCK, n_units)
-            union = float(blocks.any(1).sum(1, dtype=torch.float64).mean())
-            independent = float((1 - (1 - per_unit / n_tokens) ** UNION_BLOCK).sum())
+            union = float(block_unions(nz, seq_len=seq_len).mean())
+            independent = independent_union(per_unit / n_tokens)
             stats["union64"] = union
             stats["union64_independent"] = independent
             stats["union64_vs_independent"] = union / independent if independent > 0 else float("nan")
