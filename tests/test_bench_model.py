@@ -111,9 +111,10 @@ def test_fused_rope_runs_in_every_variant(tmp_path: Path) -> None:
     assert parts["train"]["result"]["variants"]["sparse:sparse-reference"]["ok"] is True
 
 
-def test_fused_norms_and_qkv_run_in_every_variant(tmp_path: Path) -> None:
-    data = _run_small_fp32(tmp_path, "forward,train", "--fused-norms", "--fused-qkv")
+def test_fused_norms_qkv_and_residual_run_in_every_variant(tmp_path: Path) -> None:
+    data = _run_small_fp32(tmp_path, "forward,train", "--fused-norms", "--fused-qkv", "--fused-residual")
     assert data["meta"]["setup"]["fused_norms"] is True and data["meta"]["setup"]["fused_qkv"] is True
+    assert data["meta"]["setup"]["fused_residual"] == 2  # both decoder layers
     parts = data["meta"]["parts"]
     fwd = parts["forward"]["result"]["variants"]
     assert fwd["sparse:always-sparse"]["rel_l2_vs_dense"] < 1e-5 and fwd["sparse:always-sparse"]["ok"] is True

@@ -34,6 +34,7 @@ PROBES = {
     "hot_down_probe.py": ((), "M=", ["rel err 0.0e+00", "(on vs off rel 0.0e+00)"]),
     "attention_probe.py": ((), "", ["default ", "q, k, v projections", "residual add + rms_norm",
                                           "o projection + residual add", "FFN down projection + residual add"]),
+    "residual_probe.py": ((), "", ["sum bit for bit True", "); bit for bit True", "dense FFN + residual: "]),
 }
 
 

@@ -106,3 +106,18 @@ def check_finite(tensors: dict[str, torch.Tensor], policy: str) -> None:
                 f"{name} contains {n_nan} NaN and {n_inf} Inf values and nan_policy='raise'; "
                 "use nan_policy='propagate' to get dense-PyTorch semantics instead"
             )
+
+
+def check_residual(residual: object, x: torch.Tensor) -> torch.Tensor:
+    """A residual to add to an FFN's output: a tensor with ``x``'s shape, dtype and device (no broadcasting and
+    no promotion: the sum is formed in the output's dtype, as the decoder layer's ``residual + mlp(x)`` is)."""
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor (or None), got {type(residual).__name__}")
+    if residual.shape != x.shape:
+        raise ValueError(f"residual has shape {tuple(residual.shape)} but x has {tuple(x.shape)}; they must match")
+    if residual.dtype != x.dtype:
+        raise TypeError(f"residual has dtype {str(residual.dtype).replace('torch.', '')} but x has "
+                        f"{str(x.dtype).replace('torch.', '')}; they must match")
+    if residual.device != x.device:
+        raise ValueError(f"residual is on {residual.device} but x is on {x.device}; they must be on one device")
+    return residual

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from .._io import write_json_atomic
-from ..nn import FusedRMSNorm, qkv_fused
+from ..nn import FusedRMSNorm, qkv_fused, residual_adds_fused
 from ..nn.rope import rotary_fused
 from ..ops import hot_cold_plan
 from .environment import environment
@@ -92,6 +92,10 @@ def _parser() -> argparse.ArgumentParser:
                         "forward bits), every variant alike")
     p.add_argument("--fused-qkv", action="store_true",
                    help="each attention layer's q, k and v projections as one GEMM (twell.nn.fuse_qkv), every "
+                        "variant alike")
+    p.add_argument("--fused-residual", action="store_true",
+                   help="each decoder layer's residual add after the MLP done by the MLP's last kernel "
+                        "(twell.nn.fuse_residual_adds: the TwELL gather, cuBLAS's epilogue for dense), every "
                         "variant alike")
     p.add_argument("--fused-gate", action=argparse.BooleanOptionalAction, default=True,
                    help="sparse layers' hot/cold split with its GEMM, hot hidden state and cold pack in one kernel "
@@ -198,7 +202,7 @@ def _prepare(a: argparse.Namespace, policies: tuple[str, ...], device: torch.dev
     bench = prepare(a.preset, device=device, dtype=getattr(torch, a.dtype), batch=a.batch, seq=a.seq,
                     target=target, policies=policies, seed=a.seed, backend=a.backend,
                     max_positions=max(a.seq, a.prompt_len + a.new_tokens), fused_norms=a.fused_norms,
-                    fused_rope=a.fused_rope, fused_qkv=a.fused_qkv)
+                    fused_rope=a.fused_rope, fused_qkv=a.fused_qkv, fused_residual=a.fused_residual)
     log(f"built in {bench.seconds['build_s']:.1f} s, calibrated in {bench.seconds['calibrate_s']:.1f} s")
     return bench
 
@@ -210,6 +214,7 @@ def _setup_info(bench: BenchModel) -> dict[str, Any]:
             "fused_norms": any(isinstance(m, FusedRMSNorm) for m in bench.model.modules()),
             "fused_rope": rotary_fused(),
             "fused_qkv": qkv_fused(bench.model),
+            "fused_residual": residual_adds_fused(bench.model),
             "calibration": bench.calibration}
 
 

@@ -25,7 +25,15 @@ import torch
 from torch import nn
 
 from ..models import TwellLlamaConfig, TwellLlamaForCausalLM, apply, revert
-from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, fuse_qkv, fuse_rms_norms, fuse_rotary
+from ..nn import (
+    DEFAULT_POLICY,
+    DispatchPolicy,
+    SparseGatedMLP,
+    fuse_qkv,
+    fuse_residual_adds,
+    fuse_rms_norms,
+    fuse_rotary,
+)
 from ..ops import DECODE_MAX_TOKENS
 from ..train.model import ModelSpec
 from .model_measure import synchronize
@@ -189,6 +197,7 @@ def prepare(
     fused_norms: bool = False,
     fused_rope: bool = False,
     fused_qkv: bool = False,
+    fused_residual: bool = False,
 ) -> BenchModel:
     """Build the preset's model, give it the target sparsity (:mod:`twell.bench.model_sparsity`) calibrated
     on the benchmark batch ``[batch, seq]`` itself, and build its MLP sets.  Deterministic in ``seed``.
@@ -197,7 +206,9 @@ def prepare(
     for every variant alike, before the calibration (so the thresholds match what runs).  ``fused_rope``: the
     rotary embedding in one Triton pass per tensor (:func:`twell.nn.fuse_rotary`, process-wide; forward bits
     unchanged).  ``fused_qkv``: each attention layer's q, k and v projections as one GEMM
-    (:func:`twell.nn.fuse_qkv`), every variant alike, before the calibration."""
+    (:func:`twell.nn.fuse_qkv`), every variant alike, before the calibration.  ``fused_residual``: each decoder
+    layer's residual add after the MLP done by the MLP's last kernel (:func:`twell.nn.fuse_residual_adds`), every
+    variant alike."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     spec = PRESETS[preset]
@@ -210,6 +221,8 @@ def prepare(
         fuse_rotary()
     if fused_qkv:
         fuse_qkv(model)
+    if fused_residual:
+        fuse_residual_adds(model)
     sets = MlpSets(model, policies)
     synchronize(device)
     t1 = time.perf_counter()

@@ -11,6 +11,7 @@ from .dispatch_file import load_policy, save_policy
 from .mlp import DenseReluGatedMLP, SparseGatedMLP, static_dispatch
 from .norm import FusedRMSNorm, fuse_rms_norms, unfuse_rms_norms
 from .qkv import fuse_qkv, qkv_fused, unfuse_qkv
+from .residual import fuse_residual_adds, residual_adds_fused, unfuse_residual_adds
 from .rope import fuse_rotary, unfuse_rotary
 
 __all__ = [
@@ -23,13 +24,16 @@ __all__ = [
     "FusedRMSNorm",
     "SparseGatedMLP",
     "fuse_qkv",
+    "fuse_residual_adds",
     "fuse_rms_norms",
     "fuse_rotary",
     "load_policy",
     "qkv_fused",
+    "residual_adds_fused",
     "save_policy",
     "static_dispatch",
     "unfuse_qkv",
+    "unfuse_residual_adds",
     "unfuse_rms_norms",
     "unfuse_rotary",
 ]

@@ -52,7 +52,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import ops as _ops  # noqa: F401 - registers torch.ops.twell.*
-from .._validation import FLOAT_DTYPES, check_positive_int, check_same_device, check_same_dtype, check_tensor
+from .._validation import (
+    FLOAT_DTYPES,
+    check_positive_int,
+    check_residual,
+    check_same_device,
+    check_same_dtype,
+    check_tensor,
+)
 from ..format.twell import DEFAULT_TILE, MAX_TILE, default_capacity
 from ..ops._runtime import BACKENDS, resolve_backend
 from ..ops.active_count import mean_active_per_token
@@ -172,12 +179,27 @@ class _SparsePrep(NamedTuple):
     hot_cold: bool  # the hot/cold split applies
 
 
+#: The dense path's residual (``forward(x, residual=...)``) added in cuBLAS's epilogue on CUDA (``torch.addmm``, the
+#: sum rounded once) instead of by a separate add after ``F.linear``.  Measured on the H200 (M=131072, K=5632, N=2048,
+#: bf16; bench_results/h200/attention_probe_session23.log): linear then add 4.915 ms, addmm 4.709 ms.  Elsewhere the
+#: unfused ops run (the CPU's addmm gains nothing and would change the bits).
+DENSE_RESIDUAL_ADDMM = True
+
+
 def _dense_ffn(
-    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+    residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The dense ReLU-gated FFN with plain ``F.linear`` (cuBLAS on the GPU); returns ``(out, relu(gate))``."""
+    """The dense ReLU-gated FFN with plain ``F.linear`` (cuBLAS on the GPU); returns ``(out, relu(gate))``.
+    With ``residual`` (x's shape) ``out`` is ``residual + FFN(x)`` (see :data:`DENSE_RESIDUAL_ADDMM`)."""
     a = F.relu(F.linear(x, w_gate))
-    return F.linear(a * F.linear(x, w_up), w_down), a
+    h = a * F.linear(x, w_up)
+    if residual is None:
+        return F.linear(h, w_down), a
+    if DENSE_RESIDUAL_ADDMM and x.is_cuda:
+        out = torch.addmm(residual.reshape(-1, residual.shape[-1]), h.reshape(-1, h.shape[-1]), w_down.t())
+        return out.view(residual.shape), a
+    return residual + F.linear(h, w_down), a
 
 
 def _check_sizes(hidden_size: object, intermediate_size: object) -> None:
@@ -234,9 +256,13 @@ class DenseReluGatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [..., hidden_size]`` -> the FFN's output, or ``residual + FFN(x)`` with ``residual`` (x's shape,
+        dtype and device; the decoder layer's add done here: :func:`twell.nn.fuse_residual_adds`)."""
         _check_input(x, self.hidden_size, self.gate_proj.weight)
-        return _dense_ffn(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)[0]
+        if residual is not None:
+            check_residual(residual, x)
+        return _dense_ffn(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight, residual)[0]
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, act=relu"
@@ -445,16 +471,25 @@ class SparseGatedMLP(nn.Module):
         return dense.train(self.training)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., hidden_size]`` -> ``[..., hidden_size]``; the path is chosen as the module docs say."""
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [..., hidden_size]`` -> ``[..., hidden_size]``; the path is chosen as the module docs say.
+
+        ``residual`` (x's shape, dtype and device): returns ``residual + FFN(x)``, the decoder layer's add done
+        here (:func:`twell.nn.fuse_residual_adds`): the hot/cold split's gather adds it as it writes each row,
+        the dense path through cuBLAS's epilogue on CUDA; the other paths add it after.  Sparse inference keeps
+        the bits of ``residual + mlp(x)``; the dense path on CUDA rounds the sum once (``torch.addmm``).
+        """
+        if residual is not None:
+            check_residual(residual, x)
         if self.training and torch.is_grad_enabled():
             weights = self._weights()
             _check_input(x, self.hidden_size, weights[0], autocast_ok=True)
             if x.dim() == 2:  # no reshape: two view nodes fewer in the autograd graph
-                return self._ffn_train(x, weights)
-            lead = x.shape[:-1]
-            out = self._ffn_train(x.reshape(-1, self.hidden_size), weights)
-            return out.reshape(*lead, self.hidden_size)
+                out = self._ffn_train(x, weights)
+            else:
+                lead = x.shape[:-1]
+                out = self._ffn_train(x.reshape(-1, self.hidden_size), weights).reshape(*lead, self.hidden_size)
+            return out if residual is None else residual + out
         # Inference: called once per layer per decode step, where the host is the bottleneck, so this
         # path avoids what costs a microsecond or so per call on the CPU (scripts/module_overhead.py,
         # d=64, F=256, M=1: Module.__getattr__ twice for self.gate_proj.weight 1.29 us, Module.__setattr__
@@ -466,11 +501,11 @@ class SparseGatedMLP(nn.Module):
         if self.last_l1 is not None:
             self.last_l1 = None  # drop the previous training graph; l1_loss() now refers to nothing
         if torch.compiler.is_compiling() or _STATIC_DISPATCH.depth:
-            return self._ffn_infer_traced(x, weights)
-        return self._ffn_infer(x, weights)
+            return self._ffn_infer_traced(x, weights, residual)
+        return self._ffn_infer(x, weights, residual)
 
-    def _ffn_infer_traced(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-                          ) -> torch.Tensor:
+    def _ffn_infer_traced(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                          residual: torch.Tensor | None = None) -> torch.Tensor:
         """The inference FFN as torch.compile traces it: the path chosen from the current l0 estimate (a
         constant of the graph, guarded) with no call counting, l0 refresh or cached weight layouts --
         state that changes every call made the eager path recompile on every call, up to dynamo's cache
@@ -490,7 +525,7 @@ class SparseGatedMLP(nn.Module):
         policy, estimate = self.policy, self._state.estimate
         backend = resolve_backend(self.backend, x.device)
         if m == 0 or self._needs_grad(x):
-            return _dense_ffn(x, *weights)[0]
+            return _dense_ffn(x, *weights, residual)[0]
         x2 = x.reshape(m, self.hidden_size)
         if policy.use_decode(m, device_type=device_type, shape=shape):
             w_down_t = w_down.t()
@@ -498,7 +533,7 @@ class SparseGatedMLP(nn.Module):
                 w_down_t = self._buffers["_wd_unit_major"]  # refreshed by the caller (see static_dispatch)
             out, _ = torch.ops.twell.decode_gated_ffn_unchecked(x2, w_gate, w_up, w_down_t, self.precision,
                                                                 backend)
-            return out.view(x.shape)
+            return out.view(x.shape) if residual is None else residual + out.view(x.shape)
         if policy.use_sparse(m, density_of(estimate, self.intermediate_size), device_type=device_type, shape=shape):
             capacity = self.capacity or default_capacity(self.tile)
             plan = self._hot_cold._plan
@@ -506,15 +541,16 @@ class SparseGatedMLP(nn.Module):
                 fused_tile = fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device)
                 w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, plan.hot, plan.cold,
                                                           fused_tile=fused_tile)
+                res2 = None if residual is None else residual.reshape(m, self.hidden_size).contiguous()
                 out, _ = torch.ops.twell.hot_cold_gated_ffn_unchecked(
                     x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), plan.hot, plan.cold, w_gemm,
-                    w_down_hot_t, self.tile, capacity, backend, fused_tile, self._hot_cold.dense_rows(m))
-            else:
-                out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
-                    x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), self.tile, capacity, self.precision,
-                    backend)
-            return out.view(x.shape)
-        return _dense_ffn(x, *weights)[0]
+                    w_down_hot_t, self.tile, capacity, backend, fused_tile, self._hot_cold.dense_rows(m), res2)
+                return out.view(x.shape)
+            out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
+                x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), self.tile, capacity, self.precision,
+                backend)
+            return out.view(x.shape) if residual is None else residual + out.view(x.shape)
+        return _dense_ffn(x, *weights, residual)[0]
 
     def _ffn_train(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """The one place the training FFN is called (see ``train_impl``).
@@ -629,8 +665,10 @@ class SparseGatedMLP(nn.Module):
     def _infer_calls(self, value: int) -> None:
         self._state.calls = value
 
-    def _ffn_infer(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """The inference FFN of ``x [..., d]`` (checked by forward): dense or sparse, l0 bookkeeping.
+    def _ffn_infer(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The inference FFN of ``x [..., d]`` (checked by forward): dense or sparse, l0 bookkeeping; plus
+        ``residual`` when given.
 
         On a call that is not an l0-refresh call the dense path runs exactly the dense FFN's five ops
         (three linears, relu, mul) on ``x`` as given -- ``F.linear`` takes any leading shape, so there is
@@ -639,18 +677,19 @@ class SparseGatedMLP(nn.Module):
         m = x.numel() // self.hidden_size
         if m == 0:
             # Nothing to compute or measure; an empty batch must not drag the l0 estimate to 0.
-            return _dense_ffn(x, *weights)[0]
+            return _dense_ffn(x, *weights, residual)[0]
         state = self._state
         refresh = state.calls % self.l0_refresh_every == 0
         state.calls += 1
         if self._use_sparse(m, x.device.type) and not self._needs_grad(x):
             state.refresh_now = refresh
             if x.dim() == 2:
-                out = self._ffn_sparse(x)
+                out = self._ffn_sparse(x, residual)
             else:
-                out = self._ffn_sparse(x.reshape(m, self.hidden_size)).view(x.shape)
+                res2 = None if residual is None else residual.reshape(m, self.hidden_size)
+                out = self._ffn_sparse(x.reshape(m, self.hidden_size), res2).view(x.shape)
         else:
-            out, a = _dense_ffn(x, *weights)
+            out, a = _dense_ffn(x, *weights, residual)
             if refresh or state.estimate is None:
                 self.last_l0 = self._measure_dense_l0(a)
         if refresh or state.estimate is None:
@@ -691,8 +730,9 @@ class SparseGatedMLP(nn.Module):
                 state.decisions[key] = path
         return path
 
-    def _ffn_sparse(self, x: torch.Tensor) -> torch.Tensor:
-        """The sparse FFN of ``x [M, d]``; its per-(row, tile) non-zero counts give l0 without a host sync.
+    def _ffn_sparse(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The sparse FFN of ``x [M, d]`` (plus ``residual`` [M, d] when given: the hot/cold split adds it in its
+        gather, the other paths after); its per-(row, tile) non-zero counts give l0 without a host sync.
 
         The weights are validated once per change (:meth:`_prepare_sparse`) and ``x`` by forward, so
         the unchecked custom ops run here (still custom ops: torch.compile captures them).
@@ -726,7 +766,9 @@ class SparseGatedMLP(nn.Module):
             out, counts = torch.ops.twell.hot_cold_gated_ffn_unchecked(
                 x, w_gate, w_up, w_down_t, plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t, self.tile,
                 prep.capacity, prep.backend, plan.fused_tile, self._hot_cold.dense_rows(x.shape[0]),
+                None if residual is None else residual.contiguous(),
             )
+            residual = None  # added
         else:
             out, counts = torch.ops.twell.sparse_gated_ffn_unchecked(
                 x, w_gate, w_up, w_down_t, self.tile, prep.capacity, self.precision, prep.backend
@@ -738,6 +780,8 @@ class SparseGatedMLP(nn.Module):
         if not decode or self._state.refresh_now:
             state = self._state
             state.l0, state.l0_counts, state.l0_tokens = None, counts, x.shape[0]
+        if residual is not None:
+            out = out.add_(residual)  # the op's fresh output: the bits of residual + out, one [M, d] fewer
         return out
 
     def _prepare_sparse(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor) -> _SparsePrep:

@@ -8,9 +8,9 @@
 no autograd formula: it is the inference path (training goes through the sparse autograd function).
 
 ``torch.ops.twell.hot_cold_gated_ffn(x, w_gate, w_up, w_down, hot, cold, w_gemm, w_down_hot_t, tile,
-capacity, backend, fused_tile=0)`` is the same for the hot/cold split (``twell.ops.hot_cold``), the plan
-passed as its four tensors and its ``fused_tile``; its counts are per (row, tile of cold columns, then
-of hot units).
+capacity, backend, fused_tile=0, dense_rows=0, residual=None)`` is the same for the hot/cold split
+(``twell.ops.hot_cold``), the plan passed as its four tensors and its ``fused_tile``; its counts are per
+(row, tile of cold columns, then of hot units); with ``residual`` its output is ``residual + FFN(x)``.
 
 ``torch.ops.twell.decode_gated_ffn_unchecked(x, w_gate, w_up, w_down_t, precision, backend)`` is the
 small-batch path (``twell.ops.decode``, 1 to 64 tokens): ``(out [M, d], counts [M, ceil(F / 16)])``.
@@ -84,11 +84,12 @@ def hot_cold_gated_ffn_op(
     backend: str,
     fused_tile: int = 0,
     dense_rows: int = 0,
+    residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``twell.ops.hot_cold_gated_ffn`` with the plan passed as its four tensors and its ``fused_tile``."""
     plan = HotColdPlan(hot=hot, cold=cold, w_gemm=w_gemm, w_down_hot_t=w_down_hot_t, fused_tile=fused_tile)
     out, counts = _hot_cold_gated_ffn(x, w_gate, w_up, w_down, plan, tile=tile, capacity=capacity or None,
-                                      backend=backend, return_counts=True, dense_rows=dense_rows)
+                                      backend=backend, return_counts=True, dense_rows=dense_rows, residual=residual)
     return out, counts.contiguous()
 
 
@@ -102,7 +103,7 @@ def _fake_hot_cold(x: torch.Tensor, hot: torch.Tensor, cold: torch.Tensor, d: in
 
 @hot_cold_gated_ffn_op.register_fake
 def _(x, w_gate, w_up, w_down, hot, cold, w_gemm, w_down_hot_t, tile, capacity, backend,  # noqa: ANN001, ANN202
-      fused_tile=0, dense_rows=0):  # noqa: ANN001
+      fused_tile=0, dense_rows=0, residual=None):  # noqa: ANN001
     return _fake_hot_cold(x, hot, cold, w_down.shape[0], tile)
 
 
@@ -180,21 +181,24 @@ def hot_cold_gated_ffn_unchecked_op(
     backend: str,
     fused_tile: int = 0,
     dense_rows: int = 0,
+    residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``hot_cold_gated_ffn`` for validated inputs (as ``sparse_gated_ffn_unchecked``; the plan built for
-    these weights, ``w_gemm`` in the fused gate layout when ``fused_tile``; ``dense_rows`` >= 0)."""
+    these weights, ``w_gemm`` in the fused gate layout when ``fused_tile``; ``dense_rows`` >= 0; ``residual``
+    None or [M, d] contiguous in x's dtype: the output is then ``residual + FFN(x)``)."""
     if backend == "torch":
         out, counts = _ref.hot_cold_gated_ffn(x, w_gate, w_up, w_down_t.t(), hot, cold, tile=tile)
-        return out, counts.contiguous()
+        return (out if residual is None else out + residual), counts.contiguous()
     from .hot_cold import launch_hot_cold_ffn
 
     plan = HotColdPlan(hot=hot, cold=cold, w_gemm=w_gemm, w_down_hot_t=w_down_hot_t, fused_tile=fused_tile)
-    return launch_hot_cold_ffn(x, plan, w_gate, w_up, w_down_t, tile=tile, capacity=capacity, dense_rows=dense_rows)
+    return launch_hot_cold_ffn(x, plan, w_gate, w_up, w_down_t, tile=tile, capacity=capacity, dense_rows=dense_rows,
+                               residual=residual)
 
 
 @hot_cold_gated_ffn_unchecked_op.register_fake
 def _(x, w_gate, w_up, w_down_t, hot, cold, w_gemm, w_down_hot_t, tile, capacity, backend,  # noqa: ANN001, ANN202
-      fused_tile=0, dense_rows=0):  # noqa: ANN001
+      fused_tile=0, dense_rows=0, residual=None):  # noqa: ANN001
     return _fake_hot_cold(x, hot, cold, w_down_t.shape[1], tile)
 
 

@@ -48,12 +48,16 @@ def select_overflow_rows(cold_counts: torch.Tensor, capacity: int, budget: int) 
 
 
 def dense_rows_ffn(x: torch.Tensor, rows: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-                   w_down_t: torch.Tensor, out: torch.Tensor) -> None:
+                   w_down_t: torch.Tensor, out: torch.Tensor, *, residual: torch.Tensor | None = None) -> None:
     """``out[rows] = FFN(x[rows])``, the dense FFN's own ops in the input dtype (u, relu(g) and h rounded to it,
-    fp32 accumulation in every GEMM, the output rounded once); ``w_down_t`` is Wd^T [F, d]."""
+    fp32 accumulation in every GEMM, the output rounded once); ``w_down_t`` is Wd^T [F, d].  With ``residual``
+    ([M, d]) ``out[rows] = residual[rows] + FFN(x[rows])``, the sum rounded again (the row kernel's bits)."""
     xr = x.index_select(0, rows)
     h = F.relu(F.linear(xr, w_gate)) * F.linear(xr, w_up)
-    out.index_copy_(0, rows, torch.mm(h, w_down_t))
+    y = torch.mm(h, w_down_t)
+    if residual is not None:
+        y += residual.index_select(0, rows)
+    out.index_copy_(0, rows, y)
 
 
 def dense_row_budget(n_tokens: int, overflow_fraction: float, *, margin: float, slack: int, multiple: int) -> int:

@@ -15,6 +15,7 @@ from .._validation import (
     FLOAT_DTYPES,
     check_finite,
     check_positive_int,
+    check_residual,
     check_same_device,
     check_same_dtype,
     check_tensor,
@@ -333,6 +334,7 @@ def hot_cold_gated_ffn(
     return_counts: bool = False,
     cold_format: str = "auto",
     dense_rows: int = 0,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The ReLU-gated FFN with the hot/cold split of ``plan`` (``twell.ops.hot_cold``): hot units densely,
     cold units through TwELL ("twell", what "auto" picks: faster on the H200) or a per-row-tile bitmap
@@ -345,6 +347,10 @@ def hot_cold_gated_ffn(
     ``dense_rows`` (int >= 0; Triton path, TwELL cold format): up to this many tokens with an overflowing cold
     tile are computed by three dense GEMMs on their rows instead of one at a time in the row kernel
     (``twell.ops.hot_cold_dense_rows``); a speed setting only, the values stay the dense FFN's.
+
+    ``residual`` (x's shape, dtype and device): returns ``residual + FFN(x)`` with the bits of that sum in the input
+    dtype, the FFN's output rounded first; the Triton path adds it as the TwELL gather writes each row, saving a
+    decoder layer its separate pass over the residual (``twell.nn.fuse_residual_adds``).
     """
     if not isinstance(plan, HotColdPlan):
         raise TypeError(f"plan must be a HotColdPlan (twell.ops.build_hot_cold_plan), got {type(plan).__name__}")
@@ -366,9 +372,13 @@ def hot_cold_gated_ffn(
             f"d={x.shape[1]}"
         )
     device = check_same_device({"x": x, "w_gate": w_gate, "plan.w_gemm": plan.w_gemm})
+    if residual is not None:
+        check_residual(residual, x)
     if resolve_backend(backend, device) == "torch":
         check_finite({"x": x, "w_gate": w_gate, "w_up": w_up, "w_down": w_down}, nan_policy)
         out, counts = ref.hot_cold_gated_ffn(x, w_gate, w_up, w_down, plan.hot, plan.cold, tile=tile)
+        if residual is not None:
+            out = residual + out
         return (out, counts) if return_counts else out
     _check_dense_gate_inputs(x, w_gate, w_up, w_down, tile, nan_policy)
     check_same_dtype({"x": x, "plan.w_gemm": plan.w_gemm, "plan.w_down_hot_t": plan.w_down_hot_t})
@@ -377,6 +387,7 @@ def hot_cold_gated_ffn(
     out, counts = launch_hot_cold_ffn(
         x.contiguous(), plan, w_gate.contiguous(), w_up.contiguous(), _unit_major(w_down), tile=tile,
         capacity=capacity, cold_format=cold_format, dense_rows=dense_rows,
+        residual=None if residual is None else residual.contiguous(),
     )
     return (out, counts) if return_counts else out
 

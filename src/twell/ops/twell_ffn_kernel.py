@@ -309,6 +309,9 @@ def _twell_ffn_row_kernel(
     MARK: tl.constexpr = 1,
     skip_ptr=None,
     SKIP_OVERFLOW_ROWS: tl.constexpr = False,
+    res_ptr=None,
+    stride_rm=0,
+    HAS_RESIDUAL: tl.constexpr = False,
 ):
     row = tl.program_id(0).to(tl.int64)
     if HEAVY_FIRST:  # (LISTED too) the first H_SLOTS programs take the list pass's heavy queue, the others row
@@ -432,7 +435,12 @@ def _twell_ffn_row_kernel(
                     out += _units_contribution(a, live, unit64, x, offs_d, d_ok, wu_ptr, wdt_ptr, D, dtype, GATED,
                                                ROUND_HIDDEN)
 
-    tl.store(out_ptr + row * stride_om + offs_d, round_to(out, out_ptr.dtype.element_ty), mask=d_ok)
+    y = round_to(out, out_ptr.dtype.element_ty)
+    if HAS_RESIDUAL:  # the decoder layer's residual added after the FFN's own rounding, then rounded again: the
+        # bits of ``residual + ffn(x)`` in the output dtype (read here, at the end: the loop's registers are free)
+        r = tl.load(res_ptr + row * stride_rm + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        y = round_to(y.to(tl.float32) + r, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_om + offs_d, y, mask=d_ok)
 
 
 
@@ -465,6 +473,7 @@ def launch_twell_ffn(
     listed: bool | None = None,
     heavy_first: bool | None = None,
     skip_overflow_rows: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
 
@@ -497,6 +506,10 @@ def launch_twell_ffn(
     ``skip_overflow_rows`` (int8 [M]): rows flagged non-zero that have an overflowing tile are neither read nor
     written (the caller computes them whole: ``hot_cold_dense_rows``); a flag on a row without one is not read
     (the row is computed as usual).  Not with the tensor-core gather or ``taken`` (ValueError).
+    ``residual`` ([M, d], ``out``'s dtype, unit stride along d): every row the kernel writes gets
+    ``round(round(ffn) + residual)``, what ``residual + ffn(x)`` gives in that dtype; rows skipped for
+    ``skip_overflow_rows`` are the caller's, residual included.  Not with the tensor-core gather or ``taken``
+    (their rows are written by another kernel without it; ValueError).
     """
     m, d = x.shape
     n_tiles = counts.shape[1]
@@ -520,6 +533,14 @@ def launch_twell_ffn(
         if skip_overflow_rows.shape != (m,) or skip_overflow_rows.dtype != torch.int8:
             raise ValueError(f"launch_twell_ffn: skip_overflow_rows must be int8 [{m}], got "
                              f"{skip_overflow_rows.dtype} {tuple(skip_overflow_rows.shape)}")
+        tensor_cores = False
+    if residual is not None:
+        if taken is not None or tensor_cores:
+            raise ValueError("launch_twell_ffn: `residual` does not combine with `taken` or the tensor-core gather "
+                             "(their rows are written by another kernel, which does not add it)")
+        if residual.shape != (m, d) or residual.dtype != out.dtype or residual.stride(1) != 1:
+            raise ValueError(f"launch_twell_ffn: residual must be [{m}, {d}] {out.dtype} with unit stride along d, "
+                             f"got {residual.dtype} {tuple(residual.shape)} strides {residual.stride()}")
         tensor_cores = False
     if taken is not None and tensor_cores:
         raise ValueError("launch_twell_ffn: `taken` (rows done by another kernel) and the tensor-core gather "
@@ -600,6 +621,9 @@ def launch_twell_ffn(
         MARK=twell_list_kernel.HEAVY_MARK,
         skip_ptr=skip_overflow_rows if skip_overflow_rows is not None else counts,
         SKIP_OVERFLOW_ROWS=skip_overflow_rows is not None,
+        res_ptr=residual if residual is not None else dummy,
+        stride_rm=residual.stride(0) if residual is not None else 0,
+        HAS_RESIDUAL=residual is not None,
         num_warps=num_warps or 4,
     )
     return out
