@@ -39,9 +39,9 @@ def _record_sparse_token_counts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sparse_path = SparseGatedMLP._ffn_sparse
 
     @functools.wraps(sparse_path)
-    def recorded(self: SparseGatedMLP, x: torch.Tensor) -> torch.Tensor:
+    def recorded(self: SparseGatedMLP, x: torch.Tensor, *args: object) -> torch.Tensor:
         seen.append(x.shape[0])
-        return sparse_path(self, x)
+        return sparse_path(self, x, *args)
 
     monkeypatch.setattr(SparseGatedMLP, "_ffn_sparse", recorded)
     return seen

@@ -272,9 +272,9 @@ def test_generate_with_sparse_path_forced(monkeypatch: pytest.MonkeyPatch) -> No
     calls = {"sparse": 0}
     original = SparseGatedMLP._ffn_sparse
 
-    def counting(self: SparseGatedMLP, x: torch.Tensor) -> torch.Tensor:
+    def counting(self: SparseGatedMLP, x: torch.Tensor, *args: object) -> torch.Tensor:
         calls["sparse"] += 1
-        return original(self, x)
+        return original(self, x, *args)
 
     monkeypatch.setattr(SparseGatedMLP, "_ffn_sparse", counting)
     ids = _ids(2, 5)

@@ -108,6 +108,76 @@ def test_other_mlps_add_it_themselves():
         assert_bitwise_equal(model(ids).logits, want)
 
 
+def test_copies_pickles_and_no_reference_cycle():
+    """The fusion is a flag on the layer: deep copies and pickles keep it, and a fused layer is freed by its
+    reference count (a per-layer bound method made a cycle that kept deleted models' weights alive)."""
+    import copy
+    import gc
+    import io
+    import weakref
+
+    model = _model("llama")
+    fuse_residual_adds(model)
+    ids = _ids()
+    with torch.no_grad():
+        want = model(ids).logits
+        twin = copy.deepcopy(model)
+        assert residual_adds_fused(twin) == 2
+        assert_bitwise_equal(twin(ids).logits, want)
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        assert residual_adds_fused(loaded) == 2
+        assert_bitwise_equal(loaded(ids).logits, want)
+    unfuse_residual_adds(twin)
+    assert residual_adds_fused(twin) == 0 and residual_adds_fused(model) == 2  # per layer, not per class
+    ref = weakref.ref(model.model.layers[0])
+    gc.disable()
+    try:
+        del model
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
+def test_a_pickle_loads_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+
+    model = _model("qwen2")
+    fuse_residual_adds(model)
+    torch.save(model, tmp_path / "m.pt")
+    code = ("import torch, twell.nn as n; m = torch.load(r'%s', weights_only=False); "
+            "print(n.residual_adds_fused(m), type(m.model.layers[0]).__qualname__)" % (tmp_path / "m.pt"))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["2", "FusedQwen2DecoderLayer"]
+
+
+def test_gradient_checkpointing_still_checkpoints_fused_layers():
+    """transformers' checkpointing wrapper runs for the fused layers (reentrant mode is refused by the L1 check,
+    which it could only be if the layers were checkpointed) and non-reentrant gives the same gradients."""
+    cfg_cls, lm_cls = FAMILIES["llama"]
+    torch.manual_seed(0)
+    model = lm_cls(cfg_cls(**TINY_ARCH, **TINY_TWELL, l1_coef=0.01)).double().train()
+    fuse_residual_adds(model)
+    ids = _ids()
+    ref = model(input_ids=ids, labels=ids)
+    ref.loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, ref.loss)
+    for g, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, g)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    with pytest.raises(RuntimeError, match="use_reentrant"):
+        model(input_ids=ids, labels=ids, use_cache=False)
+
+
 def test_positional_arguments_refused():
     model = _model("llama")
     fuse_residual_adds(model)
@@ -178,8 +248,9 @@ def test_mlp_residual_checked():
 @pytest.mark.gpu
 @pytest.mark.parametrize("policy", ["sparse", "dense"])
 def test_gpu_bf16_fused_model(policy):
-    """bf16 on CUDA: the sparse path keeps the unfused bits; the dense path's addmm rounds the sum once (within a
-    bf16 rounding of the unfused sum)."""
+    """bf16 on CUDA, no FusedRMSNorm: the unfused layer's bits (with DENSE_RESIDUAL_ADDMM on, the dense path's addmm
+    rounds the sum once: within a bf16 rounding of the unfused sum)."""
+    from twell.nn import mlp
     from twell.tolerances import REL_TOL, rel_error
 
     cfg_cls, lm_cls = FAMILIES["llama"]
@@ -192,7 +263,7 @@ def test_gpu_bf16_fused_model(policy):
         want = model(ids).logits
         fuse_residual_adds(model)
         got = model(ids).logits
-    if policy == "sparse":
+    if policy == "sparse" or not mlp.DENSE_RESIDUAL_ADDMM:
         assert_bitwise_equal(got, want)
     else:
         assert rel_error(got, want) <= REL_TOL[torch.bfloat16]

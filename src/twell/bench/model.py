@@ -94,9 +94,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="each attention layer's q, k and v projections as one GEMM (twell.nn.fuse_qkv), every "
                         "variant alike")
     p.add_argument("--fused-residual", action="store_true",
-                   help="each decoder layer's residual add after the MLP done by the MLP's last kernel "
-                        "(twell.nn.fuse_residual_adds: the TwELL gather, cuBLAS's epilogue for dense), every "
-                        "variant alike")
+                   help="decoder layers' residual adds fused (twell.nn.fuse_residual_adds): the MLP's in the TwELL "
+                        "gather, the attention's with the next norm (with --fused-norms), every variant alike")
     p.add_argument("--fused-gate", action=argparse.BooleanOptionalAction, default=True,
                    help="sparse layers' hot/cold split with its GEMM, hot hidden state and cold pack in one kernel "
                         "(twell.ops.hot_cold_gate_kernel; bf16/fp16; on by default)")

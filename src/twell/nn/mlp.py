@@ -180,10 +180,12 @@ class _SparsePrep(NamedTuple):
 
 
 #: The dense path's residual (``forward(x, residual=...)``) added in cuBLAS's epilogue on CUDA (``torch.addmm``, the
-#: sum rounded once) instead of by a separate add after ``F.linear``.  Measured on the H200 (M=131072, K=5632, N=2048,
-#: bf16; bench_results/h200/attention_probe_session23.log): linear then add 4.915 ms, addmm 4.709 ms.  Elsewhere the
-#: unfused ops run (the CPU's addmm gains nothing and would change the bits).
-DENSE_RESIDUAL_ADDMM = True
+#: sum rounded once) instead of by a separate add after ``F.linear``.  On the H200 (M=131072, d=2048, F=5632, bf16) the
+#: down projection alone took 4.709 ms with it against 4.915 ms (session 23, attention_probe_session23.log), but the
+#: whole dense FFN, interleaved, 13.403 against 13.226 ms (session 24, residual_probe_session24.log), and the 1.5B
+#: forward's dense variant moved 187.5 -> 187.6 tokens/ms with it: off, so the dense path's residual add is the
+#: unfused ``residual + F.linear(...)`` and its bits are the unfused layer's.  (Off the GPU it is never used.)
+DENSE_RESIDUAL_ADDMM = False
 
 
 def _dense_ffn(
@@ -476,8 +478,8 @@ class SparseGatedMLP(nn.Module):
 
         ``residual`` (x's shape, dtype and device): returns ``residual + FFN(x)``, the decoder layer's add done
         here (:func:`twell.nn.fuse_residual_adds`): the hot/cold split's gather adds it as it writes each row,
-        the dense path through cuBLAS's epilogue on CUDA; the other paths add it after.  Sparse inference keeps
-        the bits of ``residual + mlp(x)``; the dense path on CUDA rounds the sum once (``torch.addmm``).
+        the other paths add it after (the dense one in cuBLAS's epilogue when :data:`DENSE_RESIDUAL_ADDMM` is on);
+        each keeps the bits of ``residual + mlp(x)`` (addmm instead rounds the sum once).
         """
         if residual is not None:
             check_residual(residual, x)

@@ -1,30 +1,28 @@
-"""The decoder layer's residual add after the MLP, done by the MLP's last kernel: :func:`fuse_residual_adds`.
+"""The decoder layer's residual adds fused into the kernels around them: :func:`fuse_residual_adds`.
 
-A Llama/Qwen2 decoder layer ends with ``hidden = residual + mlp(post_attention_layernorm(residual))``: one more
-pass over three [tokens, hidden] tensors after the MLP has written its output (0.35 ms a layer at 131,072 tokens,
-d=2048 in bf16 on the H200: 1.5 GB at ~4.3 TB/s).  The MLPs of this library take that residual
-(``forward(x, residual=...)``) and add it in the kernel that writes their output: the hot/cold split's TwELL gather
-as it stores each row (``twell.ops.hot_cold.FUSE_RESIDUAL``), the dense path in cuBLAS's epilogue
-(``torch.addmm``; ``twell.nn.mlp.DENSE_RESIDUAL_ADDMM``).  :func:`fuse_residual_adds` makes each decoder layer hand
-its residual to such an MLP; a layer whose MLP at call time is anything else (a transformers ``LlamaMLP``, say)
-adds it itself, as before, so swapping MLPs in and out (``twell.models.apply`` / ``revert``) stays safe.
+A Llama/Qwen2 decoder layer adds the attention's output to the residual stream, normalises the sum, runs the MLP and
+adds its output to the stream again.  Each add is one more pass over three [tokens, hidden] tensors (1.5 GB at
+131,072 tokens, d=2048 in bf16; ~0.35 ms on the H200).  In a fused layer:
 
-With the layer's post-attention norm a :class:`~twell.nn.FusedRMSNorm` (:func:`twell.nn.fuse_rms_norms`), on CUDA
-and without autograd, the attention's residual add and that norm run as one kernel as well
-(``twell.ops.add_norm_kernel``, :data:`FUSE_ADD_NORM`): the sum bit for bit, the norm within a rounding of
-``F.rms_norm``'s.
+* the MLPs of this library take the residual (``forward(x, residual=...)``): the hot/cold split's TwELL gather adds
+  it as it stores each row (``twell.ops.hot_cold.FUSE_RESIDUAL``); their other paths, the dense one included, add
+  it after, as the layer did (cuBLAS's epilogue, ``twell.nn.mlp.DENSE_RESIDUAL_ADDMM``, measured slower for the
+  whole dense FFN: off).  A layer whose MLP at call time is anything else (a transformers ``LlamaMLP``, say) adds
+  it itself, so swapping MLPs in and out (``twell.models.apply`` / ``revert``) stays safe;
+* with the post-attention norm a :class:`~twell.nn.FusedRMSNorm` (:func:`twell.nn.fuse_rms_norms`), on CUDA and
+  without autograd, the attention's add and that norm run as one Triton pass (``twell.ops.add_norm_kernel``,
+  :data:`FUSE_ADD_NORM`).
 
-What runs is the transformers layer's own sequence (input norm, attention, add, post-attention norm, MLP) with the
-attention module called with the keyword arguments the layer received, whatever the installed transformers names
-them (``cache`` or ``past_key_values``); only the last add moves.  Bits: the sparse path keeps those of
-``residual + mlp(x)``; the dense path on CUDA rounds the sum once (one bf16 rounding from the unfused layer at
-most); on the CPU the unfused ops run.  Like :func:`twell.nn.fuse_rms_norms` it is opt-in, and a benchmark applies
-it to every variant alike (``twell bench model --fused-residual``).
+What runs is the transformers layer's own sequence (input norm, attention, add, post-attention norm, MLP, add), the
+attention called with the keyword arguments the layer received, whatever the installed transformers names them
+(``cache`` or ``past_key_values``).  Bits: the adds keep those of ``residual + x`` in the dtype; the one-pass norm is
+within a rounding of ``F.rms_norm``'s (so, like :func:`twell.nn.fuse_rms_norms`, the fusion is opt-in, and a
+benchmark applies it to every variant alike: ``twell bench model --fused-residual``); on the CPU everything is the
+unfused layer's, bit for bit.
 """
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
@@ -80,6 +78,47 @@ def _layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in _LAYER_TYPES]
 
 
+#: Where transformers defines the layer classes :data:`_LAYER_TYPES` names, so that a fused layer's class can be rebuilt
+#: by name when a pickle is loaded in another process (module ``__getattr__`` below).
+_LAYER_MODULES = {
+    "LlamaDecoderLayer": "transformers.models.llama.modeling_llama",
+    "Qwen2DecoderLayer": "transformers.models.qwen2.modeling_qwen2",
+    "MistralDecoderLayer": "transformers.models.mistral.modeling_mistral",
+}
+#: The fused subclass of each decoder layer class fused so far.
+_FUSED_CLASSES: dict[type, type] = {}
+
+
+def _fused_class(base: type) -> type:
+    """The subclass of ``base`` whose forward is :func:`_fused_forward`; a fused layer's ``__class__`` is swapped to
+    it.  A subclass, not a per-layer bound method (which made each layer reference itself: a cycle that kept
+    deleted models' weights alive until the garbage collector ran, +5.7 GB of peak memory in the 1.5B forward
+    benchmark on the H200, session 24), nor a patched class forward (transformers 5.x wraps each layer class's
+    forward for gradient checkpointing when the class is created, and checkpoints only when that wrapper is the
+    class's forward: a subclass gets its own).  It keeps ``base``'s ``__name__`` (what accelerate's
+    ``_no_split_modules`` and this module match on); its ``__qualname__`` names it here, for pickle."""
+    cls = _FUSED_CLASSES.get(base)
+    if cls is None:
+        qualname = f"Fused{base.__name__}"
+        if qualname in globals() or _LAYER_MODULES.get(base.__name__) != base.__module__:
+            qualname = f"{qualname}_{len(_FUSED_CLASSES)}"  # another class of that name: no rebuild by name
+        cls = type(base.__name__, (base,), {"forward": _fused_forward, _FLAG: True, "__module__": __name__})
+        cls.__qualname__ = qualname
+        globals()[qualname] = cls
+        _FUSED_CLASSES[base] = cls
+    return cls
+
+
+def __getattr__(name: str) -> type:
+    """``FusedLlamaDecoderLayer`` and its kin built on first use (a pickle of a fused model loaded here)."""
+    base_name = name.removeprefix("Fused")
+    if name.startswith("Fused") and base_name in _LAYER_MODULES:
+        import importlib
+
+        return _fused_class(getattr(importlib.import_module(_LAYER_MODULES[base_name]), base_name))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def fuse_residual_adds(model: nn.Module) -> int:
     """Make every Llama/Qwen2/Mistral decoder layer of ``model`` pass its post-attention residual to its MLP (module
     docs); returns how many layers changed (already fused ones are left as they are)."""
@@ -93,21 +132,19 @@ def fuse_residual_adds(model: nn.Module) -> int:
                             f"rewrites layers made of {', '.join(_PARTS)}")
         if getattr(layer, _FLAG, False):
             continue
-        layer.forward = types.MethodType(_fused_forward, layer)
-        setattr(layer, _FLAG, True)
+        layer.__class__ = _fused_class(type(layer))
         changed += 1
     return changed
 
 
 def unfuse_residual_adds(model: nn.Module) -> int:
-    """Undo :func:`fuse_residual_adds`: the layers' own forward again; returns how many layers changed."""
+    """Undo :func:`fuse_residual_adds`: the layers' own class again; returns how many layers changed."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     changed = 0
     for layer in _layers(model):
         if getattr(layer, _FLAG, False):
-            del layer.forward
-            delattr(layer, _FLAG)
+            layer.__class__ = type(layer).__mro__[1]
             changed += 1
     return changed
 
