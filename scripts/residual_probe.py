@@ -6,9 +6,10 @@ per 1.5B forward in both the dense and the sparse model.  Predicted per layer: t
 pass 0.668 -> ~0.47 ms (2.0 instead of 2.5 GB); the sparse op with the residual added by its gather -0.25 ms
 (the add's ~0.35 ms for one more 0.5 GB read in a kernel bound by its dependent loads); the dense FFN's down
 projection with the residual in cuBLAS's epilogue 4.915 -> 4.709 ms (session 23).  Whole forward: sparse ~-12 ms,
-dense ~-11 ms, the ratio ~1.349 -> ~1.356.  Measured (H200, session 24, bench_results/h200/residual_probe_session24.log):
-the add + norm 0.666 -> 0.508 ms; the sparse op then add 6.900 ms, the residual in its gather 6.702 ms; the dense FFN
-then add 13.226 ms, with addmm 13.403 ms (slower as a whole FFN: ``twell.nn.mlp.DENSE_RESIDUAL_ADDMM`` is off).
+dense ~-11 ms, the ratio ~1.349 -> ~1.356.
+Measured (H200, session 24, bench_results/h200/residual_probe_session24.log): the add + norm 0.666 -> 0.508 ms;
+the sparse op then add 6.900 ms, the residual in its gather 6.702 ms; the dense FFN then add 13.226 ms, with
+addmm 13.403 ms (slower as a whole FFN: ``twell.nn.mlp.DENSE_RESIDUAL_ADDMM`` is off).
 
 Interleaved medians (``time_ms_interleaved``) of: the add then ``F.rms_norm`` against ``add_rms_norm``; the hot/cold
 op (576 hot units, the fused gate where it runs) then ``+ residual`` against the op with ``residual=``; the dense FFN
