@@ -34,7 +34,8 @@ from .norm import FusedRMSNorm
 
 __all__ = ["fuse_residual_adds", "residual_adds_fused", "unfuse_residual_adds"]
 
-#: Decoder layer classes whose forward is ``norm -> attention -> add -> norm -> mlp -> add`` (transformers 4.4x-5.x).
+#: Decoder layer classes whose forward is ``norm -> attention -> add -> norm -> mlp -> add`` and returns the hidden
+#: states alone (transformers 5.x, what the ``hf`` extra requires; 4.x returned a tuple).
 _LAYER_TYPES = ("LlamaDecoderLayer", "Qwen2DecoderLayer", "MistralDecoderLayer")
 _PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
 _FLAG = "_twell_residual_fused"
