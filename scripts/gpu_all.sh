@@ -38,12 +38,15 @@ run_stage() {  # name, default limit, command...
 
 for stage in $STAGES; do
   case $stage in
-    tests) run_stage tests 150 python3 -m pytest tests -q -m gpu -p no:cacheprovider ${ARGS_TESTS:-} ;;
+    # the whole GPU suite took 358 s in session 24 (164 tests)
+    tests) run_stage tests 420 python3 -m pytest tests -q -m gpu -p no:cacheprovider ${ARGS_TESTS:-} ;;
     ffn) run_stage ffn 240 python3 -m twell.cli bench ffn --out "$RUN" --stem ffn ${ARGS_FFN:-} ;;
     tune) run_stage tune 300 python3 -m twell.cli tune-dispatch --out "$RUN" ${ARGS_TUNE:---shape 2048x5632} ;;
     ffn-large) run_stage ffn-large 240 python3 -m twell.cli bench ffn --out "$RUN" --stem ffn_large ${ARGS_FFN_LARGE:-} ;;
     train-ffn) run_stage train-ffn 240 python3 -m twell.cli bench train-ffn --out "$RUN" --stem train_ffn ${ARGS_TRAIN_FFN:-} ;;
-    model) run_stage model 240 python3 -m twell.cli bench model --out "$RUN" ${ARGS_MODEL:-} ;;
+    # the headline's flags by default (session 24: forward 1.370x / 1.373x with them)
+    model) run_stage model 240 python3 -m twell.cli bench model --out "$RUN" \
+      ${ARGS_MODEL:---fused-norms --fused-rope --fused-residual} ;;
     probe) run_stage probe 200 python3 scripts/hot_cold_probe.py ;;
     coldfmt) run_stage coldfmt 150 python3 scripts/cold_format_probe.py ;;
     trainprof) run_stage trainprof 120 python3 scripts/train_hot_cold_profile.py ${ARGS_TRAINPROF:-} ;;
