@@ -41,12 +41,14 @@ _PARTS = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
 _FLAG = "_twell_residual_fused"
 #: In a fused layer on CUDA, inference, with a :class:`~twell.nn.FusedRMSNorm` after the attention
 #: (``fuse_rms_norms``): the attention's residual add and that norm in one Triton pass
-#: (``twell.ops.add_norm_kernel``; 0.668 ms eager for the pair at 131,072 tokens, d=2048 on the H200).
+#: (``twell.ops.add_norm_kernel``; at 131,072 tokens, d=2048 on the H200 0.508 ms against 0.666 eager for the pair,
+#: bench_results/h200/residual_probe_session24.log).
 FUSE_ADD_NORM = True
 
 
 def _fused_forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """The decoder layer's forward with the MLP's residual add inside the MLP (module docs)."""
+    """The decoder layer's forward with its residual adds fused: the attention's with the post-attention norm where
+    :func:`_add_norm_applies`, the MLP's inside the MLP where it takes one (module docs)."""
     if args:
         raise TypeError(f"{type(self).__name__} with fused residual adds takes its arguments after hidden_states by "
                         f"keyword (as transformers' models pass them); got {len(args)} positional")
