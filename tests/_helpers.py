@@ -75,3 +75,33 @@ TINY_ARCH = {
     "max_position_embeddings": 64,
 }
 TINY_TWELL = {"twell_backend": "torch", "twell_tile": 32}
+
+
+def row_kernel_args(p: dict, tile: int, capacity: int) -> tuple:
+    """The row-gather kernel's positional arguments (``launch_twell_ffn``) for problem ``p``: its TwELL gate at
+    ``tile`` / ``capacity`` (no spill area), Wg, Wu and Wd^T contiguous."""
+    import twell.ops as ops
+
+    gate = ops.gate_twell(p["x"], p["w_gate"], tile=tile, capacity=capacity)
+    return (p["x"], gate.values, gate.indices, gate.counts, None, None, p["w_gate"], p["w_up"],
+            p["w_down"].t().contiguous())
+
+
+def check_gradient_checkpointing(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    """A twell causal LM in training mode: non-reentrant checkpointing (the default) gives the loss and gradients of
+    the plain step, L1 term included; reentrant runs the MLPs without grad, which the L1 check refuses."""
+    import pytest
+
+    ref = model(input_ids=ids, labels=ids)
+    ref.loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    out = model(input_ids=ids, labels=ids, use_cache=False)
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, ref.loss)
+    for g, p in zip(grads, model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, g)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    with pytest.raises(RuntimeError, match="use_reentrant"):
+        model(input_ids=ids, labels=ids, use_cache=False)

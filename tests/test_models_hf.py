@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("transformers", reason="twell.models needs the hf extra")
 pytest.importorskip("safetensors", reason="twell.models needs the hf extra")
 import torch.nn.functional as F  # noqa: E402
-from _helpers import TINY_ARCH, TINY_TWELL  # noqa: E402
+from _helpers import TINY_ARCH, TINY_TWELL, check_gradient_checkpointing  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
@@ -209,21 +209,7 @@ def test_missing_l1_in_training_is_an_error() -> None:
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # renamed activation_checkpointing_enable in late 5.x
 def test_gradient_checkpointing() -> None:
     """Non-reentrant checkpointing (the default) keeps the L1 term; reentrant runs the MLPs without grad: refused."""
-    model = _twell_model("llama", torch.float64, l1_coef=0.01).train()
-    ids = _ids()
-    ref = model(input_ids=ids, labels=ids)
-    ref.loss.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    out = model(input_ids=ids, labels=ids, use_cache=False)
-    out.loss.backward()
-    torch.testing.assert_close(out.loss, ref.loss)
-    for g, p in zip(grads, model.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, g)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
-    with pytest.raises(RuntimeError, match="use_reentrant"):
-        model(input_ids=ids, labels=ids, use_cache=False)
+    check_gradient_checkpointing(_twell_model("llama", torch.float64, l1_coef=0.01).train(), _ids())
 
 
 # ---------------------------------------------------------------------------------------------- save / load

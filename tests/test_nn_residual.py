@@ -10,7 +10,7 @@ import pytest
 import torch
 
 pytest.importorskip("transformers", reason="the decoder layers come from transformers")
-from _helpers import TINY_ARCH, TINY_TWELL, assert_bitwise_equal  # noqa: E402
+from _helpers import TINY_ARCH, TINY_TWELL, assert_bitwise_equal, check_gradient_checkpointing  # noqa: E402
 from test_nn_mlp_hot_cold import _layer, _x  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
@@ -162,20 +162,7 @@ def test_gradient_checkpointing_still_checkpoints_fused_layers():
     torch.manual_seed(0)
     model = lm_cls(cfg_cls(**TINY_ARCH, **TINY_TWELL, l1_coef=0.01)).double().train()
     fuse_residual_adds(model)
-    ids = _ids()
-    ref = model(input_ids=ids, labels=ids)
-    ref.loss.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    out = model(input_ids=ids, labels=ids, use_cache=False)
-    out.loss.backward()
-    torch.testing.assert_close(out.loss, ref.loss)
-    for g, p in zip(grads, model.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, g)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
-    with pytest.raises(RuntimeError, match="use_reentrant"):
-        model(input_ids=ids, labels=ids, use_cache=False)
+    check_gradient_checkpointing(model, _ids())
 
 
 def test_positional_arguments_refused():

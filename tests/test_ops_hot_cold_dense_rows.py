@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _helpers import row_kernel_args
 from test_ops_hot_cold import _plan, _run
 from test_ops_kernels import make_problem
 
@@ -96,9 +97,7 @@ def test_row_kernel_skips_flagged_overflowing_rows_only(device):
 
 def test_row_kernel_skip_flags_checked(device):
     p = make_problem(4, 16, 32, frac_pos=0.3, seed=1, dtype=torch.float32, device=device)
-    gate = ops.gate_twell(p["x"], p["w_gate"], tile=16, capacity=4)
-    args = (p["x"], gate.values, gate.indices, gate.counts, None, None, p["w_gate"], p["w_up"],
-            p["w_down"].t().contiguous())
+    args = row_kernel_args(p, 16, 4)
     out = torch.empty(4, 16, device=device)
     kw = dict(n_cols=32, tile=16, round_hidden=True, out=out)
     with pytest.raises(ValueError, match=r"skip_overflow_rows must be int8 \[4\]"):

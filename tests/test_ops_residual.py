@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import assert_bitwise_equal
+from _helpers import assert_bitwise_equal, row_kernel_args
 from test_ops_hot_cold import CASES, _plan, _run
 from test_ops_hot_cold_dense_rows import _problem_with_dense_rows
 from test_ops_kernels import make_problem
@@ -93,9 +93,7 @@ def test_residual_checked(device):
 
 def test_row_kernel_residual_refusals(device):
     p = make_problem(4, 16, 32, frac_pos=0.3, seed=1, dtype=torch.float32, device=device)
-    gate = ops.gate_twell(p["x"], p["w_gate"], tile=16, capacity=4)
-    args = (p["x"], gate.values, gate.indices, gate.counts, None, None, p["w_gate"], p["w_up"],
-            p["w_down"].t().contiguous())
+    args = row_kernel_args(p, 16, 4)
     out = torch.empty(4, 16, device=device)
     kw = dict(n_cols=32, tile=16, round_hidden=True, out=out)
     res = torch.zeros(4, 16, device=device)
@@ -113,9 +111,7 @@ def test_row_kernel_residual_direct(device):
     """The plain TwELL op's row kernel with a residual: round(round(ffn) + residual), rows strided."""
     m, d, f = 6, 16, 64
     p = make_problem(m, d, f, frac_pos=0.2, seed=4, dtype=torch.bfloat16, device=device)
-    gate = ops.gate_twell(p["x"], p["w_gate"], tile=16, capacity=4)
-    args = (p["x"], gate.values, gate.indices, gate.counts, None, None, p["w_gate"], p["w_up"],
-            p["w_down"].t().contiguous())
+    args = row_kernel_args(p, 16, 4)
     kw = dict(n_cols=f, tile=16, round_hidden=True)
     base = launch_twell_ffn(*args, **kw, out=torch.empty(m, d, dtype=torch.bfloat16, device=device))
     wide = _residual(m, 2 * d, torch.bfloat16, device)
