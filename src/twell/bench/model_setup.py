@@ -206,9 +206,9 @@ def prepare(
     for every variant alike, before the calibration (so the thresholds match what runs).  ``fused_rope``: the
     rotary embedding in one Triton pass per tensor (:func:`twell.nn.fuse_rotary`, process-wide; forward bits
     unchanged).  ``fused_qkv``: each attention layer's q, k and v projections as one GEMM
-    (:func:`twell.nn.fuse_qkv`), every variant alike, before the calibration.  ``fused_residual``: each decoder
-    layer's residual add after the MLP done by the MLP's last kernel (:func:`twell.nn.fuse_residual_adds`), every
-    variant alike."""
+    (:func:`twell.nn.fuse_qkv`), every variant alike, before the calibration.  ``fused_residual``: the decoder
+    layers' residual adds fused (:func:`twell.nn.fuse_residual_adds`: the MLP's in the hot/cold op's gather, the
+    attention's with the post-attention norm where that is a FusedRMSNorm), every variant alike."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
     spec = PRESETS[preset]

@@ -234,7 +234,7 @@ def launch_hot_cold_ffn(
         if rows is not None:
             dense_rows_ffn(x, rows, w_gate, w_up, w_down_t, out, residual=fuse)
         if fuse is not None:
-            return out, torch.cat([cold[-1], hot_counts], 1)
+            residual = None  # added by the gather and the dense rows
     if residual is not None:
         out.add_(residual)  # the FFN's rounded output plus the residual, rounded: the same bits as the fused add
     return out, torch.cat([cold[-1], hot_counts], 1)
