@@ -2,7 +2,8 @@
 
 A Llama/Qwen2 decoder layer adds the attention's output to the residual stream, normalises the sum, runs the MLP and
 adds its output to the stream again.  Each add is one more pass over three [tokens, hidden] tensors (1.5 GB at
-131,072 tokens, d=2048 in bf16; ~0.35 ms on the H200).  In a fused layer:
+131,072 tokens, d=2048 in bf16; ~0.36 ms each on the H200: 20.4 ms for a 1.5B forward's 56 in session 15's profile,
+docs/performance.md).  In a fused layer:
 
 * the MLPs of this library take the residual (``forward(x, residual=...)``): the hot/cold split's TwELL gather adds
   it as it stores each row (``twell.ops.hot_cold.FUSE_RESIDUAL``); their other paths, the dense one included, add

@@ -111,10 +111,11 @@ HOT_DOWN_TRITON = False
 
 
 #: The residual added by the TwELL gather as it writes each row (``launch_hot_cold_ffn(residual=...)``) rather than
-#: by ``out.add_(residual)`` after it: the add's pass over three [M, d] tensors (0.35 ms at M=131072, d=2048 in
-#: bf16, 1.5 GB at ~4.3 TB/s) becomes one more read of the residual in a kernel that is bound by its dependent
-#: loads.  Same bits either way.  Measured on the H200 at M=131072, l0=28, 576 hot units (interleaved,
-#: bench_results/h200/residual_probe_session24.log): the op then the add 6.900 ms, the residual in the gather 6.702.
+#: by ``out.add_(residual)`` after it.  The add is a pass over three [M, d] tensors (1.5 GB at M=131072, d=2048 in
+#: bf16; the 1.5B forward's 56 residual adds took 20.4 ms in session 15's profile, ~0.36 ms each); fused, it is one
+#: more read of the residual in a kernel bound by its dependent loads.  Same bits either way.  Measured on the H200
+#: at M=131072, l0=28, 576 hot units (interleaved, bench_results/h200/residual_probe_session24.log): the op then the
+#: add 6.900 ms, the residual in the gather 6.702.
 FUSE_RESIDUAL = True
 
 
