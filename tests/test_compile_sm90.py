@@ -31,6 +31,12 @@ def test_tensor_core_kernels_use_wgmma(compiled):
         assert compiled[name]["wgmma"], name
 
 
+def test_programmatic_dependents_wait_in_ptx(compiled):
+    """The list pass and the gather built for ``hot_cold.LIST_PDL`` hold their griddepcontrol instructions."""
+    assert compiled["list_rows_heavy_first_pdl"]["griddepcontrol"]
+    assert compiled["ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl"]["griddepcontrol"]
+
+
 #: Bytes that ptxas (Triton 3.6's bundled one, sm_90a) spills per kernel today: first measured in session 6,
 #: when the compile check began to run ptxas -v (before, it looked for ``.local`` in the PTX only, which
 #: register allocation's spills never show).  Each of these kernels sits at the 255-register ceiling
@@ -50,6 +56,7 @@ SPILL_BUDGET_BYTES = {
     # listed loop and loaded after the searched one (nvdisasm, session 18), once a program; the early return
     # that spilled nothing put one more round trip in front of every row's x and init loads
     "ffn_gated1_spill0_split1_ids_listed_heavy_first": 4,
+    "ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl": 4,  # the same, launched as a programmatic dependent
 }
 
 
@@ -69,7 +76,8 @@ def test_no_kernel_uses_local_memory(compiled):
         "ffn_gated1_spill0_split1_ids_preload", "ffn_gated1_spill0_split1_ids_preload_prefetch_sb2",
         "ffn_gated1_spill0_split1_ids_skip_tc", "ffn_gated1_spill0_split1_ids_together",
         "ffn_gated1_spill0_split1_ids_listed", "list_rows", "list_rows_heavy_first",
-        "ffn_gated1_spill0_split1_ids_listed_heavy_first", "ffn_tc_block", "hot_hidden",
+        "ffn_gated1_spill0_split1_ids_listed_heavy_first", "list_rows_heavy_first_pdl",
+        "ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl", "ffn_tc_block", "hot_hidden",
         "pack_bitmap", "bitmap_ffn", "block_union", "union_up", "union_down", "train_pack_rows",
         "train_forward_rows", "train_backward_rows", "train_unit_grads", "decode_hidden_bm16",
         "decode_hidden_bm16_gate_in", "decode_down_bm16", "decode_hidden_bm64", "decode_hidden_bm64_gate_in",

@@ -35,6 +35,8 @@ PROBES = {
     "attention_probe.py": ((), "", ["default ", "q, k, v projections", "residual add + rms_norm",
                                           "o projection + residual add", "FFN down projection + residual add"]),
     "residual_probe.py": ((), "", ["sum bit for bit True", "); bit for bit True", "dense FFN + residual: "]),
+    "tail_probe.py": ((), "M=", ["across variants True; module True", "interleaved | dense",
+                                 "back to back | op now+pdl"]),
 }
 
 

@@ -78,3 +78,9 @@ def _properties(device_index: int | None) -> torch.cuda._CudaDeviceProperties:
 @functools.cache
 def _cached_properties(device_index: int) -> torch.cuda._CudaDeviceProperties:
     return torch.cuda.get_device_properties(device_index)
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can be launched as programmatic dependents (``launch_pdl``, with
+    ``griddepcontrol`` in the kernels): CUDA at compute capability >= 9.0, not under the interpreter."""
+    return not interpreting() and tma_capable(device)

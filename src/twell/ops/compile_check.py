@@ -127,7 +127,7 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
     ffn_sig = {n: "*bf16" for n in ("x_ptr", "wg_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr", "spill_ptr")}
     ffn_sig.update({"idx_ptr": "*i16", "cnt_ptr": "*i32", "spill_slot_ptr": "*i32", "unit_map_ptr": "*i32",
                     "init_ptr": "*fp32", "taken_ptr": "*i8", "F": "i32", "D": "i32", "n_tiles": "i32",
-                    "stride_xm": "i32", "stride_om": "i32", "stride_im": "i32"})
+                    "stride_xm": "i32", "stride_om": "i32", "stride_im": "i32", "stride_cm": "i32"})
     # built as launched: d = 2048 and the row strides are multiples of 16 (without that the weight rows load
     # 2 bytes at a time and ptxas reported 227 registers for the shipped split gather, against 106)
     row_divisible = ("D", "stride_xm", "stride_om", "stride_im")
@@ -168,7 +168,7 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         _compile(_twell_ffn_row_kernel, {**ffn_sig, "lst_ptr": "*i32", "lst_n_ptr": "*i32"}, consts, target,
                  num_warps=4, divisible=row_divisible), arch)
     list_sig = {"val_ptr": "*bf16", "idx_ptr": "*i16", "cnt_ptr": "*i32", "unit_map_ptr": "*i32", "lst_ptr": "*i32",
-                "lst_n_ptr": "*i32", "M": "i32", "n_tiles": "i32"}
+                "lst_n_ptr": "*i32", "M": "i32", "n_tiles": "i32", "stride_cm": "i32"}
     list_consts = {"TILE": 128, "CAP": 16, "NT_PAD": 64, "LIST_MAX": LIST_MAX, "ROWS": rows_per_program(64),
                    "HAS_MAP": True, "IDX_IS_UNIT": True}
     results["list_rows"] = _stats(_compile(_list_twell_rows_kernel, list_sig, list_consts, target, num_warps=4), arch)
@@ -181,6 +181,16 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         _compile(_twell_ffn_row_kernel, {**ffn_sig, "lst_ptr": "*i32", "lst_n_ptr": "*i32", **heavy_sig},
                  {**consts, "HEAVY_FIRST": True, "MARK": HEAVY_MARK}, target, num_warps=4, divisible=row_divisible),
         arch)
+    if arch >= 90:  # both as programmatic dependents (griddepcontrol: sm_90 on; hot_cold.LIST_PDL)
+        ptx = _compile(_list_twell_rows_kernel, {**list_sig, **heavy_sig}, {**list_consts, **heavy_consts, "PDL": True},
+                       target, num_warps=4)
+        results["list_rows_heavy_first_pdl"] = {**_stats(ptx, arch), "griddepcontrol": (
+            "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx)}
+        ptx = _compile(_twell_ffn_row_kernel, {**ffn_sig, "lst_ptr": "*i32", "lst_n_ptr": "*i32", **heavy_sig},
+                       {**consts, "HEAVY_FIRST": True, "MARK": HEAVY_MARK, "PDL_WAIT": True}, target, num_warps=4,
+                       divisible=row_divisible)
+        results["ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl"] = {
+            **_stats(ptx, arch), "griddepcontrol": "griddepcontrol.wait" in ptx}
     from .twell_ffn_tc_kernel import _twell_ffn_tc_kernel
 
     tc_sig = {n: "*bf16" for n in ("x_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr")}
@@ -304,8 +314,9 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         sig = {"x_desc": f"tensordesc<bf16[{bm}, {bk}]>", "w_desc": f"tensordesc<bf16[{2 * tile}, {bk}]>",
                "h_ptr": "*bf16", "hcnt_ptr": "*i32", "val_ptr": "*bf16", "idx_ptr": "*i16", "ccnt_ptr": "*i32",
                "map_ptr": "*i32", **{n: "i32" for n in ("M", "H", "N_COLD", "K", "n_hot_tiles", "n_cold_tiles",
-                                                        "n_out_tiles", "n_programs")}}
-        consts = {"BM": bm, "BK": bk, "TILE": tile, "CAP": tile // 8, "GROUP_M": 8, "MAP_IDS": True,
+                                                        "cnt_stride", "n_out_tiles", "n_programs")},
+               "zero_ptr": "*i32"}  # as hot_cold launches it: the heavy queue's counter zeroed by program 0
+        consts = {"BM": bm, "BK": bk, "TILE": tile, "CAP": tile // 8, "GROUP_M": 8, "MAP_IDS": True, "ZERO": True,
                   "PREFIX_DOT": FUSED_PREFIX_DOT, "DOT_FP32": False, "FLATTEN": FUSED_FLATTEN,
                   "RANK_SLOTS": FUSED_RANK_SLOTS, "LEAN_KEYS": FUSED_LEAN_KEYS, "LEAN_PTX": FUSED_LEAN_KEYS}
         cap = consts["CAP"]

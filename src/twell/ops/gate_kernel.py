@@ -136,18 +136,19 @@ def _gate_twell_kernel(
         dense_ptrs = val_ptr + offs_m.to(tl.int64)[:, None] * F + offs_n[None, :]
         tl.store(dense_ptrs, act, mask=m_ok[:, None] & n_ok[None, :])
     else:
-        _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, tl.arange(0, TILE), BLOCK_M,
-                        TILE, CAP, EPILOGUE == 1, not DOT_FP32)
+        _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, n_tiles, tl.arange(0, TILE),
+                        BLOCK_M, TILE, CAP, EPILOGUE == 1, not DOT_FP32)
 
 
 @triton.jit
-def nonzeros_and_counts(act, pid_m, pid_n, m_ok, n_ok, cnt_ptr, n_tiles, BLOCK_M: tl.constexpr):
+def nonzeros_and_counts(act, pid_m, pid_n, m_ok, n_ok, cnt_ptr, cnt_stride, BLOCK_M: tl.constexpr):
     """``(nz, count)`` of an activated [BLOCK_M, TILE] tile: its non-zero mask (rows and columns past the
-    edges excluded) and per-row counts, the counts stored in column ``pid_n`` of ``cnt_ptr`` [M, n_tiles]."""
+    edges excluded) and per-row counts, the counts stored in column ``pid_n`` of ``cnt_ptr`` (rows
+    ``cnt_stride`` apart)."""
     nz = (act != 0) & m_ok[:, None] & n_ok[None, :]
     count = tl.sum(nz.to(tl.int32), axis=1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    tl.store(cnt_ptr + offs_m.to(tl.int64) * n_tiles + pid_n, count, mask=m_ok)
+    tl.store(cnt_ptr + offs_m.to(tl.int64) * cnt_stride + pid_n, count, mask=m_ok)
     return nz, count
 
 
@@ -162,6 +163,7 @@ def _twell_epilogue(
     idx_ptr,
     cnt_ptr,
     n_tiles,
+    cnt_stride,
     ids,
     BLOCK_M: tl.constexpr,
     TILE: tl.constexpr,
@@ -170,14 +172,16 @@ def _twell_epilogue(
     PREFIX_DOT: tl.constexpr,
 ):
     """Write one activated [BLOCK_M, TILE] tile as TwELL: per row its count and its first CAP non-zeros,
-    each non-zero's index taken from ``ids`` [TILE] (the column inside the tile, or a unit id).
+    each non-zero's index taken from ``ids`` [TILE] (the column inside the tile, or a unit id).  The
+    container is [M, n_tiles, CAP]; the counts' rows are ``cnt_stride`` apart (n_tiles when they are their
+    own [M, n_tiles] tensor).
 
     The slot of each non-zero is the exclusive prefix count of non-zeros to its left.  On the GPU
     (PREFIX_DOT) that prefix is a tensor-core product with a strictly upper-triangular matrix of ones,
     exact in fp32 for counts <= TILE: it stays in the accumulator layout, where tl.cumsum along a row
     of a wgmma accumulator cost ~3 ms of the 9.2 ms gate kernel at M=131072 (H200, scripts/kernel_variants.py).
     """
-    nz, _ = nonzeros_and_counts(act, pid_m, pid_n, m_ok, n_ok, cnt_ptr, n_tiles, BLOCK_M)
+    nz, _ = nonzeros_and_counts(act, pid_m, pid_n, m_ok, n_ok, cnt_ptr, cnt_stride, BLOCK_M)
     if not COUNTS_ONLY:
         cols = tl.arange(0, TILE)
         if PREFIX_DOT:
@@ -232,8 +236,8 @@ def _pack_twell_kernel(
     # by a min and a max over the columns, taken by 88 % of the cold pack's programs at l0=28) ran at
     # 0.76-0.89x of it on the H200, e.g. the cold pack at M=131072, l0=28 in 1.876 vs 1.627 ms
     # (bench_results/h200/cold_pack_gather_probe_session7.log), and was removed.
-    _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, ids, BLOCK_M, TILE, CAP,
-                    False, PREFIX_DOT)
+    _twell_epilogue(act, pid_m, pid_n, m_ok, n_ok, val_ptr, idx_ptr, cnt_ptr, n_tiles, n_tiles, ids, BLOCK_M, TILE,
+                    CAP, False, PREFIX_DOT)
 
 
 def launch_gate_twell(

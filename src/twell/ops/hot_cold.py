@@ -36,6 +36,7 @@ from .hot_cold_gate_kernel import launch_hot_cold_gate
 from .hot_cold_plan import HotColdPlan
 from .hot_down_kernel import hot_down_supported, launch_hot_down
 from .twell_ffn_kernel import launch_twell_ffn
+from .twell_list_kernel import heavy_queue
 
 #: How the cold pairs are listed for the gather kernel (see ``launch_hot_cold_ffn``).
 COLD_FORMATS = ("auto", "bitmap", "twell")
@@ -118,6 +119,16 @@ HOT_DOWN_TRITON = False
 #: add 6.900 ms, the residual in the gather 6.702.
 FUSE_RESIDUAL = True
 
+#: The list pass and the gather launched as programmatic dependents (``launch_twell_ffn``'s ``pdl``; sm_90 on),
+#: where a kernel that does not touch the cold container runs between the gate and them (the hot down GEMM, or the
+#: dense rows' selection): the list pass may run beside that kernel, and the gather's launch waits behind the list
+#: pass instead of after it.  Same bits.  On the
+#: H200 in session 21's profile at M=16384, l0=28 the list pass took 0.015 ms of the op's 0.811 ms of kernels,
+#: the hot down GEMM before it 0.046 (bench_results/h200/infer_op_profile_session21.log).  Prediction: the op
+#: -0.003 ms (two launches' latency) up to -0.015 (the list pass wholly beside the GEMM) at 16384.  Unmeasured:
+#: off until the H200 says.
+LIST_PDL = False
+
 
 def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
     """h_hot @ Wd_hot^T accumulated and returned in fp32 (the output is rounded once, later)."""
@@ -192,14 +203,18 @@ def launch_hot_cold_ffn(
     if cold_format not in ("bitmap", "twell"):
         raise ValueError(f"cold_format must be one of {', '.join(COLD_FORMATS)}; got {cold_format!r}")
     unit_ids = stores_unit_ids(f)
+    heavy = None
     if plan.fused_tile:
-        gate = launch_hot_cold_gate
+        gate, zero = launch_hot_cold_gate, {}
         if PINGPONG_GATE:
             from .pingpong_gate_kernel import launch_pingpong_gate, pingpong_supported
 
             gate = launch_pingpong_gate if pingpong_supported(x, tile) else gate
+        if gate is launch_hot_cold_gate:  # the gather's heavy queue, its counter zeroed by the gate kernel
+            heavy = heavy_queue(m, x.device, zeroed=False)
+            zero = {"zero": heavy[1]}
         h_hot, hot_counts, *cold = gate(x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile, capacity=capacity,
-                                        unit_ids=unit_ids)
+                                        unit_ids=unit_ids, **zero)
     else:
         gu = torch.nn.functional.linear(x, plan.w_gemm)
         h_hot, hot_counts = launch_hot_hidden(gu, n_hot, f, tile)
@@ -229,16 +244,35 @@ def launch_hot_cold_ffn(
         if dense_rows > 0 and taken is None and m:
             skip, rows = select_overflow_rows(cold[-1], capacity, min(dense_rows, m))
         fuse = residual if FUSE_RESIDUAL and taken is None else None
+        # a kernel between the gate and the list pass that does not touch the container: the hot down GEMM
+        # (taken is None: cuBLAS's) or the dense rows' selection
+        between = (init is not None and taken is None) or skip is not None
         launch_twell_ffn(x, *cold, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile, round_hidden=True,
                          out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids, taken=taken,
-                         skip_overflow_rows=skip, residual=fuse)
+                         skip_overflow_rows=skip, residual=fuse, heavy=heavy, pdl=LIST_PDL and between)
         if rows is not None:
             dense_rows_ffn(x, rows, w_gate, w_up, w_down_t, out, residual=fuse)
         if fuse is not None:
             residual = None  # added by the gather and the dense rows
     if residual is not None:
         out.add_(residual)  # the FFN's rounded output plus the residual, rounded: the same bits as the fused add
-    return out, torch.cat([cold[-1], hot_counts], 1)
+    return out, joined_counts(cold[-1], hot_counts)
+
+
+def joined_counts(cold_counts: torch.Tensor, hot_counts: torch.Tensor) -> torch.Tensor:
+    """The op's counts [M, n_cold_tiles + n_hot_tiles] (int32, contiguous): the buffer that the fused gate writes
+    both into (``launch_hot_cold_gate``: cold then hot columns of one tensor) as it is, else the two concatenated.
+    The concatenation cost a kernel of 0.004 ms at M=16384 and 0.020 ms at 131072 (H200, session 21's profile,
+    bench_results/h200/infer_op_profile_session21.log) plus its launch."""
+    m, n_c = cold_counts.shape
+    n = n_c + hot_counts.shape[1]
+    joined = (m > 0 and hot_counts.shape[0] == m and cold_counts.stride() == (n, 1)
+              and (hot_counts.shape[1] == 0 or hot_counts.stride() == (n, 1))
+              and hot_counts.data_ptr() == cold_counts.data_ptr() + n_c * cold_counts.element_size()
+              and cold_counts.untyped_storage().data_ptr() == hot_counts.untyped_storage().data_ptr())
+    if joined:
+        return cold_counts.as_strided((m, n), (n, 1))
+    return torch.cat([cold_counts, hot_counts], 1)
 
 
 def _check_fused_gate(x: torch.Tensor, plan: HotColdPlan, tile: int, cold_format: str) -> None:

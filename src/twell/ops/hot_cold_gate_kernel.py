@@ -226,11 +226,11 @@ def _hot_hidden_ptx(acc, dtype: tl.constexpr):
 
 
 @triton.jit
-def _hot_epilogue(acc, pid_m, hot_tile, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype: tl.constexpr,
+def _hot_epilogue(acc, pid_m, hot_tile, M, H, h_ptr, hcnt_ptr, cnt_stride, dtype: tl.constexpr,
                   BM: tl.constexpr, TILE: tl.constexpr, h_desc, TMA_HOT: tl.constexpr, PTX_HOT: tl.constexpr):
-    """h = round(relu(g) u) for the TILE hot units of ``hot_tile`` and their per-row non-zero count (with
-    ``TMA_HOT`` the [BM, TILE] block of h goes out by one TMA store, which drops rows past M and units
-    past H)."""
+    """h = round(relu(g) u) for the TILE hot units of ``hot_tile`` and their per-row non-zero count (rows
+    ``cnt_stride`` apart; with ``TMA_HOT`` the [BM, TILE] block of h goes out by one TMA store, which drops
+    rows past M and units past H)."""
     if PTX_HOT:
         h2, fires2 = _hot_hidden_ptx(acc, dtype)
         h, _ = tl.split(tl.reshape(h2, (BM, TILE, 2)))
@@ -246,7 +246,7 @@ def _hot_epilogue(acc, pid_m, hot_tile, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtyp
         nz = fires.to(tl.int32)
         if (hot_tile + 1) * TILE > H:  # the last hot tile's padding units (zero rows; a NaN x still fires them)
             nz = tl.where((units < H)[None, :], nz, 0)
-        tl.store(hcnt_ptr + rows.to(tl.int64) * n_hot_tiles + hot_tile, tl.sum(nz, axis=1), mask=m_ok)
+        tl.store(hcnt_ptr + rows.to(tl.int64) * cnt_stride + hot_tile, tl.sum(nz, axis=1), mask=m_ok)
     else:  # the order of these lines is the measured build's (its register allocation follows it)
         g, u = tl.split(tl.reshape(acc, (BM, TILE, 2)))
         g = round_to(g, dtype).to(tl.float32)
@@ -261,18 +261,18 @@ def _hot_epilogue(acc, pid_m, hot_tile, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtyp
         else:
             tl.store(h_ptr + rows.to(tl.int64)[:, None] * H + units[None, :], round_to(act * u, dtype), mask=ok)
         nz = ((act != 0) & ok).to(tl.int32)
-        tl.store(hcnt_ptr + rows.to(tl.int64) * n_hot_tiles + hot_tile, tl.sum(nz, axis=1), mask=m_ok)
+        tl.store(hcnt_ptr + rows.to(tl.int64) * cnt_stride + hot_tile, tl.sum(nz, axis=1), mask=m_ok)
 
 
 @triton.jit
 def _twell_epilogue_by_rank(act, pid_m, twell_tile, m_ok, n_ok, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
-                            BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr):
+                            cnt_stride, BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr):
     """The TwELL tile of ``_twell_epilogue`` (counts, then each row's first CAP non-zeros in column order)
     for a 16-bit ``act``, found rank by rank instead of by a prefix scan of the [BM, TILE] tile: each
     non-zero is one int32 key ``column << 16 | value bits``, so one min over a row gives its next
     non-zero's column and value together; step k stores that slot for every row and retires the key.
     The steps run to the tile's largest row count (at most CAP)."""
-    nz, count = nonzeros_and_counts(act, pid_m, twell_tile, m_ok, n_ok, ccnt_ptr, n_cold_tiles, BM)
+    nz, count = nonzeros_and_counts(act, pid_m, twell_tile, m_ok, n_ok, ccnt_ptr, cnt_stride, BM)
     none: tl.constexpr = 0x7FFFFFFF
     bits = act.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
     key = tl.where(nz, (tl.arange(0, TILE)[None, :] << 16) | bits, none)
@@ -371,7 +371,7 @@ def _keys(act, col_bits, ASM: tl.constexpr):
 
 @triton.jit
 def _twell_epilogue_by_keys(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
-                            BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr,
+                            cnt_stride, BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr,
                             ASM: tl.constexpr, val_desc, idx_desc, TMA_SLOTS: tl.constexpr):
     """``_twell_epilogue_by_rank`` with fewer instructions per element: the key is built from the value's
     magnitude bits alone (a ReLU output is +0, positive or NaN, so ``bits & 0x7FFF`` is non-zero exactly
@@ -386,7 +386,7 @@ def _twell_epilogue_by_keys(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr,
     count = tl.sum(fires, axis=1)
     rows = pid_m * BM + tl.arange(0, BM)
     m_ok = rows < M
-    tl.store(ccnt_ptr + rows.to(tl.int64) * n_cold_tiles + twell_tile, count, mask=m_ok)
+    tl.store(ccnt_ptr + rows.to(tl.int64) * cnt_stride + twell_tile, count, mask=m_ok)
     slot = tl.arange(0, CAP)[None, :]
     firsts = tl.full((BM, CAP), 0xFFFFFFFF, tl.uint32)
     below = tl.zeros((BM,), tl.uint32)  # keys under it are taken; 0 (all live) again after a row's last key
@@ -403,7 +403,7 @@ def _twell_epilogue_by_keys(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr,
 
 
 @triton.jit
-def _cold_epilogue(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
+def _cold_epilogue(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles, cnt_stride,
                    BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, MAP_IDS: tl.constexpr,
                    PREFIX_DOT: tl.constexpr, RANK_SLOTS: tl.constexpr, LEAN_KEYS: tl.constexpr, ASM: tl.constexpr,
                    val_desc, idx_desc, TMA_SLOTS: tl.constexpr):
@@ -412,26 +412,26 @@ def _cold_epilogue(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr,
         pass
     elif LEAN_KEYS:
         _twell_epilogue_by_keys(act, pid_m, twell_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
-                                BM, TILE, CAP, MAP_IDS, ASM, val_desc, idx_desc, TMA_SLOTS)
+                                cnt_stride, BM, TILE, CAP, MAP_IDS, ASM, val_desc, idx_desc, TMA_SLOTS)
     else:
         cols = twell_tile * TILE + tl.arange(0, TILE)
         n_ok = cols < N_COLD
         m_ok = pid_m * BM + tl.arange(0, BM) < M
         if RANK_SLOTS:
             _twell_epilogue_by_rank(act, pid_m, twell_tile, m_ok, n_ok, map_ptr, val_ptr, idx_ptr, ccnt_ptr,
-                                    n_cold_tiles, BM, TILE, CAP, MAP_IDS)
+                                    n_cold_tiles, cnt_stride, BM, TILE, CAP, MAP_IDS)
         else:
             if MAP_IDS:
                 ids = tl.load(map_ptr + cols, mask=n_ok, other=0)
             else:
                 ids = tl.arange(0, TILE)
-            _twell_epilogue(act, pid_m, twell_tile, m_ok, n_ok, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles, ids, BM,
-                            TILE, CAP, False, PREFIX_DOT)
+            _twell_epilogue(act, pid_m, twell_tile, m_ok, n_ok, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles, cnt_stride,
+                            ids, BM, TILE, CAP, False, PREFIX_DOT)
 
 
 @triton.jit
 def _cold_epilogue_ptx(act, pid_m, out_tile, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
-                       BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, ASM_TEXT: tl.constexpr,
+                       cnt_stride, BM: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, ASM_TEXT: tl.constexpr,
                        ASM_CONSTRAINTS: tl.constexpr, ASM_PACK: tl.constexpr):
     """Both TwELL tiles of cold output tile ``out_tile`` (``act``: its [BM, 2 TILE] ReLU output) through the
     thread-by-thread PTX of ``cold_slots_ptx``: counts and used slots, as the other cold epilogues write them."""
@@ -442,7 +442,7 @@ def _cold_epilogue_ptx(act, pid_m, out_tile, M, N_COLD, map_ptr, val_ptr, idx_pt
     base = rows.to(tl.int64) * n_cold_tiles + first
     vrow = (val_ptr + base * CAP).to(tl.int64)
     irow = (idx_ptr + base * CAP).to(tl.int64)
-    crow = (ccnt_ptr + base).to(tl.int64)
+    crow = (ccnt_ptr + rows.to(tl.int64) * cnt_stride + first).to(tl.int64)
     mbase = (map_ptr + first * TILE).to(tl.int64) + tl.zeros((BM,), tl.int64)
     shape: tl.constexpr = (BM, BN)
     tl.inline_asm_elementwise(
@@ -456,19 +456,23 @@ def _cold_epilogue_ptx(act, pid_m, out_tile, M, N_COLD, map_ptr, val_ptr, idx_pt
 @triton.jit
 def _hot_cold_gate_kernel(
     x_desc, w_desc, h_ptr, hcnt_ptr, val_ptr, idx_ptr, ccnt_ptr, map_ptr, M, H, N_COLD, K, n_hot_tiles,
-    n_cold_tiles, n_out_tiles, n_programs,
+    n_cold_tiles, cnt_stride, n_out_tiles, n_programs,
     BM: tl.constexpr, BK: tl.constexpr, TILE: tl.constexpr, CAP: tl.constexpr, GROUP_M: tl.constexpr,
     MAP_IDS: tl.constexpr, PREFIX_DOT: tl.constexpr, DOT_FP32: tl.constexpr, FLATTEN: tl.constexpr,
     RANK_SLOTS: tl.constexpr = False, LEAN_KEYS: tl.constexpr = False, LEAN_PTX: tl.constexpr = False,
     val_desc=None, idx_desc=None, TMA_SLOTS: tl.constexpr = False,
     ASM_TEXT: tl.constexpr = None, ASM_CONSTRAINTS: tl.constexpr = None, ASM_PACK: tl.constexpr = 0,
     h_desc=None, TMA_HOT: tl.constexpr = False, PTX_HOT: tl.constexpr = False, SKIP_COLD: tl.constexpr = False,
-    SKIP_HOT: tl.constexpr = False,
+    SKIP_HOT: tl.constexpr = False, zero_ptr=None, ZERO: tl.constexpr = False,
 ):
     """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
-    ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each)."""
+    ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each).
+    With ``ZERO`` program 0 also sets the int32 at ``zero_ptr`` to 0 (a later kernel's counter)."""
     BN: tl.constexpr = 2 * TILE
     dtype: tl.constexpr = val_ptr.dtype.element_ty
+    if ZERO:
+        if tl.program_id(0) == 0:
+            tl.store(zero_ptr, 0)
     num_pid_m = tl.cdiv(M, BM)
     for tile_id in tl.range(tl.program_id(0), num_pid_m * n_out_tiles, n_programs, flatten=FLATTEN):
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, n_out_tiles, GROUP_M)
@@ -479,24 +483,25 @@ def _hot_cold_gate_kernel(
             acc = dot_acc(a, b.T, acc, DOT_FP32)
         if pid_n < n_hot_tiles:
             if not SKIP_HOT:
-                _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, n_hot_tiles, dtype, BM, TILE, h_desc, TMA_HOT,
+                _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, cnt_stride, dtype, BM, TILE, h_desc, TMA_HOT,
                               PTX_HOT)
         elif SKIP_COLD:
             pass
         elif ASM_PACK > 0:
             _cold_epilogue_ptx(round_relu(acc, dtype, True), pid_m, pid_n - n_hot_tiles, M, N_COLD, map_ptr, val_ptr,
-                               idx_ptr, ccnt_ptr, n_cold_tiles, BM, TILE, CAP, ASM_TEXT, ASM_CONSTRAINTS, ASM_PACK)
+                               idx_ptr, ccnt_ptr, n_cold_tiles, cnt_stride, BM, TILE, CAP, ASM_TEXT, ASM_CONSTRAINTS,
+                               ASM_PACK)
         else:
             act = round_relu(acc, dtype, LEAN_PTX)  # LEAN_PTX only with LEAN_KEYS
             # the two TwELL tiles of this output tile: columns [0, TILE) and [TILE, 2 TILE)
             left, right = tl.split(tl.permute(tl.reshape(act, (BM, 2, TILE)), (0, 2, 1)))
             first = 2 * (pid_n - n_hot_tiles)
-            _cold_epilogue(left, pid_m, first, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles, BM,
-                           TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, LEAN_PTX, val_desc, idx_desc,
-                           TMA_SLOTS)
-            _cold_epilogue(right, pid_m, first + 1, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
+            _cold_epilogue(left, pid_m, first, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles, cnt_stride,
                            BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, LEAN_PTX, val_desc, idx_desc,
                            TMA_SLOTS)
+            _cold_epilogue(right, pid_m, first + 1, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
+                           cnt_stride, BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, LEAN_PTX, val_desc,
+                           idx_desc, TMA_SLOTS)
 
 
 def launch_hot_cold_gate(
@@ -509,12 +514,18 @@ def launch_hot_cold_gate(
     tile: int,
     capacity: int,
     unit_ids: bool,
+    zero: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(h_hot [M, H], hot_counts [M, cdiv(H, tile)], values, indices, cold_counts)`` of the hot/cold
     split for validated inputs: x [M, d] contiguous, ``w_fused`` from ``hot_cold_plan.fused_gate_weight``
     (same dtype and device, d * itemsize a multiple of 16 bytes: TMA rows), ``cold_map`` int32 [n_cold]
     (the cold columns' weight rows; stored as the TwELL indices with ``unit_ids``, else the column inside
-    its tile), ``tile`` in FUSED_TILES.  The cold container is [M, cdiv(n_cold, tile), capacity]."""
+    its tile), ``tile`` in FUSED_TILES.  The cold container is [M, cdiv(n_cold, tile), capacity].
+
+    The two counts are column views of one [M, n_cold_tiles + n_hot_tiles] buffer, cold tiles first: the op's
+    counts output as it is returned (:func:`twell.ops.hot_cold.joined_counts`), with no concatenation.
+    ``zero`` (int32, on x's device): its first element is set to 0 by the kernel (the gather's heavy-queue
+    counter, so that no fill kernel runs for it), or by a fill where the kernel does not run (no tile)."""
     if tile not in FUSED_TILES:
         raise ValueError(f"the fused hot/cold gate takes tiles {FUSED_TILES}, got {tile}")
     m, d = x.shape
@@ -525,12 +536,14 @@ def launch_hot_cold_gate(
                          f"{tile} it needs ({2 * tile * n_hot_tiles + n_cold}, {d})")
     dev = x.device
     h_hot = torch.empty((m, n_hot), dtype=x.dtype, device=dev)
-    hot_counts = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=dev)
+    counts = torch.empty((m, n_cold_tiles + n_hot_tiles), dtype=torch.int32, device=dev)
+    cold_counts, hot_counts = counts[:, :n_cold_tiles], counts[:, n_cold_tiles:]
     values = torch.empty((m, n_cold_tiles, capacity), dtype=x.dtype, device=dev)
     indices = torch.empty((m, n_cold_tiles, capacity), dtype=torch.int16, device=dev)
-    cold_counts = torch.empty((m, n_cold_tiles), dtype=torch.int32, device=dev)
     n_out_tiles = n_hot_tiles + triton.cdiv(n_cold_tiles, 2)
     if m == 0 or n_out_tiles == 0:
+        if zero is not None:
+            zero[:1].zero_()
         return h_hot, hot_counts, values, indices, cold_counts
     # TMA reads from 16-byte aligned addresses: a view starting mid-way (a flat buffer's slice) is copied
     x, w_fused = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (x, w_fused))
@@ -560,7 +573,7 @@ def launch_hot_cold_gate(
         asm = {"ASM_TEXT": text, "ASM_CONSTRAINTS": constraints, "ASM_PACK": pack}
     _hot_cold_gate_kernel[(programs,)](
         x_desc, w_desc, h_hot, hot_counts, values, indices, cold_counts, cold_map, m, n_hot, n_cold, d, n_hot_tiles,
-        n_cold_tiles, n_out_tiles, programs,
+        n_cold_tiles, counts.stride(0), n_out_tiles, programs,
         BM=bm, BK=bk, TILE=tile, CAP=capacity, GROUP_M=8, MAP_IDS=unit_ids,
         # the interpreter's dot needs fp32 operands, so its prefix is the scan
         PREFIX_DOT=FUSED_PREFIX_DOT and not interpreting() and x.dtype != torch.float32,
@@ -568,6 +581,6 @@ def launch_hot_cold_gate(
         RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, LEAN_KEYS=lean, LEAN_PTX=lean and not interpreting(),
         val_desc=val_desc, idx_desc=idx_desc, TMA_SLOTS=tma_slots, num_stages=stages, num_warps=warps, **asm,
         **hot_tma, **({"SKIP_COLD": bool(PROBE_SKIP_EPILOGUE & 1), "SKIP_HOT": bool(PROBE_SKIP_EPILOGUE & 2)}
-           if PROBE_SKIP_EPILOGUE else {}),
+           if PROBE_SKIP_EPILOGUE else {}), **({"zero_ptr": zero, "ZERO": True} if zero is not None else {}),
     )
     return h_hot, hot_counts, values, indices, cold_counts

@@ -23,9 +23,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from . import twell_list_kernel
-from ._runtime import l2_bytes, next_pow2, sm_count
+from ._runtime import l2_bytes, next_pow2, pdl_supported, sm_count
 from .gate_kernel import relu_keep_nan, round_to
 from .twell_ffn_tc_kernel import launch_twell_ffn_tc, tc_eligible
 from .twell_list_kernel import heavy_queue, launch_list_twell_rows, list_eligible, unpack_list_entries
@@ -283,6 +284,7 @@ def _twell_ffn_row_kernel(
     stride_xm,
     stride_om,
     stride_im,
+    stride_cm,
     TILE: tl.constexpr,
     CAP: tl.constexpr,
     NT_PAD: tl.constexpr,
@@ -312,7 +314,10 @@ def _twell_ffn_row_kernel(
     res_ptr=None,
     stride_rm=0,
     HAS_RESIDUAL: tl.constexpr = False,
+    PDL_WAIT: tl.constexpr = False,
 ):
+    if PDL_WAIT:  # launched as a programmatic dependent of the list pass: nothing is read before it is done
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     if HEAVY_FIRST:  # (LISTED too) the first H_SLOTS programs take the list pass's heavy queue, the others row
         # pid - H_SLOTS, returning where the queue took it (seen in the row's count below, after its x and init
@@ -361,7 +366,7 @@ def _twell_ffn_row_kernel(
         flat_ok = flat < n_tiles * CAP
         row_vals = tl.load(val_ptr + row * n_tiles * CAP + flat, mask=flat_ok & keep, other=0.0).to(tl.float32)
         row_idx = tl.load(idx_ptr + row * n_tiles * CAP + flat, mask=flat_ok & keep, other=0).to(tl.int32)
-    cnt = tl.load(cnt_ptr + row * n_tiles + tiles, mask=(tiles < n_tiles) & searched, other=0)
+    cnt = tl.load(cnt_ptr + row * stride_cm + tiles, mask=(tiles < n_tiles) & searched, other=0)
     if SKIP_OVERFLOW_ROWS:  # a flagged row with an overflowing tile is the caller's whole (the hot/cold op's
         # dense rows): nothing more read, nothing written.  Other rows' flags are not read (a listed row's counts
         # stay masked to 0 here: listing excludes an overflowing tile).
@@ -414,7 +419,7 @@ def _twell_ffn_row_kernel(
     n_over = tl.sum((cnt > CAP).to(tl.int32), axis=0)
     if n_over > 0:
         for t in range(0, n_tiles):
-            c_t = tl.load(cnt_ptr + row * n_tiles + t)
+            c_t = tl.load(cnt_ptr + row * stride_cm + t)
             if c_t > CAP:
                 for c0 in range(0, TILE, SB):
                     unit = t * TILE + c0 + tl.arange(0, SB)
@@ -474,8 +479,11 @@ def launch_twell_ffn(
     heavy_first: bool | None = None,
     skip_overflow_rows: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
+    heavy: tuple[torch.Tensor, torch.Tensor] | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
-    """Launch the row kernel.  All tensors validated and contiguous; ``w_down_t`` is Wd^T [F, d].
+    """Launch the row kernel.  All tensors validated and contiguous (``counts`` may be a column view of a wider
+    buffer: unit stride along its tiles); ``w_down_t`` is Wd^T [F, d].
 
     ``w_source`` is the weight that produced the activation (Wg, or Wu for the non-gated FFN); it is
     read only to recompute overflowing row-tiles of a container without a spill area.
@@ -510,8 +518,18 @@ def launch_twell_ffn(
     ``round(round(ffn) + residual)``, what ``residual + ffn(x)`` gives in that dtype; rows skipped for
     ``skip_overflow_rows`` are the caller's, residual included.  Not with the tensor-core gather or ``taken``
     (their rows are written by another kernel without it; ValueError).
+    ``heavy``: the heavy-first queue (``twell_list_kernel.heavy_queue``'s pair, its counter already 0 on the
+    device, e.g. zeroed by an earlier kernel) to use where the rows go heavy first; None: allocated here.
+    ``pdl``: the caller allows the list pass and this kernel to be launched as programmatic dependents
+    (``launch_list_twell_rows``'s ``pdl``), which happens where the rows are listed on a device that supports it
+    (:func:`twell.ops._runtime.pdl_supported`): the list pass may then run beside the kernel before it on the
+    stream, and this kernel's launch waits behind the list pass's.  Only for a caller whose container was
+    written before that kernel, which does not touch the lists either (the hot/cold op: its hot down GEMM);
+    everything else the gather reads is complete when it starts.  Same results either way.
     """
     m, d = x.shape
+    if counts.stride(-1) != 1:
+        raise ValueError(f"launch_twell_ffn: counts need unit stride along their tiles, got strides {counts.stride()}")
     n_tiles = counts.shape[1]
     if m == 0:
         return out
@@ -548,6 +566,8 @@ def launch_twell_ffn(
     use_tc = taken is None and (GATHER_TENSOR_CORES if tensor_cores is None else tensor_cores) and tc_eligible(
         x, round_hidden)
     skip_tc_rows = use_tc or taken is not None
+    if (use_tc or taken is not None) and not counts.is_contiguous():
+        counts = counts.contiguous()  # the tensor-core gather and the cold-down kernels index [M, n_tiles] counts
     if use_tc:
         taken = launch_twell_ffn_tc(x, values, indices, counts, w_up, w_down_t, tile=tile, out=out, unit_map=unit_map,
                                     init=init, idx_is_unit=idx_is_unit, num_warps=tc_config[0],
@@ -568,11 +588,15 @@ def launch_twell_ffn(
     if heavy_first is None:
         row_bytes = (2 if w_up is not None else 1) * n_cols * d * w_down_t.element_size()  # the rows it may read
         heavy_first = bool(listed) and heavy_first_default(m, row_bytes, x.device)
-    lst = lst_n = heavy = None
+    pdl = bool(listed) and pdl and pdl_supported(x.device)
+    lst = lst_n = None
+    if not heavy_first:
+        heavy = None
     if listed:
-        heavy = heavy_queue(m, x.device) if heavy_first else None
+        if heavy_first and heavy is None:
+            heavy = heavy_queue(m, x.device)
         lst, lst_n = launch_list_twell_rows(values, indices, counts, tile=tile, unit_map=unit_map,
-                                            idx_is_unit=idx_is_unit, list_max=list_max, heavy=heavy)
+                                            idx_is_unit=idx_is_unit, list_max=list_max, heavy=heavy, pdl=pdl)
     h_slots = heavy[0].numel() if heavy_first else 0
     dummy = values  # any pointer for unused arguments (their loads are compiled out)
     _twell_ffn_row_kernel[(m + h_slots,)](
@@ -595,6 +619,7 @@ def launch_twell_ffn(
         x.stride(0),
         out.stride(0),
         init.stride(0) if init is not None else 0,
+        counts.stride(0),
         TILE=tile,
         CAP=values.shape[2],
         NT_PAD=next_pow2(n_tiles),
@@ -624,6 +649,8 @@ def launch_twell_ffn(
         res_ptr=residual if residual is not None else dummy,
         stride_rm=residual.stride(0) if residual is not None else 0,
         HAS_RESIDUAL=residual is not None,
+        PDL_WAIT=pdl,
         num_warps=num_warps or 4,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return out

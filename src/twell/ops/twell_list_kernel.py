@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._runtime import next_pow2
 
@@ -65,16 +66,18 @@ HEAVY_MARK = 1 << 20
 
 
 @triton.jit
-def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, lst_n_ptr, M, n_tiles,
+def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, lst_n_ptr, M, n_tiles, stride_cm,
                             TILE: tl.constexpr, CAP: tl.constexpr, NT_PAD: tl.constexpr, LIST_MAX: tl.constexpr,
                             ROWS: tl.constexpr, HAS_MAP: tl.constexpr, IDX_IS_UNIT: tl.constexpr,
                             heavy_ptr=None, heavy_n_ptr=None, H_SLOTS=0, HEAVY_FIRST: tl.constexpr = False,
-                            HEAVY_MIN: tl.constexpr = 32, MARK: tl.constexpr = 1):
+                            HEAVY_MIN: tl.constexpr = 32, MARK: tl.constexpr = 1, PDL: tl.constexpr = False):
+    if PDL:  # launched as a programmatic dependent of the kernel before it (see launch_list_twell_rows's ``pdl``)
+        gdc_launch_dependents()
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     tiles = tl.arange(0, NT_PAD)
-    cnt = tl.load(cnt_ptr + rows[:, None] * n_tiles + tiles[None, :], mask=row_ok[:, None] & (tiles < n_tiles)[None, :],
-                  other=0)
+    cnt = tl.load(cnt_ptr + rows[:, None] * stride_cm + tiles[None, :],
+                  mask=row_ok[:, None] & (tiles < n_tiles)[None, :], other=0)
     ell = tl.where(cnt <= CAP, cnt, 0)
     n_over = tl.sum((cnt > CAP).to(tl.int32), axis=1)
     excl = tl.cumsum(ell, axis=1) - ell
@@ -105,6 +108,8 @@ def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, ls
         tl.store(heavy_ptr + slot, rows.to(tl.int32), mask=queued)
         n_out = tl.where(queued, n_out + MARK, n_out)
     tl.store(lst_n_ptr + rows, n_out, mask=row_ok)
+    if PDL:  # done only once the kernel before this one is: what follows may read that kernel's outputs too
+        gdc_wait()
 
 
 @triton.jit
@@ -131,12 +136,19 @@ def list_eligible(values: torch.Tensor, n_weight_rows: int) -> str | None:
 
 def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, *, tile: int,
                            unit_map: torch.Tensor | None, idx_is_unit: bool, list_max: int | None = None,
-                           heavy: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(lst int32 [M, list_max], lst_n int32 [M])`` of a TwELL container (values [M, T, CAP], indices,
-    counts [M, T]; contiguous, validated by the caller): see the module docstring.  ``list_max`` None:
-    :data:`LIST_MAX`.  ``heavy``: ``(queue int32 [H], queued int32 [1] holding 0)`` to fill with the heavy rows
-    (:func:`heavy_queue` allocates them); ``queued`` then holds how many heavy rows there were (the queue took the
-    first H).  Check :func:`list_eligible` first."""
+                           heavy: tuple[torch.Tensor, torch.Tensor] | None = None,
+                           pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lst int32 [M, list_max], lst_n int32 [M])`` of a TwELL container (values [M, T, CAP] and indices
+    contiguous, counts [M, T] with unit stride along T; validated by the caller): see the module docstring.
+    ``list_max`` None: :data:`LIST_MAX`.  ``heavy``: ``(queue int32 [H], queued int32 [1] holding 0)`` to fill
+    with the heavy rows (:func:`heavy_queue` allocates them); ``queued`` then holds how many heavy rows there
+    were (the queue took the first H).  Check :func:`list_eligible` first.
+
+    ``pdl`` (CUDA, sm_90 and up: :func:`twell.ops._runtime.pdl_supported`): launched as a programmatic
+    dependent of the kernel before it on the stream, which it does not read (the container comes from an
+    earlier one, complete by then), so its work may overlap that kernel's; its programs let the next kernel
+    launch at once and finish only after that kernel has, so the stream order seen from later kernels holds.
+    Only for a caller whose inputs were written before the kernel ahead of it."""
     list_max = LIST_MAX if list_max is None else list_max
     if list_max < 1:
         raise ValueError(f"list_max must be >= 1, got {list_max}")
@@ -150,17 +162,19 @@ def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: 
     nt_pad = next_pow2(n_tiles)
     rows = rows_per_program(nt_pad)
     _list_twell_rows_kernel[(triton.cdiv(m, rows),)](
-        values, indices, counts, unit_map if unit_map is not None else counts, lst, lst_n, m, n_tiles,
+        values, indices, counts, unit_map if unit_map is not None else counts, lst, lst_n, m, n_tiles, counts.stride(0),
         TILE=tile, CAP=cap, NT_PAD=nt_pad, LIST_MAX=list_max, ROWS=rows, HAS_MAP=unit_map is not None,
         IDX_IS_UNIT=idx_is_unit, heavy_ptr=heavy[0] if heavy else lst_n, heavy_n_ptr=heavy[1] if heavy else lst_n,
         H_SLOTS=heavy[0].numel() if heavy else 0, HEAVY_FIRST=heavy is not None, HEAVY_MIN=HEAVY_MIN_ENTRIES,
-        MARK=HEAVY_MARK, num_warps=4,
+        MARK=HEAVY_MARK, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
     )
     return lst, lst_n
 
 
-def heavy_queue(m: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def heavy_queue(m: int, device: torch.device, *, zeroed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``(queue int32 [cdiv(m, HEAVY_SLOT_EVERY)], queued int32 [1] = 0)`` for :func:`launch_list_twell_rows`'s
-    ``heavy`` (the zero is one small fill on the device)."""
+    ``heavy`` (the zero is one small fill on the device; with ``zeroed=False`` the counter is left as allocated,
+    for a caller that has an earlier kernel write its zero)."""
+    queued = torch.zeros if zeroed else torch.empty
     return (torch.empty(triton.cdiv(m, HEAVY_SLOT_EVERY), dtype=torch.int32, device=device),
-            torch.zeros(1, dtype=torch.int32, device=device))
+            queued(1, dtype=torch.int32, device=device))

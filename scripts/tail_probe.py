@@ -1,0 +1,120 @@
+"""The hot/cold op's launches after its gate, as session 24 left them against session 25's, on the GPU.
+
+Why (session 25): at M=16384, l0=28 the op's kernels summed 0.811 ms in session 21's profile, of which the counts'
+concatenation took 0.004 ms and the heavy queue's zero fill ~0.001, each with a launch of its own, and the list pass
+0.015 ms right after the 0.046 ms hot down GEMM (bench_results/h200/infer_op_profile_session21.log); 2.0x of the
+dense 1.611 ms there needs the op at ~0.805 ms against the 0.822 measured (session 22's sweep).  Session 25 has the
+fused gate write both counts into one buffer and zero the queue's counter, and (``hot_cold.LIST_PDL``) launches the
+list pass and the gather as programmatic dependents.  Predicted at 16384: -0.005 ms for the first two, -0.003 to
+-0.015 more with the dependents (launch latency only, or the list pass wholly beside the GEMM); at 131072 -0.02 and
+up to -0.09 (its list pass).
+
+Per point (the module's own hot set, built as ``twell bench ffn`` builds it): interleaved medians
+(``time_ms_interleaved``, the bench's hold) of the dense FFN with separate linears, the op as session 24 launched it
+(``torch.cat`` of two counts tensors and a zero fill for the queue), the op as now with ``LIST_PDL`` off and on,
+and the module with it off and on; the outputs compared bit for bit; each op variant's kernels from
+``torch.profiler`` (kernel sum against the call's wall time); then back to back at the power cap.
+Usage (GPU machine): ``PYTHONPATH=src:scripts python3 scripts/tail_probe.py``; ``--device cpu --tiny`` under
+TRITON_INTERPRET=1 is the smoke test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from clock_probe import Nvml, measure  # scripts/ (the script's own directory is on sys.path)
+
+from twell.bench.model_measure import kernel_lines, profile_kernels
+from twell.bench.probe import probe_args, run_points
+from twell.bench.timing import time_ms_interleaved
+from twell.format.twell import default_capacity
+from twell.nn import SparseGatedMLP
+from twell.ops import hot_cold, twell_list_kernel
+from twell.ops.hot_cold_plan import build_hot_cold_plan, choose_hot_units, fused_gate_tile, unit_frequency
+from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+
+@contextlib.contextmanager
+def _variant(name: str):
+    """The op's launches as ``name`` says: "s24" (a concatenation and a fill kernel, no dependents), "now" or
+    "now+pdl"."""
+    saved = (hot_cold.LIST_PDL, hot_cold.joined_counts, hot_cold.heavy_queue)
+    try:
+        hot_cold.LIST_PDL = name == "now+pdl"
+        if name == "s24":
+            hot_cold.joined_counts = lambda cold, hot: torch.cat([cold, hot], 1)
+            hot_cold.heavy_queue = lambda m, dev, zeroed=True: twell_list_kernel.heavy_queue(m, dev)
+        yield
+    finally:
+        hot_cold.LIST_PDL, hot_cold.joined_counts, hot_cold.heavy_queue = saved
+
+
+def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: torch.device, rep_ms: float,
+                seconds: float) -> None:
+    gen = torch.Generator(device=dev).manual_seed(0)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    wdt = wd.t().contiguous()
+    mlp = SparseGatedMLP.from_weights(wg, wu, wd, tile=tile).eval()
+    with torch.no_grad():
+        for _ in range(2):  # the first call measures l0 on the dense path, the second builds the plan
+            mlp(x)
+    plan = mlp._hot_cold._plan
+    cap = default_capacity(tile)
+    rows = mlp._hot_cold.dense_rows(m)
+    if plan is None:  # the module runs dense here (the smoke test's small problem): the op on the default hot set
+        hot = choose_hot_units(unit_frequency(x, wg))
+        plan = build_hot_cold_plan(wg, wu, wd, hot, fused_tile=fused_gate_tile(tile, x.dtype, d, dev))
+        print(f"M={m} l0={l0}: the module took no hot/cold plan; the op on {hot.numel()} hot units", flush=True)
+    head = f"M={m:6d} l0={l0:4.1f} H={plan.n_hot} fused={plan.fused_tile} dense_rows={rows}"
+
+    def op(name: str):
+        def run():
+            with _variant(name):
+                return hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=tile, capacity=cap, dense_rows=rows)
+        return run
+
+    def module(name: str):
+        def run():
+            with _variant(name), torch.no_grad():
+                return mlp(x)
+        return run
+
+    def dense():
+        return F.linear(F.relu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+    names = ("s24", "now", "now+pdl")
+    outs = {n: op(n)() for n in names}
+    same = all(torch.equal(outs[n][0], outs["s24"][0]) and torch.equal(outs[n][1], outs["s24"][1]) for n in names)
+    same_module = torch.equal(module("now")(), module("now+pdl")())
+    print(f"{head}: op outputs and counts bit for bit across variants {same}; module {same_module}", flush=True)
+    fns = {"dense": dense, **{f"op {n}": op(n) for n in names}, "module now": module("now"),
+           "module now+pdl": module("now+pdl")}
+    times = time_ms_interleaved(fns, device=dev, rep_ms=rep_ms)
+    base = times["dense"]
+    print(f"{head} interleaved | " + " | ".join(f"{k} {t:.4f} ms ({base / t:.3f}x)" for k, t in times.items()),
+          flush=True)
+    if dev.type == "cuda":
+        for n in names:
+            prof = profile_kernels(op(n), dev, top=12, calls=32)
+            print(f"{head} op {n}: kernels {prof['kernel_ms']:.4f} ms/call, wall {prof['wall_ms']:.4f} ms/call",
+                  flush=True)
+            print(kernel_lines(prof), flush=True)
+    for name, fn in (("dense", dense), *((f"op {n}", op(n)) for n in names), ("dense again", dense)):
+        print(f"{head} back to back | " + measure(name, fn, nvml, dev, seconds), flush=True)
+
+
+def main() -> None:
+    dev, tiny = probe_args(__doc__)
+    d, f, tile, rep_ms, seconds = 2048, 5632, 128, 200.0, 2.0
+    points = ((16384, 28.0), (131072, 28.0))
+    if tiny:
+        d, f, tile, rep_ms, seconds, points = 64, 700, 32, 1.0, 0.1, ((40, 6.0),)
+    nvml = Nvml((dev.index or 0) if dev.type == "cuda" else None)
+    run_points(points, lambda m, l0: probe_point(m, l0, d, f, tile, nvml, dev, rep_ms, seconds), dev)
+
+
+if __name__ == "__main__":
+    main()
