@@ -15,7 +15,7 @@ from test_ops_kernels import make_problem
 from test_ops_twell_list import reference_lists
 
 from twell import ops
-from twell.ops import twell_ffn_kernel, twell_list_kernel
+from twell.ops import hot_cold, twell_ffn_kernel, twell_list_kernel
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.ops.twell_list_kernel import HEAVY_MARK, heavy_queue, launch_list_twell_rows
@@ -44,11 +44,13 @@ def heavy_first_on(monkeypatch) -> list:
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_HEAVY_FIRST", True)
     queues = []
 
-    def spy(m: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        queues.append(heavy_queue(m, dev))
+    def spy(m: int, dev: torch.device, *, zeroed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        queues.append(heavy_queue(m, dev, zeroed=zeroed))
         return queues[-1]
 
+    # the gather allocates the queue, or the hot/cold op does (the fused gate then zeroes its counter)
     monkeypatch.setattr(twell_ffn_kernel, "heavy_queue", spy)
+    monkeypatch.setattr(hot_cold, "heavy_queue", spy)
     return queues
 
 

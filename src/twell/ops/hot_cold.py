@@ -122,12 +122,13 @@ FUSE_RESIDUAL = True
 #: The list pass and the gather launched as programmatic dependents (``launch_twell_ffn``'s ``pdl``; sm_90 on),
 #: where a kernel that does not touch the cold container runs between the gate and them (the hot down GEMM, or the
 #: dense rows' selection): the list pass may run beside that kernel, and the gather's launch waits behind the list
-#: pass instead of after it.  Same bits.  On the
-#: H200 in session 21's profile at M=16384, l0=28 the list pass took 0.015 ms of the op's 0.811 ms of kernels,
-#: the hot down GEMM before it 0.046 (bench_results/h200/infer_op_profile_session21.log).  Prediction: the op
-#: -0.003 ms (two launches' latency) up to -0.015 (the list pass wholly beside the GEMM) at 16384.  Unmeasured:
-#: off until the H200 says.
-LIST_PDL = False
+#: pass instead of after it.  Same bits.  Predicted at M=16384, l0=28: the op -0.003 ms (two launches' latency) up to
+#: -0.015 (the list pass wholly beside the hot down GEMM; 0.015 and 0.045 ms in session 21's profile,
+#: bench_results/h200/infer_op_profile_session21.log).  Measured (H200, session 25, interleaved, the module's hot set,
+#: bench_results/h200/tail_probe_session25.log): 0.8059 -> 0.8029 ms at 16384 (dense 1.5995), 6.2585 -> 6.2589 at
+#: 131072; back to back at the power cap 0.897 -> 0.895 and 7.049 -> 7.052.  The low end: cuBLAS's GEMM lets its
+#: dependents launch only as it ends, so the list pass does not run beside it; the launch latency goes.  On.
+LIST_PDL = True
 
 
 def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
