@@ -35,6 +35,7 @@ PROBES = {
     "attention_probe.py": ((), "", ["default ", "q, k, v projections", "residual add + rms_norm",
                                           "o projection + residual add", "FFN down projection + residual add"]),
     "residual_probe.py": ((), "", ["sum bit for bit True", "); bit for bit True", "dense FFN + residual: "]),
+    "memset_source_probe.py": ((), "M=", ["mm fp32 out: ran", "list pass: ran"]),
     "tail_probe.py": ((), "M=", ["across variants True; module True", "interleaved | dense",
                                  "back to back | op now+pdl"]),
 }
