@@ -7,13 +7,17 @@ dense 1.611 ms there needs the op at ~0.805 ms against the 0.822 measured (sessi
 fused gate write both counts into one buffer and zero the queue's counter, and (``hot_cold.LIST_PDL``) launches the
 list pass and the gather as programmatic dependents.  Predicted at 16384: -0.005 ms for the first two, -0.003 to
 -0.015 more with the dependents (launch latency only, or the list pass wholly beside the GEMM); at 131072 -0.02 and
-up to -0.09 (its list pass).
+up to -0.09 (its list pass).  Measured (call 1, bench_results/h200/tail_probe_session25.log): 0.8149 -> 0.8059 ->
+0.8029 ms at 16384 (dense 1.5995), 6.2874 -> 6.2585 -> 6.2589 at 131072: the GEMM lets the list pass launch only as
+it ends.  Then (``hot_cold.LIST_BESIDE_GATE``, variant "beside") the list pass beside the gate, after its row-block
+counters: predicted -0.010 to -0.015 ms more at 16384, -0.05 to -0.09 at 131072.
 
 Per point (the module's own hot set, built as ``twell bench ffn`` builds it): interleaved medians
 (``time_ms_interleaved``, the bench's hold) of the dense FFN with separate linears, the op as session 24 launched it
-(``torch.cat`` of two counts tensors and a zero fill for the queue), the op as now with ``LIST_PDL`` off and on,
-and the module with it off and on; the outputs compared bit for bit; each op variant's kernels from
-``torch.profiler`` (kernel sum against the call's wall time); then back to back at the power cap.
+(``torch.cat`` of two counts tensors and a zero fill for the queue), the op as now with ``LIST_PDL`` off and on and
+with ``LIST_BESIDE_GATE`` too, and the module without and with the latter; the outputs compared bit for bit; each
+op variant's kernels from ``torch.profiler`` (kernel sum against the call's wall time); then back to back at the
+power cap.
 Usage (GPU machine): ``PYTHONPATH=src:scripts python3 scripts/tail_probe.py``; ``--device cpu --tiny`` under
 TRITON_INTERPRET=1 is the smoke test.
 """
@@ -38,17 +42,19 @@ from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 @contextlib.contextmanager
 def _variant(name: str):
-    """The op's launches as ``name`` says: "s24" (a concatenation and a fill kernel, no dependents), "now" or
-    "now+pdl"."""
-    saved = (hot_cold.LIST_PDL, hot_cold.joined_counts, hot_cold.heavy_queue)
+    """The op's launches as ``name`` says: "s24" (a concatenation and a fill kernel, no dependents), "now" (one
+    counts buffer, the counter zeroed by the gate), "now+pdl" (and ``LIST_PDL``), "beside" (and
+    ``LIST_BESIDE_GATE``)."""
+    saved = (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.joined_counts, hot_cold.heavy_queue)
     try:
-        hot_cold.LIST_PDL = name == "now+pdl"
+        hot_cold.LIST_PDL = name in ("now+pdl", "beside")
+        hot_cold.LIST_BESIDE_GATE = name == "beside"
         if name == "s24":
             hot_cold.joined_counts = lambda cold, hot: torch.cat([cold, hot], 1)
             hot_cold.heavy_queue = lambda m, dev, zeroed=True: twell_list_kernel.heavy_queue(m, dev)
         yield
     finally:
-        hot_cold.LIST_PDL, hot_cold.joined_counts, hot_cold.heavy_queue = saved
+        hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.joined_counts, hot_cold.heavy_queue = saved
 
 
 def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: torch.device, rep_ms: float,
@@ -85,13 +91,13 @@ def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: t
     def dense():
         return F.linear(F.relu(F.linear(x, wg)) * F.linear(x, wu), wd)
 
-    names = ("s24", "now", "now+pdl")
+    names = ("s24", "now", "now+pdl", "beside")
     outs = {n: op(n)() for n in names}
     same = all(torch.equal(outs[n][0], outs["s24"][0]) and torch.equal(outs[n][1], outs["s24"][1]) for n in names)
-    same_module = torch.equal(module("now")(), module("now+pdl")())
+    same_module = torch.equal(module("now")(), module("beside")())
     print(f"{head}: op outputs and counts bit for bit across variants {same}; module {same_module}", flush=True)
-    fns = {"dense": dense, **{f"op {n}": op(n) for n in names}, "module now": module("now"),
-           "module now+pdl": module("now+pdl")}
+    fns = {"dense": dense, **{f"op {n}": op(n) for n in names}, "module now+pdl": module("now+pdl"),
+           "module beside": module("beside")}
     times = time_ms_interleaved(fns, device=dev, rep_ms=rep_ms)
     base = times["dense"]
     print(f"{head} interleaved | " + " | ".join(f"{k} {t:.4f} ms ({base / t:.3f}x)" for k, t in times.items()),

@@ -27,7 +27,7 @@ def compiled() -> dict:
 
 def test_tensor_core_kernels_use_wgmma(compiled):
     for name in ("gate_epilogue0", "gate_epilogue2", "union_up", "union_down", "hot_cold_gate_t128",
-                 "hot_cold_gate_t64", "down_cold"):
+                 "hot_cold_gate_t64", "hot_cold_gate_t128_counted", "down_cold"):
         assert compiled[name]["wgmma"], name
 
 
@@ -35,6 +35,10 @@ def test_programmatic_dependents_wait_in_ptx(compiled):
     """The list pass and the gather built for ``hot_cold.LIST_PDL`` hold their griddepcontrol instructions."""
     assert compiled["list_rows_heavy_first_pdl"]["griddepcontrol"]
     assert compiled["ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl"]["griddepcontrol"]
+    # the list pass beside the fused gate (hot_cold.LIST_BESIDE_GATE): an acquire of the row block's count, a
+    # sleep in the wait, container loads past L1; the gate releasing the counts it has written
+    assert compiled["list_rows_heavy_first_beside_gate"]["griddepcontrol"]
+    assert compiled["hot_cold_gate_t128_counted"]["griddepcontrol"]
 
 
 #: Bytes that ptxas (Triton 3.6's bundled one, sm_90a) spills per kernel today: first measured in session 6,
@@ -77,7 +81,8 @@ def test_no_kernel_uses_local_memory(compiled):
         "ffn_gated1_spill0_split1_ids_skip_tc", "ffn_gated1_spill0_split1_ids_together",
         "ffn_gated1_spill0_split1_ids_listed", "list_rows", "list_rows_heavy_first",
         "ffn_gated1_spill0_split1_ids_listed_heavy_first", "list_rows_heavy_first_pdl",
-        "ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl", "ffn_tc_block", "hot_hidden",
+        "ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl", "list_rows_heavy_first_beside_gate",
+        "hot_cold_gate_t128_counted", "ffn_tc_block", "hot_hidden",
         "pack_bitmap", "bitmap_ffn", "block_union", "union_up", "union_down", "train_pack_rows",
         "train_forward_rows", "train_backward_rows", "train_unit_grads", "decode_hidden_bm16",
         "decode_hidden_bm16_gate_in", "decode_down_bm16", "decode_hidden_bm64", "decode_hidden_bm64_gate_in",

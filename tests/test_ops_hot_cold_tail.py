@@ -20,7 +20,7 @@ from twell.ops.hot_cold import joined_counts
 from twell.ops.hot_cold_gate_kernel import launch_hot_cold_gate
 from twell.ops.hot_cold_plan import build_hot_cold_plan
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
-from twell.ops.twell_list_kernel import heavy_queue
+from twell.ops.twell_list_kernel import heavy_queue, launch_list_twell_rows
 
 
 def _fused_problem(m: int, device, *, n_hot: int = 32, seed: int = 3):
@@ -116,6 +116,56 @@ def test_pdl_allowed_is_the_same_op_where_it_is_not_supported(device, monkeypatc
     monkeypatch.setattr(hot_cold, "LIST_PDL", True)
     got = hot_cold.launch_hot_cold_ffn(p["x"], fused, *weights, tile=tile, capacity=cap)
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("heavy_first", [False, True], ids=["index-order", "heavy-first"])
+@pytest.mark.parametrize("dense_rows", [0, 8], ids=["no-dense-rows", "dense-rows"])
+def test_list_pass_beside_the_gate_same_bits(heavy_first, dense_rows, device, monkeypatch):
+    """The list pass after the fused gate's row-block counters (``LIST_BESIDE_GATE``; the interpreter runs the gate's
+    grid first) against it after the hot down GEMM: the same output and counts, bit for bit; the pass was launched
+    with the counters, and the heavy queue (when the gather takes it) was the zero-filled one."""
+    from twell.ops import twell_ffn_kernel, twell_list_kernel
+
+    p, _, fused, tile, cap = _fused_problem(37, device, seed=9)  # 37 rows: a partial last row block
+    p["x"][2] *= 30.0  # a row with overflowing cold tiles
+    weights = (p["w_gate"], p["w_up"], p["w_down"].t().contiguous())
+    monkeypatch.setattr(twell_ffn_kernel, "GATHER_HEAVY_FIRST", heavy_first)
+    monkeypatch.setattr(twell_list_kernel, "HEAVY_MIN_ENTRIES", 2)  # some heavy rows in this small problem
+    monkeypatch.setattr(twell_ffn_kernel, "_INTERPRETER_SMS", 4)
+
+    def op():
+        return hot_cold.launch_hot_cold_ffn(p["x"], fused, *weights, tile=tile, capacity=cap, dense_rows=dense_rows)
+
+    monkeypatch.setattr(hot_cold, "LIST_BESIDE_GATE", False)
+    want = op()
+    calls = []
+    real = hot_cold.launch_list_twell_rows
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hot_cold, "LIST_BESIDE_GATE", True)
+    monkeypatch.setattr(hot_cold, "launch_list_twell_rows", spy)
+    got = op()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert int(want[1][2, :-1].max()) > cap  # the overflowing row (its cold tiles)
+    assert len(calls) == 1 and calls[0]["after_gate"] is not None
+    done, target, row_block = calls[0]["after_gate"]
+    assert int(done.sum()) == target * done.numel()  # every row block's cold output tiles were counted
+    assert (calls[0]["heavy"] is not None) == heavy_first
+
+
+def test_list_pass_beside_the_gate_refusals(device):
+    p, plan, fused, tile, cap = _fused_problem(8, device)
+    cold = launch_hot_cold_gate(p["x"], fused.w_gemm, plan.n_hot, plan.n_units - plan.n_hot, plan.cold, tile=tile,
+                                capacity=cap, unit_ids=True)[2:]
+    done = torch.zeros(1, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="must be a multiple of the pass's rows"):
+        launch_list_twell_rows(*cold, tile=tile, unit_map=plan.cold, idx_is_unit=True, after_gate=(done, 1, 3))
+    with pytest.raises(ValueError, match="`done` needs int32"):
+        launch_hot_cold_gate(p["x"], fused.w_gemm, plan.n_hot, plan.n_units - plan.n_hot, plan.cold, tile=tile,
+                             capacity=cap, unit_ids=True, done=done.to(torch.int64))
 
 
 @pytest.mark.gpu

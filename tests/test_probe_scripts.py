@@ -37,7 +37,7 @@ PROBES = {
     "residual_probe.py": ((), "", ["sum bit for bit True", "); bit for bit True", "dense FFN + residual: "]),
     "memset_source_probe.py": ((), "M=", ["mm fp32 out: ran", "list pass: ran"]),
     "tail_probe.py": ((), "M=", ["across variants True; module True", "interleaved | dense",
-                                 "back to back | op now+pdl"]),
+                                 "back to back | op beside"]),
 }
 
 

@@ -199,7 +199,9 @@ def launch_down_cold(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Write ``out`` for every token whose cold pairs can be listed; return ``(init, taken)``: the fp32 hot
     partial sums (written only for the other tokens) and the int8 per-token flag (1: done here) that the
-    row-gather kernel's ``taken`` skips.  Inputs validated and contiguous, :func:`down_cold_supported`."""
+    row-gather kernel's ``taken`` skips.  Inputs validated and contiguous, :func:`down_cold_supported`; ``counts``
+    may be a column view of a wider buffer (the fused gate's), which is copied: this path's kernels index [M, T]."""
+    counts = counts.contiguous()
     m, d = x.shape
     list_h, list_id, list_len, taken = launch_cold_list(x, values, indices, counts, w_up, tile=tile,
                                                         unit_map=unit_map, idx_is_unit=idx_is_unit)

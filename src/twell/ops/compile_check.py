@@ -191,6 +191,13 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
                        divisible=row_divisible)
         results["ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl"] = {
             **_stats(ptx, arch), "griddepcontrol": "griddepcontrol.wait" in ptx}
+        # the list pass beside the fused gate (hot_cold.LIST_BESIDE_GATE): its wait on the row block's count
+        ptx = _compile(_list_twell_rows_kernel, {**list_sig, **heavy_sig, "done_ptr": "*i32", "done_target": "i32"},
+                       {**list_consts, **heavy_consts, "PDL": True, "GATE_BM": 128, "WAIT_DONE": True, "SLEEP": True,
+                        "CACHE": ".cg"}, target, num_warps=4)
+        results["list_rows_heavy_first_beside_gate"] = {**_stats(ptx, arch), "griddepcontrol": all(
+            op in ptx for op in ("griddepcontrol.wait", "nanosleep", "ld.global.cg")) and bool(
+            re.search(r"(atom|ld)\.global\.gpu\.acq", ptx))}
     from .twell_ffn_tc_kernel import _twell_ffn_tc_kernel
 
     tc_sig = {n: "*bf16" for n in ("x_ptr", "wu_ptr", "wdt_ptr", "out_ptr", "val_ptr")}
@@ -329,6 +336,12 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
             consts.update({"ASM_TEXT": text, "ASM_CONSTRAINTS": constraints, "ASM_PACK": pack})
         ptx = _compile(_hot_cold_gate_kernel, sig, consts, target, num_warps=warps, num_stages=stages)
         results[f"hot_cold_gate_t{tile}"] = _stats(ptx, arch, wgmma=True)
+        if tile == 128:  # with the list pass beside it (hot_cold.LIST_BESIDE_GATE): row-block counts released
+            ptx = _compile(_hot_cold_gate_kernel, {**sig, "done_ptr": "*i32"},
+                           {**consts, "ZERO": False, "DONE": True, "PDL_TRIGGER": True}, target, num_warps=warps,
+                           num_stages=stages)
+            results["hot_cold_gate_t128_counted"] = {**_stats(ptx, arch, wgmma=True), "griddepcontrol": (
+                "griddepcontrol.launch_dependents" in ptx and bool(re.search(r"(atom|red)\.global\.gpu\.rel", ptx)))}
     from .cold_down_kernel import _GPU_CONFIG as _DOWN_CONFIG
     from .cold_down_kernel import LIST, _cold_list_kernel, _down_cold_kernel
 

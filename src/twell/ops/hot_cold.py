@@ -28,15 +28,17 @@ import torch
 import triton
 import triton.language as tl
 
+from . import hot_cold_gate_kernel
+from ._runtime import interpreting, pdl_supported
 from .bitmap_kernels import launch_bitmap_ffn, launch_pack_bitmap
 from .cold_down_kernel import down_cold_supported, launch_down_cold
 from .gate_kernel import launch_pack_twell, relu_keep_nan, round_to
 from .hot_cold_dense_rows import dense_rows_ffn, select_overflow_rows
-from .hot_cold_gate_kernel import launch_hot_cold_gate
+from .hot_cold_gate_kernel import gate_row_block, launch_hot_cold_gate
 from .hot_cold_plan import HotColdPlan
 from .hot_down_kernel import hot_down_supported, launch_hot_down
-from .twell_ffn_kernel import launch_twell_ffn
-from .twell_list_kernel import heavy_queue
+from .twell_ffn_kernel import default_lists, launch_twell_ffn
+from .twell_list_kernel import heavy_queue, launch_list_twell_rows
 
 #: How the cold pairs are listed for the gather kernel (see ``launch_hot_cold_ffn``).
 COLD_FORMATS = ("auto", "bitmap", "twell")
@@ -129,6 +131,16 @@ FUSE_RESIDUAL = True
 #: 131072; back to back at the power cap 0.897 -> 0.895 and 7.049 -> 7.052.  The low end: cuBLAS's GEMM lets its
 #: dependents launch only as it ends, so the list pass does not run beside it; the launch latency goes.  On.
 LIST_PDL = True
+#: The list pass launched right after the fused gate, beside it (programmatic dependent launch, sm_90): the gate
+#: counts each row block's finished cold output tiles, and each list program waits for its row block's count, then
+#: lists its rows while the gate goes on with other row blocks (``launch_list_twell_rows``'s ``after_gate``); the
+#: hot down GEMM and the gather follow.  Same bits.  Why: at M=16384, l0=28 the list pass took 0.015 ms of the op's
+#: ~0.80 ms after the hot down GEMM, and the gate's persistent grid leaves most SMs idle in its last round of tiles
+#: (2944 output tiles over 132 programs: 40 programs take a 23rd tile, 92 idle); the gate's registers and shared
+#: memory leave room for list programs beside it (202 registers x 256 threads of 65,536; ~147 KB of 228 KB).
+#: Predicted: the op -0.010 to -0.015 ms at 16384 (the list pass hidden, a zero fill of the counters added),
+#: -0.05 to -0.09 ms at 131072.
+LIST_BESIDE_GATE = True
 
 
 def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
@@ -204,18 +216,28 @@ def launch_hot_cold_ffn(
     if cold_format not in ("bitmap", "twell"):
         raise ValueError(f"cold_format must be one of {', '.join(COLD_FORMATS)}; got {cold_format!r}")
     unit_ids = stores_unit_ids(f)
-    heavy = None
+    heavy = lists = None
     if plan.fused_tile:
-        gate, zero = launch_hot_cold_gate, {}
+        gate, extra = launch_hot_cold_gate, {}
         if PINGPONG_GATE:
             from .pingpong_gate_kernel import launch_pingpong_gate, pingpong_supported
 
             gate = launch_pingpong_gate if pingpong_supported(x, tile) else gate
-        if gate is launch_hot_cold_gate:  # the gather's heavy queue, its counter zeroed by the gate kernel
+        beside = _lists_beside_gate(x, w_down_t, n_cold) if gate is launch_hot_cold_gate else None
+        if beside is not None:  # the list pass beside the gate: its row-block counters and the queue's, zeroed
+            heavy_first, n_blocks = beside
+            flags = torch.zeros(n_blocks + 1, dtype=torch.int32, device=x.device)
+            heavy = (heavy_queue(m, x.device, zeroed=False)[0], flags[n_blocks:]) if heavy_first else None
+            extra = {"done": flags[:n_blocks]}
+        elif gate is launch_hot_cold_gate:  # the gather's heavy queue, its counter zeroed by the gate kernel
             heavy = heavy_queue(m, x.device, zeroed=False)
-            zero = {"zero": heavy[1]}
+            extra = {"zero": heavy[1]}
         h_hot, hot_counts, *cold = gate(x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile, capacity=capacity,
-                                        unit_ids=unit_ids, **zero)
+                                        unit_ids=unit_ids, **extra)
+        if beside is not None:
+            target = triton.cdiv(triton.cdiv(n_cold, tile), 2)  # the cold output tiles of a row block
+            lists = launch_list_twell_rows(*cold, tile=tile, unit_map=plan.cold, idx_is_unit=unit_ids, heavy=heavy,
+                                           after_gate=(extra["done"], target, gate_row_block()))
     else:
         gu = torch.nn.functional.linear(x, plan.w_gemm)
         h_hot, hot_counts = launch_hot_hidden(gu, n_hot, f, tile)
@@ -250,7 +272,8 @@ def launch_hot_cold_ffn(
         between = (init is not None and taken is None) or skip is not None
         launch_twell_ffn(x, *cold, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile, round_hidden=True,
                          out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids, taken=taken,
-                         skip_overflow_rows=skip, residual=fuse, heavy=heavy, pdl=LIST_PDL and between)
+                         skip_overflow_rows=skip, residual=fuse, heavy=heavy, lists=lists,
+                         pdl=LIST_PDL and (between or lists is not None))
         if rows is not None:
             dense_rows_ffn(x, rows, w_gate, w_up, w_down_t, out, residual=fuse)
         if fuse is not None:
@@ -258,6 +281,19 @@ def launch_hot_cold_ffn(
     if residual is not None:
         out.add_(residual)  # the FFN's rounded output plus the residual, rounded: the same bits as the fused add
     return out, joined_counts(cold[-1], hot_counts)
+
+
+def _lists_beside_gate(x: torch.Tensor, w_down_t: torch.Tensor, n_cold: int) -> tuple[bool, int] | None:
+    """``(heavy_first, row blocks)`` where the fused gate's list pass runs beside it (:data:`LIST_BESIDE_GATE`), else
+    None: the gather walks lists by default, cold units and tokens exist, the cold-down path is off, and the device
+    launches programmatic dependents (or the interpreter runs the grids in order)."""
+    m = x.shape[0]
+    if not (LIST_BESIDE_GATE and m and n_cold and not COLD_IN_DOWN_GEMM and not hot_cold_gate_kernel.FUSED_TMA_SLOTS):
+        return None
+    if not (pdl_supported(x.device) or interpreting()):
+        return None
+    listed, heavy_first = default_lists(x, w_down_t, n_cold, gated=True)
+    return (heavy_first, triton.cdiv(m, gate_row_block())) if listed else None
 
 
 def joined_counts(cold_counts: torch.Tensor, hot_counts: torch.Tensor) -> torch.Tensor:

@@ -34,9 +34,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._runtime import interpreting, sm_count
+from ._runtime import interpreting, pdl_supported, sm_count
 from .cold_slots_ptx import cold_slots_asm
 from .gate_kernel import _twell_epilogue, dot_acc, nonzeros_and_counts, relu_keep_nan, round_to, tile_coords
 from .hot_cold_plan import FUSED_TILES
@@ -463,16 +464,22 @@ def _hot_cold_gate_kernel(
     val_desc=None, idx_desc=None, TMA_SLOTS: tl.constexpr = False,
     ASM_TEXT: tl.constexpr = None, ASM_CONSTRAINTS: tl.constexpr = None, ASM_PACK: tl.constexpr = 0,
     h_desc=None, TMA_HOT: tl.constexpr = False, PTX_HOT: tl.constexpr = False, SKIP_COLD: tl.constexpr = False,
-    SKIP_HOT: tl.constexpr = False, zero_ptr=None, ZERO: tl.constexpr = False,
+    SKIP_HOT: tl.constexpr = False, zero_ptr=None, ZERO: tl.constexpr = False, done_ptr=None,
+    DONE: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False,
 ):
     """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
     ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each).
-    With ``ZERO`` program 0 also sets the int32 at ``zero_ptr`` to 0 (a later kernel's counter)."""
+    With ``ZERO`` program 0 also sets the int32 at ``zero_ptr`` to 0 (a later kernel's counter).  With ``DONE``
+    each program lets the next kernel launch at once (a programmatic dependent: the list pass) and counts every
+    cold output tile it has written in ``done_ptr[row block]`` (int32, zero before the launch), released at gpu
+    scope after a CTA barrier, so a reader that acquires the count sees the tiles' counts and slots."""
     BN: tl.constexpr = 2 * TILE
     dtype: tl.constexpr = val_ptr.dtype.element_ty
     if ZERO:
         if tl.program_id(0) == 0:
             tl.store(zero_ptr, 0)
+    if PDL_TRIGGER:
+        gdc_launch_dependents()
     num_pid_m = tl.cdiv(M, BM)
     for tile_id in tl.range(tl.program_id(0), num_pid_m * n_out_tiles, n_programs, flatten=FLATTEN):
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, n_out_tiles, GROUP_M)
@@ -502,6 +509,15 @@ def _hot_cold_gate_kernel(
             _cold_epilogue(right, pid_m, first + 1, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
                            cnt_stride, BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, LEAN_PTX, val_desc,
                            idx_desc, TMA_SLOTS)
+        if DONE:
+            if pid_n >= n_hot_tiles:  # every thread's stores of the tile, then one release of its count
+                tl.debug_barrier()
+                tl.atomic_add(done_ptr + pid_m, 1, sem="release", scope="gpu")
+
+
+def gate_row_block() -> int:
+    """Rows per output tile of the fused gate as it launches here (its ``done`` counters are per row block)."""
+    return (_INTERPRET_CONFIG if interpreting() else _GPU_CONFIG)[0]
 
 
 def launch_hot_cold_gate(
@@ -515,6 +531,7 @@ def launch_hot_cold_gate(
     capacity: int,
     unit_ids: bool,
     zero: torch.Tensor | None = None,
+    done: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(h_hot [M, H], hot_counts [M, cdiv(H, tile)], values, indices, cold_counts)`` of the hot/cold
     split for validated inputs: x [M, d] contiguous, ``w_fused`` from ``hot_cold_plan.fused_gate_weight``
@@ -525,7 +542,11 @@ def launch_hot_cold_gate(
     The two counts are column views of one [M, n_cold_tiles + n_hot_tiles] buffer, cold tiles first: the op's
     counts output as it is returned (:func:`twell.ops.hot_cold.joined_counts`), with no concatenation.
     ``zero`` (int32, on x's device): its first element is set to 0 by the kernel (the gather's heavy-queue
-    counter, so that no fill kernel runs for it), or by a fill where the kernel does not run (no tile)."""
+    counter, so that no fill kernel runs for it), or by a fill where the kernel does not run (no tile).
+    ``done`` (int32 [>= cdiv(M, gate_row_block())], zeros, on x's device): each row block's cold output tiles are
+    counted into it as they are written, and the next kernel on the stream may launch beside this one (the list pass
+    with ``launch_list_twell_rows``'s ``after_gate``); CUDA at compute capability >= 9.0, or the interpreter (which
+    runs the grids one after the other)."""
     if tile not in FUSED_TILES:
         raise ValueError(f"the fused hot/cold gate takes tiles {FUSED_TILES}, got {tile}")
     m, d = x.shape
@@ -554,6 +575,13 @@ def launch_hot_cold_gate(
     w_desc = TensorDescriptor.from_tensor(w_fused, [2 * tile, bk])
     lean = FUSED_LEAN_KEYS and x.element_size() == 2
     tma_slots = FUSED_TMA_SLOTS and lean and capacity * values.element_size() >= 16 and n_cold_tiles > 0
+    if done is not None:
+        if tma_slots:  # a TMA store is asynchronous: the release after the CTA barrier would not cover it
+            raise ValueError("launch_hot_cold_gate: `done` does not combine with FUSED_TMA_SLOTS")
+        if not (pdl_supported(dev) or interpreting()) or done.dtype != torch.int32 or done.numel() < triton.cdiv(m, bm):
+            raise ValueError(f"launch_hot_cold_gate: `done` needs int32 [>= {triton.cdiv(m, bm)}] and programmatic "
+                             f"dependent launch (CUDA, compute capability >= 9.0); got {done.dtype} "
+                             f"[{done.numel()}] on {dev}")
     val_desc = idx_desc = None
     if tma_slots:  # the container as [M, tiles x CAP]: one [BM, CAP] box per TwELL tile
         val_desc = TensorDescriptor.from_tensor(values.view(m, n_cold_tiles * capacity), [bm, capacity])
@@ -582,5 +610,6 @@ def launch_hot_cold_gate(
         val_desc=val_desc, idx_desc=idx_desc, TMA_SLOTS=tma_slots, num_stages=stages, num_warps=warps, **asm,
         **hot_tma, **({"SKIP_COLD": bool(PROBE_SKIP_EPILOGUE & 1), "SKIP_HOT": bool(PROBE_SKIP_EPILOGUE & 2)}
            if PROBE_SKIP_EPILOGUE else {}), **({"zero_ptr": zero, "ZERO": True} if zero is not None else {}),
+        **({"done_ptr": done, "DONE": True, "PDL_TRIGGER": not interpreting()} if done is not None else {}),
     )
     return h_hot, hot_counts, values, indices, cold_counts

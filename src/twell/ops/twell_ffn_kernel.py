@@ -146,6 +146,26 @@ _INTERPRETER_SMS = 132
 _INTERPRETER_L2_BYTES = 50 * 2**20
 
 
+def default_sb(d: int, prefetch: bool = False) -> int:
+    """Pair slots per step of the row kernel at hidden size ``d`` (``launch_twell_ffn``'s default, measured there)."""
+    sb = max(1, min(4, 8192 // next_pow2(d)))
+    if prefetch:  # two steps' rows in registers: SB 4 with the prefetch spills 172 B (ptxas), SB 2 none
+        sb = max(1, sb // 2)
+    return sb
+
+
+def default_lists(x: torch.Tensor, w_down_t: torch.Tensor, n_cols: int, gated: bool) -> tuple[bool, bool]:
+    """``(listed, heavy_first)``: whether :func:`launch_twell_ffn` with its defaults (no ``preload``, ``prefetch``,
+    ``tensor_cores``, ``taken``, ``listed`` or ``heavy_first`` given) walks the rows of a container of ``x``'s
+    dtype as lists, and in the heavy-first order; False where a switch could route rows elsewhere (the preload,
+    the prefetch or the tensor-core gather on)."""
+    listed = (GATHER_LISTED and not (GATHER_PRELOAD or GATHER_PREFETCH or GATHER_TENSOR_CORES)
+              and list_eligible(x, w_down_t.shape[0]) is None
+              and twell_list_kernel.LIST_MAX >= default_sb(x.shape[1]))
+    row_bytes = (2 if gated else 1) * n_cols * x.shape[1] * w_down_t.element_size()
+    return listed, listed and heavy_first_default(x.shape[0], row_bytes, x.device)
+
+
 def heavy_first_default(m: int, cold_row_bytes: int, device: torch.device) -> bool:
     """Whether the gather of ``m`` rows over cold units whose Wu and Wd rows take ``cold_row_bytes`` takes its
     heavy rows first by default on ``device``: :data:`GATHER_HEAVY_FIRST`, up to
@@ -481,6 +501,7 @@ def launch_twell_ffn(
     residual: torch.Tensor | None = None,
     heavy: tuple[torch.Tensor, torch.Tensor] | None = None,
     pdl: bool = False,
+    lists: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Launch the row kernel.  All tensors validated and contiguous (``counts`` may be a column view of a wider
     buffer: unit stride along its tiles); ``w_down_t`` is Wd^T [F, d].
@@ -526,6 +547,10 @@ def launch_twell_ffn(
     stream, and this kernel's launch waits behind the list pass's.  Only for a caller whose container was
     written before that kernel, which does not touch the lists either (the hot/cold op: its hot down GEMM);
     everything else the gather reads is complete when it starts.  Same results either way.
+    ``lists``: the rows' lists ``(lst, lst_n)`` already written by ``launch_list_twell_rows`` for this container
+    (with ``heavy`` iff it filled a heavy queue, which this kernel then takes first; :func:`default_lists` says
+    what the defaults would do), so no list pass runs here; with ``pdl`` the gather alone is then launched as a
+    programmatic dependent (it waits for the kernel ahead of it before reading anything).
     """
     m, d = x.shape
     if counts.stride(-1) != 1:
@@ -540,9 +565,7 @@ def launch_twell_ffn(
     preload = GATHER_PRELOAD if preload is None else preload
     prefetch = GATHER_PREFETCH if prefetch is None else prefetch
     if sb is None:
-        sb = max(1, min(4, 8192 // d_pad))
-        if prefetch:  # two steps' rows in registers: SB 4 with the prefetch spills 172 B (ptxas), SB 2 none
-            sb = max(1, sb // 2)
+        sb = default_sb(d, prefetch)
     has_spill = spill_values is not None
     if skip_overflow_rows is not None:
         if taken is not None or tensor_cores:
@@ -578,6 +601,14 @@ def launch_twell_ffn(
         unlisted = "it excludes the preload, the prefetch, the tensor-core gather and `taken`"
     if unlisted is None and list_max < sb:
         unlisted = f"the list holds {list_max} entries a row (LIST_MAX), fewer than a step's {sb}"
+    if lists is not None:
+        if unlisted or listed is False:
+            raise ValueError(f"launch_twell_ffn: `lists` given but the rows cannot be walked as lists here: "
+                             f"{unlisted or 'listed=False'}")
+        if heavy_first is not None and heavy_first != (heavy is not None):
+            raise ValueError("launch_twell_ffn: with `lists`, the heavy-first order is the lists' (a `heavy` queue "
+                             "or not); heavy_first contradicts it")
+        listed, heavy_first = True, heavy is not None
     if listed and unlisted:
         raise ValueError(f"launch_twell_ffn: listed=True but {unlisted}")
     if listed is None:
@@ -592,7 +623,9 @@ def launch_twell_ffn(
     lst = lst_n = None
     if not heavy_first:
         heavy = None
-    if listed:
+    if lists is not None:
+        lst, lst_n = lists
+    elif listed:
         if heavy_first and heavy is None:
             heavy = heavy_queue(m, x.device)
         lst, lst_n = launch_list_twell_rows(values, indices, counts, tile=tile, unit_map=unit_map,

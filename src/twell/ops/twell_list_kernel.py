@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._runtime import next_pow2
+from ._runtime import interpreting, next_pow2, pdl_supported
 
 #: List entries per row (int32 each: 67 MB at M=131072, a fifth of the cold container's 335 MB).  Rows with more entries
 #: keep the searched path.  The hot/cold split at d=2048, F=5632 leaves ~7 cold pairs per token at 0.5 % density (l0 28)
@@ -70,14 +70,23 @@ def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, ls
                             TILE: tl.constexpr, CAP: tl.constexpr, NT_PAD: tl.constexpr, LIST_MAX: tl.constexpr,
                             ROWS: tl.constexpr, HAS_MAP: tl.constexpr, IDX_IS_UNIT: tl.constexpr,
                             heavy_ptr=None, heavy_n_ptr=None, H_SLOTS=0, HEAVY_FIRST: tl.constexpr = False,
-                            HEAVY_MIN: tl.constexpr = 32, MARK: tl.constexpr = 1, PDL: tl.constexpr = False):
+                            HEAVY_MIN: tl.constexpr = 32, MARK: tl.constexpr = 1, PDL: tl.constexpr = False,
+                            done_ptr=None, done_target=0, GATE_BM: tl.constexpr = 1, WAIT_DONE: tl.constexpr = False,
+                            SLEEP: tl.constexpr = False, CACHE: tl.constexpr = ""):
     if PDL:  # launched as a programmatic dependent of the kernel before it (see launch_list_twell_rows's ``pdl``)
         gdc_launch_dependents()
+    if WAIT_DONE:  # beside the fused gate: wait until it has written every cold tile of this row block
+        rb = (tl.program_id(0) * ROWS) // GATE_BM
+        seen = tl.atomic_add(done_ptr + rb, 0, sem="acquire", scope="gpu")
+        while seen < done_target:
+            if SLEEP:
+                _nanosleep()
+            seen = tl.atomic_add(done_ptr + rb, 0, sem="acquire", scope="gpu")
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     tiles = tl.arange(0, NT_PAD)
     cnt = tl.load(cnt_ptr + rows[:, None] * stride_cm + tiles[None, :],
-                  mask=row_ok[:, None] & (tiles < n_tiles)[None, :], other=0)
+                  mask=row_ok[:, None] & (tiles < n_tiles)[None, :], other=0, cache_modifier=CACHE)
     ell = tl.where(cnt <= CAP, cnt, 0)
     n_over = tl.sum((cnt > CAP).to(tl.int32), axis=1)
     excl = tl.cumsum(ell, axis=1) - ell
@@ -89,8 +98,8 @@ def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, ls
     for s in range(0, tl.max(tl.max(ell, axis=1), axis=0)):
         used = s < ell
         flat = (rows[:, None] * n_tiles + tiles[None, :]) * CAP + s
-        v = tl.load(val_ptr + flat, mask=used, other=0.0)
-        unit = tl.load(idx_ptr + flat, mask=used, other=0).to(tl.int32)
+        v = tl.load(val_ptr + flat, mask=used, other=0.0, cache_modifier=CACHE)
+        unit = tl.load(idx_ptr + flat, mask=used, other=0, cache_modifier=CACHE).to(tl.int32)
         if not IDX_IS_UNIT:  # a column inside its tile: the tile's first column, then the unit map
             unit += tiles[None, :] * TILE
             if HAS_MAP:
@@ -110,6 +119,12 @@ def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, ls
     tl.store(lst_n_ptr + rows, n_out, mask=row_ok)
     if PDL:  # done only once the kernel before this one is: what follows may read that kernel's outputs too
         gdc_wait()
+
+
+@triton.jit
+def _nanosleep():
+    """A short sleep of the calling threads (PTX ``nanosleep``: the spin above issues less beside the gate)."""
+    tl.inline_asm_elementwise("nanosleep.u32 200; // dummy $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -136,8 +151,9 @@ def list_eligible(values: torch.Tensor, n_weight_rows: int) -> str | None:
 
 def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, *, tile: int,
                            unit_map: torch.Tensor | None, idx_is_unit: bool, list_max: int | None = None,
-                           heavy: tuple[torch.Tensor, torch.Tensor] | None = None,
-                           pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                           heavy: tuple[torch.Tensor, torch.Tensor] | None = None, pdl: bool = False,
+                           after_gate: tuple[torch.Tensor, int, int] | None = None,
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(lst int32 [M, list_max], lst_n int32 [M])`` of a TwELL container (values [M, T, CAP] and indices
     contiguous, counts [M, T] with unit stride along T; validated by the caller): see the module docstring.
     ``list_max`` None: :data:`LIST_MAX`.  ``heavy``: ``(queue int32 [H], queued int32 [1] holding 0)`` to fill
@@ -148,7 +164,14 @@ def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: 
     dependent of the kernel before it on the stream, which it does not read (the container comes from an
     earlier one, complete by then), so its work may overlap that kernel's; its programs let the next kernel
     launch at once and finish only after that kernel has, so the stream order seen from later kernels holds.
-    Only for a caller whose inputs were written before the kernel ahead of it."""
+    Only for a caller whose inputs were written before the kernel ahead of it.
+
+    ``after_gate`` ``(done, target, row_block)``: launched right after the fused hot/cold gate that writes the
+    container and counts each row block's finished cold tiles into ``done`` (``launch_hot_cold_gate``'s ``done``);
+    each program waits until its row block's count reaches ``target`` and reads the container past L1, so the pass
+    runs beside the gate (programmatic dependent launch on sm_90, as with ``pdl``); under the interpreter, which
+    runs the gate's grid first, the waits pass at once.  A program's rows must lie in one row block
+    (``row_block`` a multiple of its rows).  The heavy queue's counter must be zero before the gate starts."""
     list_max = LIST_MAX if list_max is None else list_max
     if list_max < 1:
         raise ValueError(f"list_max must be >= 1, got {list_max}")
@@ -161,12 +184,25 @@ def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: 
         return lst, lst_n
     nt_pad = next_pow2(n_tiles)
     rows = rows_per_program(nt_pad)
+    wait = {}
+    if after_gate is not None:
+        done, target, row_block = after_gate
+        if row_block % rows:
+            raise ValueError(f"after_gate: the gate's row block ({row_block}) must be a multiple of the pass's rows "
+                             f"per program ({rows})")
+        gpu = pdl_supported(values.device)
+        if not (gpu or interpreting()):
+            raise ValueError("after_gate needs programmatic dependent launch (CUDA, compute capability >= 9.0) or "
+                             "the interpreter")
+        pdl = gpu
+        wait = {"done_ptr": done, "done_target": target, "GATE_BM": row_block, "WAIT_DONE": True, "SLEEP": gpu,
+                "CACHE": ".cg" if gpu else ""}
     _list_twell_rows_kernel[(triton.cdiv(m, rows),)](
         values, indices, counts, unit_map if unit_map is not None else counts, lst, lst_n, m, n_tiles, counts.stride(0),
         TILE=tile, CAP=cap, NT_PAD=nt_pad, LIST_MAX=list_max, ROWS=rows, HAS_MAP=unit_map is not None,
         IDX_IS_UNIT=idx_is_unit, heavy_ptr=heavy[0] if heavy else lst_n, heavy_n_ptr=heavy[1] if heavy else lst_n,
         H_SLOTS=heavy[0].numel() if heavy else 0, HEAVY_FIRST=heavy is not None, HEAVY_MIN=HEAVY_MIN_ENTRIES,
-        MARK=HEAVY_MARK, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        MARK=HEAVY_MARK, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}), **wait,
     )
     return lst, lst_n
 
