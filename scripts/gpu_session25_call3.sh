@@ -9,7 +9,7 @@ S=session25
 R="$OUT/run"
 mkdir -p "$R"
 T0=$SECONDS
-timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider -x tests > "$R/pytest_gpu_all_$S.log" 2>&1
+timeout 375 python3 -m pytest -q -m gpu -p no:cacheprovider -x tests > "$R/pytest_gpu_all_$S.log" 2>&1
 echo "pytest rc=$?"; grep -E "FAILED|passed|failed" "$R/pytest_gpu_all_$S.log" | tail -6
 timeout 140 python3 -m twell.cli bench ffn --shape 2048x5632 --ms 16384 131072 --densities 0.5 1 --extra \
   --energy-seconds 1 --out "$R" --stem ffn_headline_beside_$S > "$R/ffn_headline_beside_$S.log" 2>&1
