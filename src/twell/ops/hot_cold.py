@@ -139,8 +139,13 @@ LIST_PDL = True
 #: (2944 output tiles over 132 programs: 40 programs take a 23rd tile, 92 idle); the gate's registers and shared
 #: memory leave room for list programs beside it (202 registers x 256 threads of 65,536; ~147 KB of 228 KB).
 #: Predicted: the op -0.010 to -0.015 ms at 16384 (the list pass hidden, a zero fill of the counters added),
-#: -0.05 to -0.09 ms at 131072.
-LIST_BESIDE_GATE = True
+#: -0.05 to -0.09 ms at 131072.  Measured (H200, session 25, interleaved, bench_results/h200/
+#: tail_probe_beside_session25.log): far slower, the same bits: 1.7069 against 0.8184 ms at 16384, 13.115 against
+#: 6.338 at 131072 (the headline run: 0.95x of dense).  The gate ran at about half speed beside the waiting list
+#: programs; not yet told apart: their acquire polls on the row-block counters (every ~200 ns from each resident
+#: program), the registers and shared memory they take beside the gate's programs, or the gate's barrier and release
+#: per tile.  Off; kept exact and tested as the measured record.
+LIST_BESIDE_GATE = False
 
 
 def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
