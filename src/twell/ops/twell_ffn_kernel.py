@@ -162,8 +162,14 @@ def default_lists(x: torch.Tensor, w_down_t: torch.Tensor, n_cols: int, gated: b
     listed = (GATHER_LISTED and not (GATHER_PRELOAD or GATHER_PREFETCH or GATHER_TENSOR_CORES)
               and list_eligible(x, w_down_t.shape[0]) is None
               and twell_list_kernel.LIST_MAX >= default_sb(x.shape[1]))
+    return listed, listed and _heavy_first_for(x, w_down_t, n_cols, gated)
+
+
+def _heavy_first_for(x: torch.Tensor, w_down_t: torch.Tensor, n_cols: int, gated: bool) -> bool:
+    """:func:`heavy_first_default` for a gather of ``x``'s rows over ``n_cols`` units: the Wu and Wd rows it may read
+    (Wd only when not ``gated``)."""
     row_bytes = (2 if gated else 1) * n_cols * x.shape[1] * w_down_t.element_size()
-    return listed, listed and heavy_first_default(x.shape[0], row_bytes, x.device)
+    return heavy_first_default(x.shape[0], row_bytes, x.device)
 
 
 def heavy_first_default(m: int, cold_row_bytes: int, device: torch.device) -> bool:
@@ -617,8 +623,7 @@ def launch_twell_ffn(
         raise ValueError("launch_twell_ffn: heavy_first=True needs the rows listed (listed=True or the default "
                          f"where the container allows it); here they are not{': ' + unlisted if unlisted else ''}")
     if heavy_first is None:
-        row_bytes = (2 if w_up is not None else 1) * n_cols * d * w_down_t.element_size()  # the rows it may read
-        heavy_first = bool(listed) and heavy_first_default(m, row_bytes, x.device)
+        heavy_first = bool(listed) and _heavy_first_for(x, w_down_t, n_cols, w_up is not None)
     pdl = bool(listed) and pdl and pdl_supported(x.device)
     lst = lst_n = None
     if not heavy_first:
