@@ -228,13 +228,14 @@ def launch_hot_cold_ffn(
             from .pingpong_gate_kernel import launch_pingpong_gate, pingpong_supported
 
             gate = launch_pingpong_gate if pingpong_supported(x, tile) else gate
-        beside = _lists_beside_gate(x, w_down_t, n_cold) if gate is launch_hot_cold_gate else None
+        ours = gate is launch_hot_cold_gate
+        listed, heavy_first = default_lists(x, w_down_t, n_cold, gated=True) if ours else (False, False)
+        beside = _lists_beside_gate(x, n_cold) if listed else None
         if beside is not None:  # the list pass beside the gate: its row-block counters and the queue's, zeroed
-            heavy_first, n_blocks = beside
-            flags = torch.zeros(n_blocks + 1, dtype=torch.int32, device=x.device)
-            heavy = (heavy_queue(m, x.device, zeroed=False)[0], flags[n_blocks:]) if heavy_first else None
-            extra = {"done": flags[:n_blocks]}
-        elif gate is launch_hot_cold_gate:  # the gather's heavy queue, its counter zeroed by the gate kernel
+            flags = torch.zeros(beside + 1, dtype=torch.int32, device=x.device)
+            heavy = (heavy_queue(m, x.device, zeroed=False)[0], flags[beside:]) if heavy_first else None
+            extra = {"done": flags[:beside]}
+        elif heavy_first:  # the gather's heavy queue, its counter zeroed by the gate kernel
             heavy = heavy_queue(m, x.device, zeroed=False)
             extra = {"zero": heavy[1]}
         h_hot, hot_counts, *cold = gate(x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile, capacity=capacity,
@@ -288,17 +289,16 @@ def launch_hot_cold_ffn(
     return out, joined_counts(cold[-1], hot_counts)
 
 
-def _lists_beside_gate(x: torch.Tensor, w_down_t: torch.Tensor, n_cold: int) -> tuple[bool, int] | None:
-    """``(heavy_first, row blocks)`` where the fused gate's list pass runs beside it (:data:`LIST_BESIDE_GATE`), else
-    None: the gather walks lists by default, cold units and tokens exist, the cold-down path is off, and the device
-    launches programmatic dependents (or the interpreter runs the grids in order)."""
+def _lists_beside_gate(x: torch.Tensor, n_cold: int) -> int | None:
+    """The gate's row blocks where its list pass runs beside it (:data:`LIST_BESIDE_GATE`; the caller has checked that
+    the gather walks lists by default), else None: cold units and tokens exist, the cold-down path is off, and the
+    device launches programmatic dependents (or the interpreter runs the grids in order)."""
     m = x.shape[0]
     if not (LIST_BESIDE_GATE and m and n_cold and not COLD_IN_DOWN_GEMM and not hot_cold_gate_kernel.FUSED_TMA_SLOTS):
         return None
     if not (pdl_supported(x.device) or interpreting()):
         return None
-    listed, heavy_first = default_lists(x, w_down_t, n_cold, gated=True)
-    return (heavy_first, triton.cdiv(m, gate_row_block())) if listed else None
+    return triton.cdiv(m, gate_row_block())
 
 
 def joined_counts(cold_counts: torch.Tensor, hot_counts: torch.Tensor) -> torch.Tensor:
