@@ -10,7 +10,15 @@ list pass and the gather as programmatic dependents.  Predicted at 16384: -0.005
 up to -0.09 (its list pass).  Measured (call 1, bench_results/h200/tail_probe_session25.log): 0.8149 -> 0.8059 ->
 0.8029 ms at 16384 (dense 1.5995), 6.2874 -> 6.2585 -> 6.2589 at 131072: the GEMM lets the list pass launch only as
 it ends.  Then (``hot_cold.LIST_BESIDE_GATE``, variant "beside") the list pass beside the gate, after its row-block
-counters: predicted -0.010 to -0.015 ms more at 16384, -0.05 to -0.09 at 131072.
+counters: predicted -0.010 to -0.015 ms more at 16384, -0.05 to -0.09 at 131072.  Measured (call 3,
+tail_probe_beside_session25.log): 1.7069 against 0.8184 ms at 16384, the gate 1.441 against 0.533 ms.  Session 26
+found offline that the gate's ``tl.debug_barrier()`` before each release had stopped its software pipeliner; with
+the barrier and release in inline PTX the loop is pipelined again, and the list programs may launch from the gate's
+last rounds of tiles (``hot_cold.LIST_BESIDE_ROUNDS``).  Variants "beside@start" (launched as the gate starts, as in
+session 25) and "beside@R" (from the last R rounds).  Predicted: every beside variant within ~1 % of "now+pdl" in the
+gate's own time (0.533 ms at 16384), the op -0.010 to -0.015 ms at 16384 from the last round (the list pass's 0.015
+ms in the ~0.023 ms round where 92 of 132 SMs have no tile), -0.02 to -0.09 at 131072 with more rounds; from the start,
+less or a loss if the waiting programs' polls cost the gate.
 
 Per point (the module's own hot set, built as ``twell bench ffn`` builds it): interleaved medians
 (``time_ms_interleaved``, the bench's hold) of the dense FFN with separate linears, the op as session 24 launched it
@@ -39,22 +47,31 @@ from twell.ops import hot_cold, twell_list_kernel
 from twell.ops.hot_cold_plan import build_hot_cold_plan, choose_hot_units, fused_gate_tile, unit_frequency
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
+#: The variants timed: see :func:`_variant`.
+VARIANTS = ("s24", "now", "now+pdl", "beside@start", "beside@1", "beside@2", "beside@4")
+
 
 @contextlib.contextmanager
 def _variant(name: str):
     """The op's launches as ``name`` says: "s24" (a concatenation and a fill kernel, no dependents), "now" (one
-    counts buffer, the counter zeroed by the gate), "now+pdl" (and ``LIST_PDL``), "beside" (and
-    ``LIST_BESIDE_GATE``)."""
-    saved = (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.joined_counts, hot_cold.heavy_queue)
+    counts buffer, the counter zeroed by the gate), "now+pdl" (and ``LIST_PDL``), "beside@start" / "beside@R" (and
+    ``LIST_BESIDE_GATE``, the list programs launched as the gate starts / from its last R rounds of tiles)."""
+    saved = (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.LIST_BESIDE_ROUNDS, hot_cold.joined_counts,
+             hot_cold.heavy_queue)
     try:
-        hot_cold.LIST_PDL = name in ("now+pdl", "beside")
-        hot_cold.LIST_BESIDE_GATE = name == "beside"
+        beside = name.startswith("beside@")
+        hot_cold.LIST_PDL = name == "now+pdl" or beside
+        hot_cold.LIST_BESIDE_GATE = beside
+        if beside:
+            at = name.split("@", 1)[1]
+            hot_cold.LIST_BESIDE_ROUNDS = None if at == "start" else int(at)
         if name == "s24":
             hot_cold.joined_counts = lambda cold, hot: torch.cat([cold, hot], 1)
             hot_cold.heavy_queue = lambda m, dev, zeroed=True: twell_list_kernel.heavy_queue(m, dev)
         yield
     finally:
-        hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.joined_counts, hot_cold.heavy_queue = saved
+        (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.LIST_BESIDE_ROUNDS, hot_cold.joined_counts,
+         hot_cold.heavy_queue) = saved
 
 
 def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: torch.device, rep_ms: float,
@@ -91,13 +108,13 @@ def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: t
     def dense():
         return F.linear(F.relu(F.linear(x, wg)) * F.linear(x, wu), wd)
 
-    names = ("s24", "now", "now+pdl", "beside")
+    names = VARIANTS
     outs = {n: op(n)() for n in names}
     same = all(torch.equal(outs[n][0], outs["s24"][0]) and torch.equal(outs[n][1], outs["s24"][1]) for n in names)
-    same_module = torch.equal(module("now")(), module("beside")())
+    same_module = torch.equal(module("now")(), module("beside@1")())
     print(f"{head}: op outputs and counts bit for bit across variants {same}; module {same_module}", flush=True)
     fns = {"dense": dense, **{f"op {n}": op(n) for n in names}, "module now+pdl": module("now+pdl"),
-           "module beside": module("beside")}
+           "module beside@1": module("beside@1")}
     times = time_ms_interleaved(fns, device=dev, rep_ms=rep_ms)
     base = times["dense"]
     print(f"{head} interleaved | " + " | ".join(f"{k} {t:.4f} ms ({base / t:.3f}x)" for k, t in times.items()),
@@ -108,7 +125,7 @@ def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: t
             print(f"{head} op {n}: kernels {prof['kernel_ms']:.4f} ms/call, wall {prof['wall_ms']:.4f} ms/call",
                   flush=True)
             print(kernel_lines(prof), flush=True)
-    for name, fn in (("dense", dense), *((f"op {n}", op(n)) for n in names), ("dense again", dense)):
+    for name, fn in (("dense", dense), *((f"op {n}", op(n)) for n in names if n != "s24"), ("dense again", dense)):
         print(f"{head} back to back | " + measure(name, fn, nvml, dev, seconds), flush=True)
 
 

@@ -98,6 +98,8 @@ def _stats(ptx: str, arch: int, *, wgmma: bool = False) -> dict[str, bool | int]
     out: dict[str, bool | int] = {**_usage(ptx, arch), "local_memory": ".local" in ptx}
     if wgmma:
         out["wgmma"] = "wgmma.mma_async" in ptx
+        # TMA loads in the PTX: the software pipeliner's prologue adds its own (the fused gate: 6 pipelined, 2 not)
+        out["tma_loads"] = ptx.count("cp.async.bulk.tensor")
     return out
 
 
@@ -337,11 +339,11 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         ptx = _compile(_hot_cold_gate_kernel, sig, consts, target, num_warps=warps, num_stages=stages)
         results[f"hot_cold_gate_t{tile}"] = _stats(ptx, arch, wgmma=True)
         if tile == 128:  # with the list pass beside it (hot_cold.LIST_BESIDE_GATE): row-block counts released
-            ptx = _compile(_hot_cold_gate_kernel, {**sig, "done_ptr": "*i32"},
-                           {**consts, "ZERO": False, "DONE": True, "PDL_TRIGGER": True}, target, num_warps=warps,
-                           num_stages=stages)
+            ptx = _compile(_hot_cold_gate_kernel, {**sig, "done_ptr": "*i32", "trigger_from": "i32"},
+                           {**consts, "ZERO": False, "DONE": True, "PDL_TRIGGER": True, "DONE_PTX": True}, target,
+                           num_warps=warps, num_stages=stages)
             results["hot_cold_gate_t128_counted"] = {**_stats(ptx, arch, wgmma=True), "griddepcontrol": (
-                "griddepcontrol.launch_dependents" in ptx and bool(re.search(r"(atom|red)\.global\.gpu\.rel", ptx)))}
+                "griddepcontrol.launch_dependents" in ptx and bool(re.search(r"red\.release\.gpu\.global", ptx)))}
     from .cold_down_kernel import _GPU_CONFIG as _DOWN_CONFIG
     from .cold_down_kernel import LIST, _cold_list_kernel, _down_cold_kernel
 

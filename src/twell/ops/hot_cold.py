@@ -141,11 +141,18 @@ LIST_PDL = True
 #: Predicted: the op -0.010 to -0.015 ms at 16384 (the list pass hidden, a zero fill of the counters added),
 #: -0.05 to -0.09 ms at 131072.  Measured (H200, session 25, interleaved, bench_results/h200/
 #: tail_probe_beside_session25.log): far slower, the same bits: 1.7069 against 0.8184 ms at 16384, 13.115 against
-#: 6.338 at 131072 (the headline run: 0.95x of dense).  The gate ran at about half speed beside the waiting list
-#: programs; not yet told apart: their acquire polls on the row-block counters (every ~200 ns from each resident
-#: program), the registers and shared memory they take beside the gate's programs, or the gate's barrier and release
-#: per tile.  Off; kept exact and tested as the measured record.
+#: 6.338 at 131072 (the headline run: 0.95x of dense): the gate itself took 1.441 against 0.533 ms.  Session 26 found
+#: why offline: the ``tl.debug_barrier()`` before each release stopped the software pipeliner (the gate's PTX held 2
+#: TMA loads against 6), so that gate ran its k steps one TMA round trip at a time.  The barrier and release are now
+#: one piece of inline PTX (``hot_cold_gate_kernel._release_after_barrier``; the loop stays pipelined, 196 registers)
+#: and the list programs may launch only from the gate's last :data:`LIST_BESIDE_ROUNDS` rounds of tiles.  To be
+#: measured again; until then off, exact and tested.
 LIST_BESIDE_GATE = False
+#: With :data:`LIST_BESIDE_GATE`: the list programs launch once every gate program has begun one of its last this many
+#: rounds of output tiles (None: as the gate starts, the programs then waiting beside the whole GEMM).  At M=16384
+#: the gate's 2944 tiles make 22.3 rounds of its 132 programs and the list pass took 0.015 ms (~0.7 of a round's
+#: ~0.023 ms); at 131072, 178.4 rounds and 0.088 ms (~3.5 rounds).
+LIST_BESIDE_ROUNDS: int | None = 1
 
 
 def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
@@ -234,7 +241,7 @@ def launch_hot_cold_ffn(
         if beside is not None:  # the list pass beside the gate: its row-block counters and the queue's, zeroed
             flags = torch.zeros(beside + 1, dtype=torch.int32, device=x.device)
             heavy = (heavy_queue(m, x.device, zeroed=False)[0], flags[beside:]) if heavy_first else None
-            extra = {"done": flags[:beside]}
+            extra = {"done": flags[:beside], "trigger_rounds": LIST_BESIDE_ROUNDS}
         elif heavy_first:  # the gather's heavy queue, its counter zeroed by the gate kernel
             heavy = heavy_queue(m, x.device, zeroed=False)
             extra = {"zero": heavy[1]}

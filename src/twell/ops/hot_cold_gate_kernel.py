@@ -465,24 +465,26 @@ def _hot_cold_gate_kernel(
     ASM_TEXT: tl.constexpr = None, ASM_CONSTRAINTS: tl.constexpr = None, ASM_PACK: tl.constexpr = 0,
     h_desc=None, TMA_HOT: tl.constexpr = False, PTX_HOT: tl.constexpr = False, SKIP_COLD: tl.constexpr = False,
     SKIP_HOT: tl.constexpr = False, zero_ptr=None, ZERO: tl.constexpr = False, done_ptr=None,
-    DONE: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False,
+    DONE: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False, trigger_from=0, DONE_PTX: tl.constexpr = False,
 ):
     """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
     ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each).
     With ``ZERO`` program 0 also sets the int32 at ``zero_ptr`` to 0 (a later kernel's counter).  With ``DONE``
-    each program lets the next kernel launch at once (a programmatic dependent: the list pass) and counts every
-    cold output tile it has written in ``done_ptr[row block]`` (int32, zero before the launch), released at gpu
-    scope after a CTA barrier, so a reader that acquires the count sees the tiles' counts and slots."""
+    each program counts every cold output tile it has written in ``done_ptr[row block]`` (int32, zero before the
+    launch), released at gpu scope after a CTA barrier, so a reader that acquires the count sees the tiles' counts
+    and slots; with ``PDL_TRIGGER`` each program lets the next kernel (a programmatic dependent: the list pass)
+    launch from its first tile at or past ``trigger_from`` (a program with none lets it launch as it exits)."""
     BN: tl.constexpr = 2 * TILE
     dtype: tl.constexpr = val_ptr.dtype.element_ty
     if ZERO:
         if tl.program_id(0) == 0:
             tl.store(zero_ptr, 0)
-    if PDL_TRIGGER:
-        gdc_launch_dependents()
     num_pid_m = tl.cdiv(M, BM)
     for tile_id in tl.range(tl.program_id(0), num_pid_m * n_out_tiles, n_programs, flatten=FLATTEN):
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, n_out_tiles, GROUP_M)
+        if PDL_TRIGGER:  # once per program: its first tile at or past trigger_from
+            if (tile_id >= trigger_from) & (tile_id - n_programs < trigger_from):
+                gdc_launch_dependents()
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for k0 in range(0, K, BK):
             a = x_desc.load([pid_m * BM, k0])
@@ -511,8 +513,31 @@ def _hot_cold_gate_kernel(
                            idx_desc, TMA_SLOTS)
         if DONE:
             if pid_n >= n_hot_tiles:  # every thread's stores of the tile, then one release of its count
-                tl.debug_barrier()
-                tl.atomic_add(done_ptr + pid_m, 1, sem="release", scope="gpu")
+                if DONE_PTX:
+                    _release_after_barrier(done_ptr + pid_m)
+                else:
+                    tl.debug_barrier()
+                    tl.atomic_add(done_ptr + pid_m, 1, sem="release", scope="gpu")
+
+
+#: The CTA barrier and thread 0's gpu-scope release of ``_hot_cold_gate_kernel``'s row-block count in one piece of
+#: PTX.  ``tl.debug_barrier()`` in the persistent loop stops Triton 3.6's software pipeliner: the kernel built with it
+#: issues its TMA loads one k step at a time (2 ``cp.async.bulk.tensor`` in the PTX against 6, 1 ``wgmma.wait_group``
+#: against 3; sm_90a offline, session 26), and ran at 0.37x of the kernel without the counts (1.441 against 0.533 ms
+#: at M=16384, l0=28; H200, bench_results/h200/tail_probe_beside_session25.log).  Inline PTX leaves the loop
+#: pipelined (6 and 3; 196 registers against 202).  Its store ordering: ``bar.sync`` orders every thread's
+#: stores of the tile before thread 0's release, which is cumulative at gpu scope.
+_RELEASE_AFTER_BARRIER = tl.constexpr(
+    "{ .reg .pred %p_rel; .reg .u32 %t_rel; mov.u32 %t_rel, %tid.x; setp.eq.u32 %p_rel, %t_rel, 0; bar.sync 0; "
+    "@%p_rel red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }"
+)
+
+
+@triton.jit
+def _release_after_barrier(ptr):
+    """Every thread of the CTA at a barrier, then thread 0 adds 1 to the int32 at ``ptr`` with gpu-scope release
+    (GPU only: the interpreter runs no PTX)."""
+    tl.inline_asm_elementwise(_RELEASE_AFTER_BARRIER, "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
 
 
 def gate_row_block() -> int:
@@ -532,6 +557,7 @@ def launch_hot_cold_gate(
     unit_ids: bool,
     zero: torch.Tensor | None = None,
     done: torch.Tensor | None = None,
+    trigger_rounds: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(h_hot [M, H], hot_counts [M, cdiv(H, tile)], values, indices, cold_counts)`` of the hot/cold
     split for validated inputs: x [M, d] contiguous, ``w_fused`` from ``hot_cold_plan.fused_gate_weight``
@@ -546,7 +572,9 @@ def launch_hot_cold_gate(
     ``done`` (int32 [>= cdiv(M, gate_row_block())], zeros, on x's device): each row block's cold output tiles are
     counted into it as they are written, and the next kernel on the stream may launch beside this one (the list pass
     with ``launch_list_twell_rows``'s ``after_gate``); CUDA at compute capability >= 9.0, or the interpreter (which
-    runs the grids one after the other)."""
+    runs the grids one after the other).  ``trigger_rounds`` (with ``done``): the next kernel may launch only once
+    every program has begun one of the last ``trigger_rounds`` rounds of output tiles (a round: one tile per
+    program); None: as the programs start."""
     if tile not in FUSED_TILES:
         raise ValueError(f"the fused hot/cold gate takes tiles {FUSED_TILES}, got {tile}")
     m, d = x.shape
@@ -582,6 +610,10 @@ def launch_hot_cold_gate(
             raise ValueError(f"launch_hot_cold_gate: `done` needs int32 [>= {triton.cdiv(m, bm)}] and programmatic "
                              f"dependent launch (CUDA, compute capability >= 9.0); got {done.dtype} "
                              f"[{done.numel()}] on {dev}")
+    if trigger_rounds is not None and (done is None or trigger_rounds < 1):
+        raise ValueError(f"launch_hot_cold_gate: trigger_rounds must be None or >= 1 and comes with `done`; got "
+                         f"{trigger_rounds} with done {'set' if done is not None else 'None'}")
+    trigger_from = 0 if trigger_rounds is None else max(0, tiles - trigger_rounds * programs)
     val_desc = idx_desc = None
     if tma_slots:  # the container as [M, tiles x CAP]: one [BM, CAP] box per TwELL tile
         val_desc = TensorDescriptor.from_tensor(values.view(m, n_cold_tiles * capacity), [bm, capacity])
@@ -610,6 +642,7 @@ def launch_hot_cold_gate(
         val_desc=val_desc, idx_desc=idx_desc, TMA_SLOTS=tma_slots, num_stages=stages, num_warps=warps, **asm,
         **hot_tma, **({"SKIP_COLD": bool(PROBE_SKIP_EPILOGUE & 1), "SKIP_HOT": bool(PROBE_SKIP_EPILOGUE & 2)}
            if PROBE_SKIP_EPILOGUE else {}), **({"zero_ptr": zero, "ZERO": True} if zero is not None else {}),
-        **({"done_ptr": done, "DONE": True, "PDL_TRIGGER": not interpreting()} if done is not None else {}),
+        **({"done_ptr": done, "DONE": True, "PDL_TRIGGER": not interpreting(), "trigger_from": trigger_from,
+            "DONE_PTX": not interpreting()} if done is not None else {}),
     )
     return h_hot, hot_counts, values, indices, cold_counts
