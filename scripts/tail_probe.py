@@ -14,7 +14,13 @@ counters: predicted -0.010 to -0.015 ms more at 16384, -0.05 to -0.09 at 131072.
 tail_probe_beside_session25.log): 1.7069 against 0.8184 ms at 16384, the gate 1.441 against 0.533 ms.  Session 26
 found offline that the gate's ``tl.debug_barrier()`` before each release had stopped its software pipeliner; with
 the barrier and release in inline PTX the loop is pipelined again, and the list programs may launch from the gate's
-last rounds of tiles (``hot_cold.LIST_BESIDE_ROUNDS``).  Variants "beside@start" (launched as the gate starts, as in
+last rounds of tiles (``hot_cold.LIST_BESIDE_ROUNDS``).  Session 26's call 1 (tail_probe_session26.log): the gate
+0.521 against 0.510-0.514 ms with its counts released, the list pass spanning 0.037-0.046 ms from the gate's last round
+on, the op 0.806-0.807 against 0.7975 ms; then each count released a mainloop late (its fence then waits on no
+stores), the poll a plain acquire load, and the SMs configured for the gate's shared memory and a list program's
+("-nocarve": without).  Predicted: the gate back within 0.003 ms of 0.510-0.514; from the start, with the carveout, the
+list programs beside the gate, the pass ending within ~0.003 ms of the gate; the op -0.010 to -0.015 ms at 16384 and
+-0.05 to -0.08 at 131072 against "now+pdl".  Variants "beside@start" (launched as the gate starts, as in
 session 25) and "beside@R" (from the last R rounds).  Predicted: every beside variant within ~1 % of "now+pdl" in the
 gate's own time (0.533 ms at 16384), the op -0.010 to -0.015 ms at 16384 from the last round (the list pass's 0.015
 ms in the ~0.023 ms round where 92 of 132 SMs have no tile), -0.02 to -0.09 at 131072 with more rounds; from the start,
@@ -43,35 +49,37 @@ from twell.bench.probe import probe_args, run_points
 from twell.bench.timing import time_ms_interleaved
 from twell.format.twell import default_capacity
 from twell.nn import SparseGatedMLP
-from twell.ops import hot_cold, twell_list_kernel
+from twell.ops import hot_cold, hot_cold_gate_kernel, twell_list_kernel
 from twell.ops.hot_cold_plan import build_hot_cold_plan, choose_hot_units, fused_gate_tile, unit_frequency
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 #: The variants timed: see :func:`_variant`.
-VARIANTS = ("s24", "now", "now+pdl", "beside@start", "beside@1", "beside@2", "beside@4")
+VARIANTS = ("now", "now+pdl", "beside@start", "beside@start-nocarve", "beside@1", "beside@4")
 
 
 @contextlib.contextmanager
 def _variant(name: str):
     """The op's launches as ``name`` says: "s24" (a concatenation and a fill kernel, no dependents), "now" (one
     counts buffer, the counter zeroed by the gate), "now+pdl" (and ``LIST_PDL``), "beside@start" / "beside@R" (and
-    ``LIST_BESIDE_GATE``, the list programs launched as the gate starts / from its last R rounds of tiles)."""
+    ``LIST_BESIDE_GATE``, the list programs launched as the gate starts / from its last R rounds of tiles; with
+    "-nocarve", ``hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT`` off)."""
     saved = (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.LIST_BESIDE_ROUNDS, hot_cold.joined_counts,
-             hot_cold.heavy_queue)
+             hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT)
     try:
         beside = name.startswith("beside@")
         hot_cold.LIST_PDL = name == "now+pdl" or beside
         hot_cold.LIST_BESIDE_GATE = beside
         if beside:
-            at = name.split("@", 1)[1]
+            at, _, option = name.split("@", 1)[1].partition("-")
             hot_cold.LIST_BESIDE_ROUNDS = None if at == "start" else int(at)
+            hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT = option != "nocarve"
         if name == "s24":
             hot_cold.joined_counts = lambda cold, hot: torch.cat([cold, hot], 1)
             hot_cold.heavy_queue = lambda m, dev, zeroed=True: twell_list_kernel.heavy_queue(m, dev)
         yield
     finally:
         (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.LIST_BESIDE_ROUNDS, hot_cold.joined_counts,
-         hot_cold.heavy_queue) = saved
+         hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT) = saved
 
 
 def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: torch.device, rep_ms: float,
@@ -110,7 +118,7 @@ def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: t
 
     names = VARIANTS
     outs = {n: op(n)() for n in names}
-    same = all(torch.equal(outs[n][0], outs["s24"][0]) and torch.equal(outs[n][1], outs["s24"][1]) for n in names)
+    same = all(torch.equal(outs[n][0], outs["now"][0]) and torch.equal(outs[n][1], outs["now"][1]) for n in names)
     same_module = torch.equal(module("now")(), module("beside@1")())
     print(f"{head}: op outputs and counts bit for bit across variants {same}; module {same_module}", flush=True)
     fns = {"dense": dense, **{f"op {n}": op(n) for n in names}, "module now+pdl": module("now+pdl"),
@@ -125,7 +133,7 @@ def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: t
             print(f"{head} op {n}: kernels {prof['kernel_ms']:.4f} ms/call, wall {prof['wall_ms']:.4f} ms/call",
                   flush=True)
             print(kernel_lines(prof), flush=True)
-    for name, fn in (("dense", dense), *((f"op {n}", op(n)) for n in names if n != "s24"), ("dense again", dense)):
+    for name, fn in (("dense", dense), *((f"op {n}", op(n)) for n in names), ("dense again", dense)):
         print(f"{head} back to back | " + measure(name, fn, nvml, dev, seconds), flush=True)
 
 

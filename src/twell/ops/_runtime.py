@@ -84,3 +84,30 @@ def pdl_supported(device: torch.device) -> bool:
     """Whether kernels on ``device`` can be launched as programmatic dependents (``launch_pdl``, with
     ``griddepcontrol`` in the kernels): CUDA at compute capability >= 9.0, not under the interpreter."""
     return not interpreting() and tma_capable(device)
+
+
+#: ``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`` of the CUDA driver API (cuda.h's CUfunction_attribute).
+_CARVEOUT_ATTRIBUTE = 9
+_carveout_set: set[int] = set()
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda():
+    import ctypes
+
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def prefer_max_shared_carveout(kernel) -> None:
+    """Ask the driver to configure the SMs that run ``kernel`` (a launched Triton ``CompiledKernel``) with all of their
+    unified L1 / shared memory as shared memory, so that CTAs of another kernel fit beside its CTAs.  Applies from the
+    kernel's next launch; once per loaded kernel.  Raises RuntimeError with the driver's CUresult if it refuses."""
+    import ctypes
+
+    fn = getattr(kernel, "function", None)
+    if not fn or fn in _carveout_set:
+        return
+    rc = _libcuda().cuFuncSetAttribute(ctypes.c_void_p(fn), ctypes.c_int(_CARVEOUT_ATTRIBUTE), ctypes.c_int(100))
+    if rc != 0:
+        raise RuntimeError(f"cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT, 100) failed: CUresult {rc}")
+    _carveout_set.add(fn)

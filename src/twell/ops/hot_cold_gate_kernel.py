@@ -37,7 +37,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._runtime import interpreting, pdl_supported, sm_count
+from ._runtime import interpreting, pdl_supported, prefer_max_shared_carveout, sm_count
 from .cold_slots_ptx import cold_slots_asm
 from .gate_kernel import _twell_epilogue, dot_acc, nonzeros_and_counts, relu_keep_nan, round_to, tile_coords
 from .hot_cold_plan import FUSED_TILES
@@ -51,6 +51,13 @@ from .hot_cold_plan import FUSED_TILES
 #: fused_gate_ab_4_stages_session16.log, back to back at the power cap): slower, the fused gate 5.387 vs 5.303 /
 #: 5.297 ms and 3.80 vs 3.65 / 3.62 J at M=131072, l0=28, 0.676 vs 0.668 / 0.668 at 16384; same bits.
 _GPU_CONFIG = (128, 64, 3, 8)
+#: With ``done`` (the list pass beside the gate): the gate and that pass's kernel launched with all of each SM's
+#: unified L1 / shared memory as shared memory (``_runtime.prefer_max_shared_carveout``), so that list programs fit
+#: beside a gate program.  Why: the pipelined gate takes 163,864 B of shared memory (sm_90a offline, session 26), which
+#: a 164 KB carveout holds with ~3 KB to spare, against the 2 KB + 1 KB reserved of a list program; its registers leave
+#: room for two (196 x 256 of 65,536, the list program 40 x 128).  In session 26's first run the list programs
+#: began only as gate programs ended (the pass spanned 0.046 ms, from the gate's last round on, with the gate 0.521 ms).
+BESIDE_MAX_CARVEOUT = True
 _INTERPRET_CONFIG = (16, 16, 1, 4)
 #: The cold epilogue's slot positions by a tensor-core product (True) or ``tl.cumsum`` (False; see
 #: ``gate_kernel._twell_epilogue``).  The product spills 1308 bytes (ptxas, sm_90a, BN = 256, 8 warps)
@@ -480,6 +487,7 @@ def _hot_cold_gate_kernel(
         if tl.program_id(0) == 0:
             tl.store(zero_ptr, 0)
     num_pid_m = tl.cdiv(M, BM)
+    pending = -1  # with DONE: the row block of the program's last cold tile whose count is not yet released
     for tile_id in tl.range(tl.program_id(0), num_pid_m * n_out_tiles, n_programs, flatten=FLATTEN):
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, n_out_tiles, GROUP_M)
         if PDL_TRIGGER:  # once per program: its first tile at or past trigger_from
@@ -490,6 +498,9 @@ def _hot_cold_gate_kernel(
             a = x_desc.load([pid_m * BM, k0])
             b = w_desc.load([pid_n * BN, k0])
             acc = dot_acc(a, b.T, acc, DOT_FP32)
+        if DONE:  # the program's previous tile's count (see _RELEASE_AFTER_BARRIER: released a mainloop late)
+            if pending >= 0:
+                _release_count(done_ptr + pending, DONE_PTX)
         if pid_n < n_hot_tiles:
             if not SKIP_HOT:
                 _hot_epilogue(acc, pid_m, pid_n, M, H, h_ptr, hcnt_ptr, cnt_stride, dtype, BM, TILE, h_desc, TMA_HOT,
@@ -511,13 +522,11 @@ def _hot_cold_gate_kernel(
             _cold_epilogue(right, pid_m, first + 1, M, N_COLD, map_ptr, val_ptr, idx_ptr, ccnt_ptr, n_cold_tiles,
                            cnt_stride, BM, TILE, CAP, MAP_IDS, PREFIX_DOT, RANK_SLOTS, LEAN_KEYS, LEAN_PTX, val_desc,
                            idx_desc, TMA_SLOTS)
-        if DONE:
-            if pid_n >= n_hot_tiles:  # every thread's stores of the tile, then one release of its count
-                if DONE_PTX:
-                    _release_after_barrier(done_ptr + pid_m)
-                else:
-                    tl.debug_barrier()
-                    tl.atomic_add(done_ptr + pid_m, 1, sem="release", scope="gpu")
+        if DONE:  # this tile's row block, its count to be released after the next mainloop (-1: a hot tile)
+            pending = tl.where(pid_n >= n_hot_tiles, pid_m, -1)
+    if DONE:  # the program's last tile's count
+        if pending >= 0:
+            _release_count(done_ptr + pending, DONE_PTX)
 
 
 #: The CTA barrier and thread 0's gpu-scope release of ``_hot_cold_gate_kernel``'s row-block count in one piece of
@@ -526,7 +535,10 @@ def _hot_cold_gate_kernel(
 #: against 3; sm_90a offline, session 26), and ran at 0.37x of the kernel without the counts (1.441 against 0.533 ms
 #: at M=16384, l0=28; H200, bench_results/h200/tail_probe_beside_session25.log).  Inline PTX leaves the loop
 #: pipelined (6 and 3; 196 registers against 202).  Its store ordering: ``bar.sync`` orders every thread's
-#: stores of the tile before thread 0's release, which is cumulative at gpu scope.
+#: stores of the tile before thread 0's release, which is cumulative at gpu scope.  Released right after each tile's
+#: epilogue, the counts cost the gate 0.007-0.012 ms at M=16384 (0.521-0.522 against 0.510-0.514 ms; H200, session
+#: 26, bench_results/h200/tail_probe_session26.log): the release's fence waits for the epilogue's stores just issued.
+#: So a tile's count is released after the program's next mainloop, when those stores are long done.
 _RELEASE_AFTER_BARRIER = tl.constexpr(
     "{ .reg .pred %p_rel; .reg .u32 %t_rel; mov.u32 %t_rel, %tid.x; setp.eq.u32 %p_rel, %t_rel, 0; bar.sync 0; "
     "@%p_rel red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }"
@@ -534,10 +546,14 @@ _RELEASE_AFTER_BARRIER = tl.constexpr(
 
 
 @triton.jit
-def _release_after_barrier(ptr):
-    """Every thread of the CTA at a barrier, then thread 0 adds 1 to the int32 at ``ptr`` with gpu-scope release
-    (GPU only: the interpreter runs no PTX)."""
-    tl.inline_asm_elementwise(_RELEASE_AFTER_BARRIER, "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
+def _release_count(ptr, PTX: tl.constexpr):
+    """Every thread of the CTA at a barrier, then one adds 1 to the int32 at ``ptr`` with gpu-scope release; with
+    ``PTX`` as :data:`_RELEASE_AFTER_BARRIER` (GPU), else through Triton (the interpreter, which runs no PTX)."""
+    if PTX:
+        tl.inline_asm_elementwise(_RELEASE_AFTER_BARRIER, "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.debug_barrier()
+        tl.atomic_add(ptr, 1, sem="release", scope="gpu")
 
 
 def gate_row_block() -> int:
@@ -631,7 +647,7 @@ def launch_hot_cold_gate(
         text, constraints = cold_slots_asm(2 * tile, tile, capacity, pack, unit_ids,
                                            "bf16" if x.dtype == torch.bfloat16 else "f16")
         asm = {"ASM_TEXT": text, "ASM_CONSTRAINTS": constraints, "ASM_PACK": pack}
-    _hot_cold_gate_kernel[(programs,)](
+    kernel = _hot_cold_gate_kernel[(programs,)](
         x_desc, w_desc, h_hot, hot_counts, values, indices, cold_counts, cold_map, m, n_hot, n_cold, d, n_hot_tiles,
         n_cold_tiles, counts.stride(0), n_out_tiles, programs,
         BM=bm, BK=bk, TILE=tile, CAP=capacity, GROUP_M=8, MAP_IDS=unit_ids,
@@ -645,4 +661,6 @@ def launch_hot_cold_gate(
         **({"done_ptr": done, "DONE": True, "PDL_TRIGGER": not interpreting(), "trigger_from": trigger_from,
             "DONE_PTX": not interpreting()} if done is not None else {}),
     )
+    if done is not None and BESIDE_MAX_CARVEOUT and dev.type == "cuda":
+        prefer_max_shared_carveout(kernel)
     return h_hot, hot_counts, values, indices, cold_counts

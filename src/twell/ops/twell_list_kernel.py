@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._runtime import interpreting, next_pow2, pdl_supported
+from ._runtime import interpreting, next_pow2, pdl_supported, prefer_max_shared_carveout
 
 #: List entries per row (int32 each: 67 MB at M=131072, a fifth of the cold container's 335 MB).  Rows with more entries
 #: keep the searched path.  The hot/cold split at d=2048, F=5632 leaves ~7 cold pairs per token at 0.5 % density (l0 28)
@@ -72,16 +72,16 @@ def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, ls
                             heavy_ptr=None, heavy_n_ptr=None, H_SLOTS=0, HEAVY_FIRST: tl.constexpr = False,
                             HEAVY_MIN: tl.constexpr = 32, MARK: tl.constexpr = 1, PDL: tl.constexpr = False,
                             done_ptr=None, done_target=0, GATE_BM: tl.constexpr = 1, WAIT_DONE: tl.constexpr = False,
-                            SLEEP: tl.constexpr = False, CACHE: tl.constexpr = ""):
+                            PTX_WAIT: tl.constexpr = False, CACHE: tl.constexpr = ""):
     if PDL:  # launched as a programmatic dependent of the kernel before it (see launch_list_twell_rows's ``pdl``)
         gdc_launch_dependents()
     if WAIT_DONE:  # beside the fused gate: wait until it has written every cold tile of this row block
         rb = (tl.program_id(0) * ROWS) // GATE_BM
-        seen = tl.atomic_add(done_ptr + rb, 0, sem="acquire", scope="gpu")
+        seen = _load_acquire(done_ptr + rb, PTX_WAIT)
         while seen < done_target:
-            if SLEEP:
+            if PTX_WAIT:
                 _nanosleep()
-            seen = tl.atomic_add(done_ptr + rb, 0, sem="acquire", scope="gpu")
+            seen = _load_acquire(done_ptr + rb, PTX_WAIT)
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < M
     tiles = tl.arange(0, NT_PAD)
@@ -119,6 +119,18 @@ def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, ls
     tl.store(lst_n_ptr + rows, n_out, mask=row_ok)
     if PDL:  # done only once the kernel before this one is: what follows may read that kernel's outputs too
         gdc_wait()
+
+
+@triton.jit
+def _load_acquire(ptr, PTX: tl.constexpr):
+    """The int32 at ``ptr`` read with gpu-scope acquire: with ``PTX`` a plain ``ld.acquire`` (GPU; session 25 polled
+    with an atomic add of 0, a read-modify-write at L2 on the counters that the gate's releases update), else an atomic
+    add of 0 (the interpreter, which runs no PTX)."""
+    if PTX:
+        return tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                         is_pure=False, pack=1)
+    else:
+        return tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
 
 
 @triton.jit
@@ -195,15 +207,20 @@ def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: 
             raise ValueError("after_gate needs programmatic dependent launch (CUDA, compute capability >= 9.0) or "
                              "the interpreter")
         pdl = gpu
-        wait = {"done_ptr": done, "done_target": target, "GATE_BM": row_block, "WAIT_DONE": True, "SLEEP": gpu,
+        wait = {"done_ptr": done, "done_target": target, "GATE_BM": row_block, "WAIT_DONE": True, "PTX_WAIT": gpu,
                 "CACHE": ".cg" if gpu else ""}
-    _list_twell_rows_kernel[(triton.cdiv(m, rows),)](
+    kernel = _list_twell_rows_kernel[(triton.cdiv(m, rows),)](
         values, indices, counts, unit_map if unit_map is not None else counts, lst, lst_n, m, n_tiles, counts.stride(0),
         TILE=tile, CAP=cap, NT_PAD=nt_pad, LIST_MAX=list_max, ROWS=rows, HAS_MAP=unit_map is not None,
         IDX_IS_UNIT=idx_is_unit, heavy_ptr=heavy[0] if heavy else lst_n, heavy_n_ptr=heavy[1] if heavy else lst_n,
         H_SLOTS=heavy[0].numel() if heavy else 0, HEAVY_FIRST=heavy is not None, HEAVY_MIN=HEAVY_MIN_ENTRIES,
         MARK=HEAVY_MARK, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}), **wait,
     )
+    if after_gate is not None and gpu:
+        from .hot_cold_gate_kernel import BESIDE_MAX_CARVEOUT
+
+        if BESIDE_MAX_CARVEOUT:  # the gate's shared-memory configuration, so that its SMs take these programs too
+            prefer_max_shared_carveout(kernel)
     return lst, lst_n
 
 
