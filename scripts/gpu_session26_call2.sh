@@ -1,19 +1,41 @@
 #!/usr/bin/env bash
-# Session 26, GPU call 2 (each row-block count released a mainloop late, the poll an acquire load, the max shared carveout; the list programs launched
-# from the gate's last rounds): the hot/cold tail's GPU tests, then scripts/tail_probe.py (the beside variants against
-# the shipped launches). OUT from the caller; files packed into $OUT/results_call2_session26.tgz.
+# Session 26, GPU call 2 (each row-block count released a mainloop late, the poll an acquire load, the SMs' maximum
+# shared carveout): the hot/cold tail's GPU tests, scripts/tail_probe.py (the beside variants against the shipped
+# launches), then, if the probe's "beside@start" beat "now+pdl" at 16384 tokens, the FFN headline with the list pass
+# beside the gate (hot_cold.LIST_BESIDE_GATE on, from the gate's start). OUT from the caller; files packed into
+# $OUT/results_call2_session26.tgz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src:scripts PYTHONUNBUFFERED=1
 S=session26
 R="$OUT/run"
 mkdir -p "$R"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$R/environment_$S.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)" >> "$R/environment_$S.txt"
 T0=$SECONDS
-timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ops_hot_cold_tail.py > "$R/pytest_gpu_tail_call2_$S.log" 2>&1
+timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_ops_hot_cold_tail.py > "$R/pytest_gpu_tail_call2_$S.log" 2>&1
 echo "pytest rc=$?"; grep -E "FAILED|passed|failed|Error" "$R/pytest_gpu_tail_call2_$S.log" | tail -8
-LEFT=$(( 570 - (SECONDS - T0) ))
-timeout "$LEFT" python3 scripts/tail_probe.py > "$R/tail_probe_call2_$S.log" 2>&1
-echo "tail probe rc=$?"; grep "interleaved\|bit for bit\|_hot_cold_gate_kernel\|_list_twell\|back to back" "$R/tail_probe_call2_$S.log" | cut -c1-400
+timeout 300 python3 scripts/tail_probe.py > "$R/tail_probe_call2_$S.log" 2>&1
+echo "tail probe rc=$?"; grep "interleaved\|bit for bit\|_hot_cold_gate_kernel\|_list_twell\|back to back" "$R/tail_probe_call2_$S.log" | cut -c1-330
+WIN=$(python3 - "$R/tail_probe_call2_$S.log" <<'PY'
+import re, sys
+for line in open(sys.argv[1]):
+    if line.startswith("M= 16384") and "interleaved" in line:
+        t = dict(re.findall(r"op (\S+) ([0-9.]+) ms", line))
+        print(1 if float(t["beside@start"]) < 0.995 * float(t["now+pdl"]) else 0)
+        break
+else:
+    print(0)
+PY
+)
+echo "beside@start wins at 16384: $WIN"
+LEFT=$(( 560 - (SECONDS - T0) ))
+if [ "$WIN" = 1 ] && [ "$LEFT" -gt 120 ]; then
+  timeout "$LEFT" python3 -c "
+import sys
+from twell.ops import hot_cold
+hot_cold.LIST_BESIDE_GATE, hot_cold.LIST_BESIDE_ROUNDS = True, None
+from twell.cli import main
+sys.exit(main(sys.argv[1:]))" bench ffn --shape 2048x5632 --ms 16384 131072 --densities 0.5 1 --extra \
+    --energy-seconds 1 --out "$R" --stem ffn_headline_beside_$S > "$R/ffn_headline_beside_$S.log" 2>&1
+  echo "headline rc=$?"; grep "^| 2048" "$R/ffn_headline_beside_$S.log"
+fi
 tar czf "$OUT/results_call2_$S.tgz" -C "$OUT" run && rm -rf "$R"
