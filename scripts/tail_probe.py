@@ -20,7 +20,13 @@ on, the op 0.806-0.807 against 0.7975 ms; then each count released a mainloop la
 stores), the poll a plain acquire load, and the SMs configured for the gate's shared memory and a list program's
 ("-nocarve": without).  Predicted: the gate back within 0.003 ms of 0.510-0.514; from the start, with the carveout, the
 list programs beside the gate, the pass ending within ~0.003 ms of the gate; the op -0.010 to -0.015 ms at 16384 and
--0.05 to -0.08 at 131072 against "now+pdl".  Variants "beside@start" (launched as the gate starts, as in
+-0.05 to -0.08 at 131072 against "now+pdl".  Call 2 (tail_probe_call2_session26.log): every beside variant tied
+"now+pdl" (0.8030-0.8035 against 0.8035 ms at 16384), the gate 0.526-0.536 against 0.519-0.520, the pass still
+spanning 0.036-0.046 ms with or without the carveout: its programs began only as the gate's ended.  Then the gate's
+hot tiles last (``hot_cold.LIST_BESIDE_HOT_LAST``; "-grouped": the grouped order), so that the list programs find
+every row block ready as the gate's programs end.  Predicted at 16384: "beside@1" -0.008 to -0.013 ms against
+"now+pdl" (the pass's 0.015 ms, most of it in the gate's last round on the 92 SMs then free), "-grouped" as call 2;
+at 131072 -0.01 to -0.02 (one round of the pass's 0.09 ms).  Variants "beside@start" (launched as the gate starts, as in
 session 25) and "beside@R" (from the last R rounds).  Predicted: every beside variant within ~1 % of "now+pdl" in the
 gate's own time (0.533 ms at 16384), the op -0.010 to -0.015 ms at 16384 from the last round (the list pass's 0.015
 ms in the ~0.023 ms round where 92 of 132 SMs have no tile), -0.02 to -0.09 at 131072 with more rounds; from the start,
@@ -54,17 +60,18 @@ from twell.ops.hot_cold_plan import build_hot_cold_plan, choose_hot_units, fused
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 #: The variants timed: see :func:`_variant`.
-VARIANTS = ("now", "now+pdl", "beside@start", "beside@start-nocarve", "beside@1", "beside@4")
+VARIANTS = ("now", "now+pdl", "beside@start", "beside@1", "beside@1-grouped", "beside@2")
 
 
 @contextlib.contextmanager
 def _variant(name: str):
     """The op's launches as ``name`` says: "s24" (a concatenation and a fill kernel, no dependents), "now" (one
     counts buffer, the counter zeroed by the gate), "now+pdl" (and ``LIST_PDL``), "beside@start" / "beside@R" (and
-    ``LIST_BESIDE_GATE``, the list programs launched as the gate starts / from its last R rounds of tiles; with
-    "-nocarve", ``hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT`` off)."""
+    ``LIST_BESIDE_GATE``, the list programs launched as the gate starts / from its last R rounds of tiles, the gate's
+    hot tiles last; with "-grouped" in the grouped order; with "-carve", ``hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT``
+    on)."""
     saved = (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.LIST_BESIDE_ROUNDS, hot_cold.joined_counts,
-             hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT)
+             hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT, hot_cold.LIST_BESIDE_HOT_LAST)
     try:
         beside = name.startswith("beside@")
         hot_cold.LIST_PDL = name == "now+pdl" or beside
@@ -72,14 +79,15 @@ def _variant(name: str):
         if beside:
             at, _, option = name.split("@", 1)[1].partition("-")
             hot_cold.LIST_BESIDE_ROUNDS = None if at == "start" else int(at)
-            hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT = option != "nocarve"
+            hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT = option == "carve"
+            hot_cold.LIST_BESIDE_HOT_LAST = option != "grouped"
         if name == "s24":
             hot_cold.joined_counts = lambda cold, hot: torch.cat([cold, hot], 1)
             hot_cold.heavy_queue = lambda m, dev, zeroed=True: twell_list_kernel.heavy_queue(m, dev)
         yield
     finally:
         (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.LIST_BESIDE_ROUNDS, hot_cold.joined_counts,
-         hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT) = saved
+         hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT, hot_cold.LIST_BESIDE_HOT_LAST) = saved
 
 
 def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: torch.device, rep_ms: float,

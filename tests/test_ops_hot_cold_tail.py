@@ -47,6 +47,21 @@ def test_fused_gate_writes_both_counts_into_one_buffer(device):
     assert counts.is_contiguous() and torch.equal(counts, counts_unfused) and torch.equal(out, out_unfused)
 
 
+@pytest.mark.parametrize("n_hot", [32, 64, 0], ids=["one-hot-tile", "two-hot-tiles", "no-hot-unit"])
+def test_fused_gate_hot_tiles_last_same_outputs(n_hot, device):
+    """The fused gate with its output tiles ordered cold first, hot last (``hot_last``, taken with the list pass
+    beside the gate) writes what the grouped order writes: hidden state, container and counts; 37 rows leave a
+    partial last row block."""
+    p, plan, fused, tile, cap = _fused_problem(37, device, n_hot=n_hot, seed=4)
+    args = (p["x"], fused.w_gemm, plan.n_hot, plan.n_units - plan.n_hot, plan.cold)
+    want = launch_hot_cold_gate(*args, tile=tile, capacity=cap, unit_ids=True)
+    got = launch_hot_cold_gate(*args, tile=tile, capacity=cap, unit_ids=True, hot_last=True)
+    h, hc, v, i, cc = want
+    assert torch.equal(got[0], h) and torch.equal(got[1], hc) and torch.equal(got[4], cc)
+    used = torch.arange(cap, device=device) < cc[..., None]  # slots past a tile's count are not written
+    assert torch.equal(got[2][used], v[used]) and torch.equal(got[3][used], i[used])
+
+
 def test_joined_counts_concatenates_tensors_of_their_own(device):
     cold = torch.arange(12, dtype=torch.int32, device=device).view(4, 3)
     hot = torch.arange(8, dtype=torch.int32, device=device).view(4, 2) + 100

@@ -153,6 +153,14 @@ LIST_BESIDE_GATE = False
 #: the gate's 2944 tiles make 22.3 rounds of its 132 programs and the list pass took 0.015 ms (~0.7 of a round's
 #: ~0.023 ms); at 131072, 178.4 rounds and 0.088 ms (~3.5 rounds).
 LIST_BESIDE_ROUNDS: int | None = 1
+#: With :data:`LIST_BESIDE_GATE`: the gate's output tiles ordered cold first, hot last (``launch_hot_cold_gate``'s
+#: ``hot_last``), so that the list pass, which reads only the cold container, finds every row block ready once the
+#: gate's programs begin to end.  Why (session 26's call 2, bench_results/h200/tail_probe_call2_session26.log): the
+#: list programs never ran beside the gate's programs (with or without the largest shared-memory carveout) but began
+#: as gate programs ended, in the gate's last round, where the last row blocks' cold tiles were still being written:
+#: the pass then ended ~0.014 ms after the gate, as after the hot down GEMM.  At M=16384 the hot tiles (2 per row block,
+#: 256) make the last ~1.9 of 22.3 rounds.
+LIST_BESIDE_HOT_LAST = True
 
 
 def _hot_partial(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor) -> torch.Tensor:
@@ -241,7 +249,7 @@ def launch_hot_cold_ffn(
         if beside is not None:  # the list pass beside the gate: its row-block counters and the queue's, zeroed
             flags = torch.zeros(beside + 1, dtype=torch.int32, device=x.device)
             heavy = (heavy_queue(m, x.device, zeroed=False)[0], flags[beside:]) if heavy_first else None
-            extra = {"done": flags[:beside], "trigger_rounds": LIST_BESIDE_ROUNDS}
+            extra = {"done": flags[:beside], "trigger_rounds": LIST_BESIDE_ROUNDS, "hot_last": LIST_BESIDE_HOT_LAST}
         elif heavy_first:  # the gather's heavy queue, its counter zeroed by the gate kernel
             heavy = heavy_queue(m, x.device, zeroed=False)
             extra = {"zero": heavy[1]}

@@ -57,7 +57,9 @@ _GPU_CONFIG = (128, 64, 3, 8)
 #: a 164 KB carveout holds with ~3 KB to spare, against the 2 KB + 1 KB reserved of a list program; its registers leave
 #: room for two (196 x 256 of 65,536, the list program 40 x 128).  In session 26's first run the list programs
 #: began only as gate programs ended (the pass spanned 0.046 ms, from the gate's last round on, with the gate 0.521 ms).
-BESIDE_MAX_CARVEOUT = True
+#: Measured (H200, session 26, bench_results/h200/tail_probe_call2_session26.log): no change; the pass still began
+#: in the gate's last round (0.046 / 0.044 ms with / without; the op 0.8035 / 0.8032 ms at M=16384, l0=28): off.
+BESIDE_MAX_CARVEOUT = False
 _INTERPRET_CONFIG = (16, 16, 1, 4)
 #: The cold epilogue's slot positions by a tensor-core product (True) or ``tl.cumsum`` (False; see
 #: ``gate_kernel._twell_epilogue``).  The product spills 1308 bytes (ptxas, sm_90a, BN = 256, 8 warps)
@@ -473,6 +475,7 @@ def _hot_cold_gate_kernel(
     h_desc=None, TMA_HOT: tl.constexpr = False, PTX_HOT: tl.constexpr = False, SKIP_COLD: tl.constexpr = False,
     SKIP_HOT: tl.constexpr = False, zero_ptr=None, ZERO: tl.constexpr = False, done_ptr=None,
     DONE: tl.constexpr = False, PDL_TRIGGER: tl.constexpr = False, trigger_from=0, DONE_PTX: tl.constexpr = False,
+    HOT_LAST: tl.constexpr = False,
 ):
     """Output tiles [BM, 2 * TILE] of x @ w^T, in a persistent loop of ``n_programs`` programs: the first
     ``n_hot_tiles`` column tiles are hot (hidden state + counts), the rest cold (two TwELL tiles each).
@@ -480,7 +483,8 @@ def _hot_cold_gate_kernel(
     each program counts every cold output tile it has written in ``done_ptr[row block]`` (int32, zero before the
     launch), released at gpu scope after a CTA barrier, so a reader that acquires the count sees the tiles' counts
     and slots; with ``PDL_TRIGGER`` each program lets the next kernel (a programmatic dependent: the list pass)
-    launch from its first tile at or past ``trigger_from`` (a program with none lets it launch as it exits)."""
+    launch from its first tile at or past ``trigger_from`` (a program with none lets it launch as it exits).  With
+    ``HOT_LAST`` the tiles go cold first (every row block's cold tiles, grouped), then the hot ones."""
     BN: tl.constexpr = 2 * TILE
     dtype: tl.constexpr = val_ptr.dtype.element_ty
     if ZERO:
@@ -488,8 +492,16 @@ def _hot_cold_gate_kernel(
             tl.store(zero_ptr, 0)
     num_pid_m = tl.cdiv(M, BM)
     pending = -1  # with DONE: the row block of the program's last cold tile whose count is not yet released
+    n_cold_tiles_out = num_pid_m * (n_out_tiles - n_hot_tiles)
     for tile_id in tl.range(tl.program_id(0), num_pid_m * n_out_tiles, n_programs, flatten=FLATTEN):
-        pid_m, pid_n = tile_coords(tile_id, num_pid_m, n_out_tiles, GROUP_M)
+        if HOT_LAST:
+            if tile_id < n_cold_tiles_out:
+                pid_m, pid_n = tile_coords(tile_id, num_pid_m, n_out_tiles - n_hot_tiles, GROUP_M)
+                pid_n += n_hot_tiles
+            else:
+                pid_m, pid_n = tile_coords(tile_id - n_cold_tiles_out, num_pid_m, n_hot_tiles, GROUP_M)
+        else:
+            pid_m, pid_n = tile_coords(tile_id, num_pid_m, n_out_tiles, GROUP_M)
         if PDL_TRIGGER:  # once per program: its first tile at or past trigger_from
             if (tile_id >= trigger_from) & (tile_id - n_programs < trigger_from):
                 gdc_launch_dependents()
@@ -574,6 +586,7 @@ def launch_hot_cold_gate(
     zero: torch.Tensor | None = None,
     done: torch.Tensor | None = None,
     trigger_rounds: int | None = None,
+    hot_last: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(h_hot [M, H], hot_counts [M, cdiv(H, tile)], values, indices, cold_counts)`` of the hot/cold
     split for validated inputs: x [M, d] contiguous, ``w_fused`` from ``hot_cold_plan.fused_gate_weight``
@@ -590,7 +603,8 @@ def launch_hot_cold_gate(
     with ``launch_list_twell_rows``'s ``after_gate``); CUDA at compute capability >= 9.0, or the interpreter (which
     runs the grids one after the other).  ``trigger_rounds`` (with ``done``): the next kernel may launch only once
     every program has begun one of the last ``trigger_rounds`` rounds of output tiles (a round: one tile per
-    program); None: as the programs start."""
+    program); None: as the programs start.  ``hot_last``: the output tiles in the order cold then hot, so that the
+    cold container is complete before the hot units' last rounds (same outputs)."""
     if tile not in FUSED_TILES:
         raise ValueError(f"the fused hot/cold gate takes tiles {FUSED_TILES}, got {tile}")
     m, d = x.shape
@@ -659,7 +673,7 @@ def launch_hot_cold_gate(
         **hot_tma, **({"SKIP_COLD": bool(PROBE_SKIP_EPILOGUE & 1), "SKIP_HOT": bool(PROBE_SKIP_EPILOGUE & 2)}
            if PROBE_SKIP_EPILOGUE else {}), **({"zero_ptr": zero, "ZERO": True} if zero is not None else {}),
         **({"done_ptr": done, "DONE": True, "PDL_TRIGGER": not interpreting(), "trigger_from": trigger_from,
-            "DONE_PTX": not interpreting()} if done is not None else {}),
+            "DONE_PTX": not interpreting()} if done is not None else {}), **({"HOT_LAST": True} if hot_last else {}),
     )
     if done is not None and BESIDE_MAX_CARVEOUT and dev.type == "cuda":
         prefer_max_shared_carveout(kernel)
