@@ -26,7 +26,11 @@ spanning 0.036-0.046 ms with or without the carveout: its programs began only as
 hot tiles last (``hot_cold.LIST_BESIDE_HOT_LAST``; "-grouped": the grouped order), so that the list programs find
 every row block ready as the gate's programs end.  Predicted at 16384: "beside@1" -0.008 to -0.013 ms against
 "now+pdl" (the pass's 0.015 ms, most of it in the gate's last round on the 92 SMs then free), "-grouped" as call 2;
-at 131072 -0.01 to -0.02 (one round of the pass's 0.09 ms).  Variants "beside@start" (launched as the gate starts, as in
+at 131072 -0.01 to -0.02 (one round of the pass's 0.09 ms).  Call 3 (tail_probe_call3_session26.log): no change
+(0.8137 against 0.8109 ms, the pass spanning 0.037 ms either way).  Read from the spans: every list program ended
+with ``griddepcontrol.wait`` and so held its SM until the gate ended; with ``twell_list_kernel.LIST_ONE_WAITS`` only
+the last waits ("-onewait").  Predicted for the next run: "beside@1-onewait" -0.008 to -0.013 ms against "now+pdl"
+at 16384, "now+pdl-onewait" as "now+pdl".  Variants "beside@start" (launched as the gate starts, as in
 session 25) and "beside@R" (from the last R rounds).  Predicted: every beside variant within ~1 % of "now+pdl" in the
 gate's own time (0.533 ms at 16384), the op -0.010 to -0.015 ms at 16384 from the last round (the list pass's 0.015
 ms in the ~0.023 ms round where 92 of 132 SMs have no tile), -0.02 to -0.09 at 131072 with more rounds; from the start,
@@ -60,7 +64,8 @@ from twell.ops.hot_cold_plan import build_hot_cold_plan, choose_hot_units, fused
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 #: The variants timed: see :func:`_variant`.
-VARIANTS = ("now", "now+pdl", "beside@start", "beside@1", "beside@1-grouped", "beside@2")
+VARIANTS = ("now", "now+pdl", "now+pdl-onewait", "beside@1", "beside@1-onewait", "beside@1-grouped-onewait",
+            "beside@start-onewait")
 
 
 @contextlib.contextmanager
@@ -69,25 +74,29 @@ def _variant(name: str):
     counts buffer, the counter zeroed by the gate), "now+pdl" (and ``LIST_PDL``), "beside@start" / "beside@R" (and
     ``LIST_BESIDE_GATE``, the list programs launched as the gate starts / from its last R rounds of tiles, the gate's
     hot tiles last; with "-grouped" in the grouped order; with "-carve", ``hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT``
-    on)."""
+    on); "-onewait" (after "now+pdl" or a beside variant): ``twell_list_kernel.LIST_ONE_WAITS`` on."""
     saved = (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.LIST_BESIDE_ROUNDS, hot_cold.joined_counts,
-             hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT, hot_cold.LIST_BESIDE_HOT_LAST)
+             hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT, hot_cold.LIST_BESIDE_HOT_LAST,
+             twell_list_kernel.LIST_ONE_WAITS)
     try:
-        beside = name.startswith("beside@")
-        hot_cold.LIST_PDL = name == "now+pdl" or beside
+        base, *options = name.split("-")
+        beside = base.startswith("beside@")
+        hot_cold.LIST_PDL = base == "now+pdl" or beside
         hot_cold.LIST_BESIDE_GATE = beside
+        twell_list_kernel.LIST_ONE_WAITS = "onewait" in options
         if beside:
-            at, _, option = name.split("@", 1)[1].partition("-")
+            at = base.split("@", 1)[1]
             hot_cold.LIST_BESIDE_ROUNDS = None if at == "start" else int(at)
-            hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT = option == "carve"
-            hot_cold.LIST_BESIDE_HOT_LAST = option != "grouped"
+            hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT = "carve" in options
+            hot_cold.LIST_BESIDE_HOT_LAST = "grouped" not in options
         if name == "s24":
             hot_cold.joined_counts = lambda cold, hot: torch.cat([cold, hot], 1)
             hot_cold.heavy_queue = lambda m, dev, zeroed=True: twell_list_kernel.heavy_queue(m, dev)
         yield
     finally:
         (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.LIST_BESIDE_ROUNDS, hot_cold.joined_counts,
-         hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT, hot_cold.LIST_BESIDE_HOT_LAST) = saved
+         hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT, hot_cold.LIST_BESIDE_HOT_LAST,
+         twell_list_kernel.LIST_ONE_WAITS) = saved
 
 
 def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: torch.device, rep_ms: float,
@@ -127,10 +136,10 @@ def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: t
     names = VARIANTS
     outs = {n: op(n)() for n in names}
     same = all(torch.equal(outs[n][0], outs["now"][0]) and torch.equal(outs[n][1], outs["now"][1]) for n in names)
-    same_module = torch.equal(module("now")(), module("beside@1")())
+    same_module = torch.equal(module("now")(), module("beside@1-onewait")())
     print(f"{head}: op outputs and counts bit for bit across variants {same}; module {same_module}", flush=True)
     fns = {"dense": dense, **{f"op {n}": op(n) for n in names}, "module now+pdl": module("now+pdl"),
-           "module beside@1": module("beside@1")}
+           "module beside@1-onewait": module("beside@1-onewait")}
     times = time_ms_interleaved(fns, device=dev, rep_ms=rep_ms)
     base = times["dense"]
     print(f"{head} interleaved | " + " | ".join(f"{k} {t:.4f} ms ({base / t:.3f}x)" for k, t in times.items()),

@@ -13,7 +13,7 @@ import torch
 from test_ops_hot_cold import _plan
 from test_ops_kernels import make_problem
 
-from twell.ops import hot_cold
+from twell.ops import hot_cold, twell_list_kernel
 from twell.ops._runtime import pdl_supported
 from twell.ops.gate_kernel import launch_pack_twell
 from twell.ops.hot_cold import joined_counts
@@ -190,8 +190,9 @@ def test_list_pass_beside_the_gate_refusals(device):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("one_waits", [False, True], ids=["all-wait", "one-waits"])
 @pytest.mark.parametrize("dense_rows", [0, 64], ids=["gemm-before", "dense-rows-before"])
-def test_gpu_programmatic_dependents_same_bits_eager_and_graphed(dense_rows, monkeypatch):
+def test_gpu_programmatic_dependents_same_bits_eager_and_graphed(dense_rows, one_waits, monkeypatch):
     """d=2048, F=5632, 16,384 synthetic tokens at 0.5 %, outputs poisoned: the op with the list pass and the
     gather as programmatic dependents equals the op without, eagerly and replayed from a CUDA graph."""
     if not torch.cuda.is_available():
@@ -218,6 +219,7 @@ def test_gpu_programmatic_dependents_same_bits_eager_and_graphed(dense_rows, mon
     n_cold_tiles = -(-(f - hot.numel()) // tile)
     assert int(want_counts[3, :n_cold_tiles].max()) > cap
     monkeypatch.setattr(hot_cold, "LIST_PDL", True)
+    monkeypatch.setattr(twell_list_kernel, "LIST_ONE_WAITS", one_waits)
     torch.cuda.synchronize()
     torch.empty(1 << 28, dtype=torch.uint8, device=dev).fill_(0xFF)  # the caching allocator's blocks poisoned
     got, got_counts = op()
@@ -237,9 +239,10 @@ def test_gpu_programmatic_dependents_same_bits_eager_and_graphed(dense_rows, mon
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("one_waits", [False, True], ids=["all-wait", "one-waits"])
 @pytest.mark.parametrize("m", [16384, 300], ids=["m16384", "m300"])
 @pytest.mark.parametrize("rounds", [None, 1, 4], ids=["from-start", "last-round", "last-4-rounds"])
-def test_gpu_list_pass_beside_the_gate_same_bits_eager_and_graphed(m, rounds, monkeypatch):
+def test_gpu_list_pass_beside_the_gate_same_bits_eager_and_graphed(m, rounds, one_waits, monkeypatch):
     """d=2048, F=5632 synthetic tokens at 0.5 %, outputs poisoned: the list pass beside the fused gate (launched from
     the gate's start or its last rounds of tiles; 300 rows: fewer tiles than programs) equals the op with the pass
     after the hot down GEMM, eagerly and replayed from a CUDA graph."""
@@ -265,6 +268,7 @@ def test_gpu_list_pass_beside_the_gate_same_bits_eager_and_graphed(m, rounds, mo
     want, want_counts = op()
     monkeypatch.setattr(hot_cold, "LIST_BESIDE_GATE", True)
     monkeypatch.setattr(hot_cold, "LIST_BESIDE_ROUNDS", rounds)
+    monkeypatch.setattr(twell_list_kernel, "LIST_ONE_WAITS", one_waits)
     torch.cuda.synchronize()
     torch.empty(1 << 28, dtype=torch.uint8, device=dev).fill_(0xFF)  # the caching allocator's blocks poisoned
     for _ in range(3):  # a wait or a release out of order shows as a difference now and then, not every call

@@ -196,7 +196,7 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         # the list pass beside the fused gate (hot_cold.LIST_BESIDE_GATE): its wait on the row block's count
         ptx = _compile(_list_twell_rows_kernel, {**list_sig, **heavy_sig, "done_ptr": "*i32", "done_target": "i32"},
                        {**list_consts, **heavy_consts, "PDL": True, "GATE_BM": 128, "WAIT_DONE": True, "PTX_WAIT": True,
-                        "CACHE": ".cg"}, target, num_warps=4)
+                        "CACHE": ".cg", "ONE_WAITS": True}, target, num_warps=4)
         results["list_rows_heavy_first_beside_gate"] = {**_stats(ptx, arch), "griddepcontrol": all(
             op in ptx for op in ("griddepcontrol.wait", "nanosleep", "ld.global.cg")) and bool(
             re.search(r"ld\.acquire\.gpu\.global", ptx))}

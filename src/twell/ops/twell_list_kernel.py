@@ -57,6 +57,17 @@ LIST_ROWS = 4
 #: l0=28 they are 396 rows, 2.4 % (scripts/gather_schedule_sim.py); a row of 32 entries is 8 steps of the gather
 #: against the median row's 1.
 HEAVY_MIN_ENTRIES = 32
+#: As a programmatic dependent (``launch_list_twell_rows``'s ``pdl`` / ``after_gate``): only the last program waits for
+#: the kernel before it to complete (``griddepcontrol.wait``), which is all that the stream order after this kernel
+#: needs (a grid completes when its last program does).  Why: with every program waiting, each list program that had
+#: done its rows held its SM until the fused gate ended, so beside the gate the pass's first programs parked and the
+#: rest ran after the gate: the pass spanned 0.036-0.047 ms at M=16384, l0=28 and ended ~0.014 ms after the gate,
+#: whether it launched from the gate's start or its last round, with the hot tiles last or not (H200, session 26,
+#: bench_results/h200/tail_probe_call{2,3}_session26.log).  Predicted with one waiting program and the list pass
+#: beside the gate (hot tiles last): the pass's 0.015 ms inside the gate's last round, the op -0.008 to -0.013 ms at
+#: M=16384 against the list pass after the hot down GEMM; after the GEMM (``hot_cold.LIST_PDL``) no change.
+#: Not yet measured (the session's GPU time ran out): off.
+LIST_ONE_WAITS = False
 #: One heavy-queue slot per this many rows (the gather launches cdiv(M, HEAVY_SLOT_EVERY) heavy-first programs, the
 #: unused ones returning at once): 1024 slots at M=16384 against the 396 / 619 heavy rows at l0 = 28 / 56.
 HEAVY_SLOT_EVERY = 16
@@ -72,7 +83,7 @@ def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, ls
                             heavy_ptr=None, heavy_n_ptr=None, H_SLOTS=0, HEAVY_FIRST: tl.constexpr = False,
                             HEAVY_MIN: tl.constexpr = 32, MARK: tl.constexpr = 1, PDL: tl.constexpr = False,
                             done_ptr=None, done_target=0, GATE_BM: tl.constexpr = 1, WAIT_DONE: tl.constexpr = False,
-                            PTX_WAIT: tl.constexpr = False, CACHE: tl.constexpr = ""):
+                            PTX_WAIT: tl.constexpr = False, CACHE: tl.constexpr = "", ONE_WAITS: tl.constexpr = False):
     if PDL:  # launched as a programmatic dependent of the kernel before it (see launch_list_twell_rows's ``pdl``)
         gdc_launch_dependents()
     if WAIT_DONE:  # beside the fused gate: wait until it has written every cold tile of this row block
@@ -117,8 +128,12 @@ def _list_twell_rows_kernel(val_ptr, idx_ptr, cnt_ptr, unit_map_ptr, lst_ptr, ls
         tl.store(heavy_ptr + slot, rows.to(tl.int32), mask=queued)
         n_out = tl.where(queued, n_out + MARK, n_out)
     tl.store(lst_n_ptr + rows, n_out, mask=row_ok)
-    if PDL:  # done only once the kernel before this one is: what follows may read that kernel's outputs too
-        gdc_wait()
+    if PDL:  # the grid done only once the kernel before it is: what follows may read that kernel's outputs too
+        if ONE_WAITS:  # one program waits for that (the last one), the others leave their SMs as they finish
+            if tl.program_id(0) == tl.num_programs(0) - 1:
+                gdc_wait()
+        else:
+            gdc_wait()
 
 
 @triton.jit
@@ -175,7 +190,8 @@ def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: 
     ``pdl`` (CUDA, sm_90 and up: :func:`twell.ops._runtime.pdl_supported`): launched as a programmatic
     dependent of the kernel before it on the stream, which it does not read (the container comes from an
     earlier one, complete by then), so its work may overlap that kernel's; its programs let the next kernel
-    launch at once and finish only after that kernel has, so the stream order seen from later kernels holds.
+    launch at once and the grid finishes only after that kernel has (every program waits for it, or with
+    :data:`LIST_ONE_WAITS` the last one), so the stream order seen from later kernels holds.
     Only for a caller whose inputs were written before the kernel ahead of it.
 
     ``after_gate`` ``(done, target, row_block)``: launched right after the fused hot/cold gate that writes the
@@ -214,7 +230,8 @@ def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: 
         TILE=tile, CAP=cap, NT_PAD=nt_pad, LIST_MAX=list_max, ROWS=rows, HAS_MAP=unit_map is not None,
         IDX_IS_UNIT=idx_is_unit, heavy_ptr=heavy[0] if heavy else lst_n, heavy_n_ptr=heavy[1] if heavy else lst_n,
         H_SLOTS=heavy[0].numel() if heavy else 0, HEAVY_FIRST=heavy is not None, HEAVY_MIN=HEAVY_MIN_ENTRIES,
-        MARK=HEAVY_MARK, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}), **wait,
+        MARK=HEAVY_MARK, PDL=pdl, ONE_WAITS=pdl and LIST_ONE_WAITS, num_warps=4,
+        **({"launch_pdl": True} if pdl else {}), **wait,
     )
     if after_gate is not None and gpu:
         from .hot_cold_gate_kernel import BESIDE_MAX_CARVEOUT
