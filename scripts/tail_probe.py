@@ -21,7 +21,7 @@ stores), the poll a plain acquire load, and the SMs configured for the gate's sh
 ("-nocarve": without).  Predicted: the gate back within 0.003 ms of 0.510-0.514; from the start, with the carveout, the
 list programs beside the gate, the pass ending within ~0.003 ms of the gate; the op -0.010 to -0.015 ms at 16384 and
 -0.05 to -0.08 at 131072 against "now+pdl".  Call 2 (tail_probe_call2_session26.log): every beside variant tied
-"now+pdl" (0.8030-0.8035 against 0.8035 ms at 16384), the gate 0.526-0.536 against 0.519-0.520, the pass still
+"now+pdl" (0.8030-0.8035 against 0.8035 ms at 16384), the gate 0.526-0.562 against 0.519-0.520, the pass still
 spanning 0.036-0.046 ms with or without the carveout: its programs began only as the gate's ended.  Then the gate's
 hot tiles last (``hot_cold.LIST_BESIDE_HOT_LAST``; "-grouped": the grouped order), so that the list programs find
 every row block ready as the gate's programs end.  Predicted at 16384: "beside@1" -0.008 to -0.013 ms against

@@ -189,89 +189,29 @@ def test_list_pass_beside_the_gate_refusals(device):
                                  capacity=cap, unit_ids=True, done=flags, trigger_rounds=rounds)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("one_waits", [False, True], ids=["all-wait", "one-waits"])
-@pytest.mark.parametrize("dense_rows", [0, 64], ids=["gemm-before", "dense-rows-before"])
-def test_gpu_programmatic_dependents_same_bits_eager_and_graphed(dense_rows, one_waits, monkeypatch):
-    """d=2048, F=5632, 16,384 synthetic tokens at 0.5 %, outputs poisoned: the op with the list pass and the
-    gather as programmatic dependents equals the op without, eagerly and replayed from a CUDA graph."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
+def _gpu_problem(m: int, seed: int):
+    """``(x, plan, wg, wu, wdt)``: d=2048, F=5632, ``m`` synthetic tokens at 0.5 % on the GPU, the 256 most frequent
+    units hot, row 3 scaled up so that some of its cold tiles overflow."""
     from twell.ops import hot_cold_plan
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
     dev = torch.device("cuda")
-    assert pdl_supported(dev), "the GPU suite runs on Hopper: programmatic dependent launch must be on"
-    d, f, tile, cap, m = 2048, 5632, 128, 16, 16384
-    q = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=28.0),
-                              generator=torch.Generator(device=dev).manual_seed(11), device=dev)
+    q = synthetic_ffn_problem(m, 2048, 5632, SparsityProfile(mean_l0=28.0),
+                              generator=torch.Generator(device=dev).manual_seed(seed), device=dev)
     wg, wu, wdt = q["w_gate"], q["w_up"], q["w_down"].t().contiguous()
     hot = torch.argsort(hot_cold_plan.unit_frequency(q["x"], wg), descending=True)[:256]
-    plan = build_hot_cold_plan(wg, wu, q["w_down"], hot, fused_tile=tile)
+    plan = build_hot_cold_plan(wg, wu, q["w_down"], hot, fused_tile=128)
     x = q["x"].clone()
-    x[3] = x[3].abs() * 40.0  # a row with overflowing cold tiles (dense rows, or the row kernel's dense pass)
+    x[3] = x[3].abs() * 40.0
+    return x, plan, wg, wu, wdt
 
-    def op():
-        return hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=tile, capacity=cap, dense_rows=dense_rows)
 
-    monkeypatch.setattr(hot_cold, "LIST_PDL", False)
-    want, want_counts = op()
-    n_cold_tiles = -(-(f - hot.numel()) // tile)
-    assert int(want_counts[3, :n_cold_tiles].max()) > cap
-    monkeypatch.setattr(hot_cold, "LIST_PDL", True)
-    monkeypatch.setattr(twell_list_kernel, "LIST_ONE_WAITS", one_waits)
+def _assert_same_eager_and_graphed(op, want: torch.Tensor, want_counts: torch.Tensor, *, eager_calls: int) -> None:
+    """``op()`` (on the GPU) gives ``(want, want_counts)`` bit for bit with the caching allocator's blocks poisoned
+    first, ``eager_calls`` times eagerly and three times replayed from a CUDA graph with its output poisoned."""
     torch.cuda.synchronize()
-    torch.empty(1 << 28, dtype=torch.uint8, device=dev).fill_(0xFF)  # the caching allocator's blocks poisoned
-    got, got_counts = op()
-    assert torch.equal(got, want) and torch.equal(got_counts, want_counts)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side):
-            g_out, g_counts = op()
-    torch.cuda.current_stream().wait_stream(side)
-    for _ in range(3):
-        g_out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(g_out, want) and torch.equal(g_counts, want_counts)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("one_waits", [False, True], ids=["all-wait", "one-waits"])
-@pytest.mark.parametrize("m", [16384, 300], ids=["m16384", "m300"])
-@pytest.mark.parametrize("rounds", [None, 1, 4], ids=["from-start", "last-round", "last-4-rounds"])
-def test_gpu_list_pass_beside_the_gate_same_bits_eager_and_graphed(m, rounds, one_waits, monkeypatch):
-    """d=2048, F=5632 synthetic tokens at 0.5 %, outputs poisoned: the list pass beside the fused gate (launched from
-    the gate's start or its last rounds of tiles; 300 rows: fewer tiles than programs) equals the op with the pass
-    after the hot down GEMM, eagerly and replayed from a CUDA graph."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from twell.ops import hot_cold_plan
-    from twell.synthetic import SparsityProfile, synthetic_ffn_problem
-
-    dev = torch.device("cuda")
-    d, f, tile, cap = 2048, 5632, 128, 16
-    q = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=28.0),
-                              generator=torch.Generator(device=dev).manual_seed(12), device=dev)
-    wg, wu, wdt = q["w_gate"], q["w_up"], q["w_down"].t().contiguous()
-    hot = torch.argsort(hot_cold_plan.unit_frequency(q["x"], wg), descending=True)[:256]
-    plan = build_hot_cold_plan(wg, wu, q["w_down"], hot, fused_tile=tile)
-    x = q["x"].clone()
-    x[3] = x[3].abs() * 40.0  # a row with overflowing cold tiles
-
-    def op():
-        return hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=tile, capacity=cap)
-
-    monkeypatch.setattr(hot_cold, "LIST_BESIDE_GATE", False)
-    want, want_counts = op()
-    monkeypatch.setattr(hot_cold, "LIST_BESIDE_GATE", True)
-    monkeypatch.setattr(hot_cold, "LIST_BESIDE_ROUNDS", rounds)
-    monkeypatch.setattr(twell_list_kernel, "LIST_ONE_WAITS", one_waits)
-    torch.cuda.synchronize()
-    torch.empty(1 << 28, dtype=torch.uint8, device=dev).fill_(0xFF)  # the caching allocator's blocks poisoned
-    for _ in range(3):  # a wait or a release out of order shows as a difference now and then, not every call
+    torch.empty(1 << 28, dtype=torch.uint8, device="cuda").fill_(0xFF)
+    for _ in range(eager_calls):  # a wait or a release out of order shows as a difference now and then
         got, got_counts = op()
         assert torch.equal(got, want) and torch.equal(got_counts, want_counts)
     side = torch.cuda.Stream()
@@ -286,3 +226,50 @@ def test_gpu_list_pass_beside_the_gate_same_bits_eager_and_graphed(m, rounds, on
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(g_out, want) and torch.equal(g_counts, want_counts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("one_waits", [False, True], ids=["all-wait", "one-waits"])
+@pytest.mark.parametrize("dense_rows", [0, 64], ids=["gemm-before", "dense-rows-before"])
+def test_gpu_programmatic_dependents_same_bits_eager_and_graphed(dense_rows, one_waits, monkeypatch):
+    """d=2048, F=5632, 16,384 synthetic tokens at 0.5 %, outputs poisoned: the op with the list pass and the
+    gather as programmatic dependents (every list program waiting for the kernel before it, or the last one) equals
+    the op without, eagerly and replayed from a CUDA graph."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    assert pdl_supported(torch.device("cuda")), "the GPU suite runs on Hopper: programmatic dependent launch must be on"
+    x, plan, wg, wu, wdt = _gpu_problem(16384, 11)
+
+    def op():  # row 3 through the dense rows, or the row kernel's dense pass
+        return hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=128, capacity=16, dense_rows=dense_rows)
+
+    monkeypatch.setattr(hot_cold, "LIST_PDL", False)
+    want, want_counts = op()
+    n_cold_tiles = -(-(plan.n_units - plan.n_hot) // 128)
+    assert int(want_counts[3, :n_cold_tiles].max()) > 16
+    monkeypatch.setattr(hot_cold, "LIST_PDL", True)
+    monkeypatch.setattr(twell_list_kernel, "LIST_ONE_WAITS", one_waits)
+    _assert_same_eager_and_graphed(op, want, want_counts, eager_calls=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("one_waits", [False, True], ids=["all-wait", "one-waits"])
+@pytest.mark.parametrize("m", [16384, 300], ids=["m16384", "m300"])
+@pytest.mark.parametrize("rounds", [None, 1, 4], ids=["from-start", "last-round", "last-4-rounds"])
+def test_gpu_list_pass_beside_the_gate_same_bits_eager_and_graphed(m, rounds, one_waits, monkeypatch):
+    """d=2048, F=5632 synthetic tokens at 0.5 %, outputs poisoned: the list pass beside the fused gate (launched from
+    the gate's start or its last rounds of tiles; 300 rows: fewer tiles than programs) equals the op with the pass
+    after the hot down GEMM, eagerly and replayed from a CUDA graph."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x, plan, wg, wu, wdt = _gpu_problem(m, 12)
+
+    def op():
+        return hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=128, capacity=16)
+
+    monkeypatch.setattr(hot_cold, "LIST_BESIDE_GATE", False)
+    want, want_counts = op()
+    monkeypatch.setattr(hot_cold, "LIST_BESIDE_GATE", True)
+    monkeypatch.setattr(hot_cold, "LIST_BESIDE_ROUNDS", rounds)
+    monkeypatch.setattr(twell_list_kernel, "LIST_ONE_WAITS", one_waits)
+    _assert_same_eager_and_graphed(op, want, want_counts, eager_calls=3)

@@ -145,13 +145,19 @@ LIST_PDL = True
 #: why offline: the ``tl.debug_barrier()`` before each release stopped the software pipeliner (the gate's PTX held 2
 #: TMA loads against 6), so that gate ran its k steps one TMA round trip at a time.  The barrier and release are now
 #: one piece of inline PTX (``hot_cold_gate_kernel._release_after_barrier``; the loop stays pipelined, 196 registers)
-#: and the list programs may launch only from the gate's last :data:`LIST_BESIDE_ROUNDS` rounds of tiles.  To be
-#: measured again; until then off, exact and tested.
+#: and the list programs may launch only from the gate's last :data:`LIST_BESIDE_ROUNDS` rounds of tiles.  Measured
+#: again (H200, session 26, three calls, bench_results/h200/session26_runs.md): with each count released a mainloop
+#: late the op tied the shipped launches (0.8030-0.8035 against 0.8035 ms at 16384; 6.2994 against 6.2817 at
+#: 131072), because the pass still ran after the gate (its span 0.036-0.047 ms, ending ~0.014 ms after the gate).
+#: Read from those spans: each list program's closing ``griddepcontrol.wait`` held its SM until the gate ended
+#: (``twell_list_kernel.LIST_ONE_WAITS``, built after the last call, not yet measured).  Off; exact and tested.
 LIST_BESIDE_GATE = False
 #: With :data:`LIST_BESIDE_GATE`: the list programs launch once every gate program has begun one of its last this many
 #: rounds of output tiles (None: as the gate starts, the programs then waiting beside the whole GEMM).  At M=16384
 #: the gate's 2944 tiles make 22.3 rounds of its 132 programs and the list pass took 0.015 ms (~0.7 of a round's
-#: ~0.023 ms); at 131072, 178.4 rounds and 0.088 ms (~3.5 rounds).
+#: ~0.023 ms); at 131072, 178.4 rounds and 0.088 ms (~3.5 rounds).  Measured (session 26): from the start, the last
+#: round, 2 or 4 rounds within 0.001 ms of each other at 16384 (0.8030-0.8035 ms in call 2): the pass's programs took
+#: SMs only as the gate's programs ended, whenever they were let launch.
 LIST_BESIDE_ROUNDS: int | None = 1
 #: With :data:`LIST_BESIDE_GATE`: the gate's output tiles ordered cold first, hot last (``launch_hot_cold_gate``'s
 #: ``hot_last``), so that the list pass, which reads only the cold container, finds every row block ready once the
@@ -159,7 +165,8 @@ LIST_BESIDE_ROUNDS: int | None = 1
 #: list programs never ran beside the gate's programs (with or without the largest shared-memory carveout) but began
 #: as gate programs ended, in the gate's last round, where the last row blocks' cold tiles were still being written:
 #: the pass then ended ~0.014 ms after the gate, as after the hot down GEMM.  At M=16384 the hot tiles (2 per row block,
-#: 256) make the last ~1.9 of 22.3 rounds.
+#: 256) make the last ~1.9 of 22.3 rounds.  Measured (session 26's call 3): no change (0.8137 against 0.8115 ms in the
+#: grouped order at 16384, the pass's span 0.037 ms in both), which the list programs' closing waits explain (above).
 LIST_BESIDE_HOT_LAST = True
 
 
