@@ -273,3 +273,22 @@ def test_gpu_list_pass_beside_the_gate_same_bits_eager_and_graphed(m, rounds, on
     monkeypatch.setattr(hot_cold, "LIST_BESIDE_ROUNDS", rounds)
     monkeypatch.setattr(twell_list_kernel, "LIST_ONE_WAITS", one_waits)
     _assert_same_eager_and_graphed(op, want, want_counts, eager_calls=3)
+
+
+@pytest.mark.gpu
+def test_gpu_list_pass_beside_the_gate_with_the_largest_carveout_same_bits(monkeypatch):
+    """``hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT`` (off; the driver asked for all of an SM's unified memory as shared
+    memory for the gate and the list pass): the driver takes the request and the op's bits do not move."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from twell.ops import hot_cold_gate_kernel
+
+    x, plan, wg, wu, wdt = _gpu_problem(300, 13)
+
+    def op():
+        return hot_cold.launch_hot_cold_ffn(x, plan, wg, wu, wdt, tile=128, capacity=16)
+
+    want, want_counts = op()
+    monkeypatch.setattr(hot_cold, "LIST_BESIDE_GATE", True)
+    monkeypatch.setattr(hot_cold_gate_kernel, "BESIDE_MAX_CARVEOUT", True)
+    _assert_same_eager_and_graphed(op, want, want_counts, eager_calls=2)  # the first call sets the preference

@@ -51,6 +51,7 @@ from .hot_cold_plan import FUSED_TILES
 #: fused_gate_ab_4_stages_session16.log, back to back at the power cap): slower, the fused gate 5.387 vs 5.303 /
 #: 5.297 ms and 3.80 vs 3.65 / 3.62 J at M=131072, l0=28, 0.676 vs 0.668 / 0.668 at 16384; same bits.
 _GPU_CONFIG = (128, 64, 3, 8)
+_INTERPRET_CONFIG = (16, 16, 1, 4)
 #: With ``done`` (the list pass beside the gate): the gate and that pass's kernel launched with all of each SM's
 #: unified L1 / shared memory as shared memory (``_runtime.prefer_max_shared_carveout``), so that list programs fit
 #: beside a gate program.  Why: the pipelined gate takes 163,864 B of shared memory (sm_90a offline, session 26), which
@@ -60,7 +61,6 @@ _GPU_CONFIG = (128, 64, 3, 8)
 #: Measured (H200, session 26, bench_results/h200/tail_probe_call2_session26.log): no change; the pass still began
 #: in the gate's last round (0.046 / 0.044 ms with / without; the op 0.8035 / 0.8032 ms at M=16384, l0=28): off.
 BESIDE_MAX_CARVEOUT = False
-_INTERPRET_CONFIG = (16, 16, 1, 4)
 #: The cold epilogue's slot positions by a tensor-core product (True) or ``tl.cumsum`` (False; see
 #: ``gate_kernel._twell_epilogue``).  The product spills 1308 bytes (ptxas, sm_90a, BN = 256, 8 warps)
 #: against 324 with the scan and ran 8.871 vs 6.038 ms at M=131072, l0=28 (session 8 probe): the scan.
