@@ -1,4 +1,4 @@
-"""The hot/cold op's launches after its gate, as session 24 left them against session 25's, on the GPU.
+"""The hot/cold op's launches after its gate, the shipped ones against the list pass beside the gate, on the GPU.
 
 Why (session 25): at M=16384, l0=28 the op's kernels summed 0.811 ms in session 21's profile, of which the counts'
 concatenation took 0.004 ms and the heavy queue's zero fill ~0.001, each with a launch of its own, and the list pass
@@ -14,10 +14,14 @@ counters: predicted -0.010 to -0.015 ms more at 16384, -0.05 to -0.09 at 131072.
 tail_probe_beside_session25.log): 1.7069 against 0.8184 ms at 16384, the gate 1.441 against 0.533 ms.  Session 26
 found offline that the gate's ``tl.debug_barrier()`` before each release had stopped its software pipeliner; with
 the barrier and release in inline PTX the loop is pipelined again, and the list programs may launch from the gate's
-last rounds of tiles (``hot_cold.LIST_BESIDE_ROUNDS``).  Session 26's call 1 (tail_probe_session26.log): the gate
-0.521 against 0.510-0.514 ms with its counts released, the list pass spanning 0.037-0.046 ms from the gate's last round
-on, the op 0.806-0.807 against 0.7975 ms; then each count released a mainloop late (its fence then waits on no
-stores), the poll a plain acquire load, and the SMs configured for the gate's shared memory and a list program's
+last rounds of tiles (``hot_cold.LIST_BESIDE_ROUNDS``).  Variants "beside@start" (launched as the gate starts, as
+in session 25) and "beside@R" (from the last R rounds).  Predicted: every beside variant within ~1 % of "now+pdl" in
+the gate's own time (0.533 ms at 16384), the op -0.010 to -0.015 ms at 16384 from the last round (the list pass's
+0.015 ms in the ~0.023 ms round where 92 of 132 SMs have no tile), -0.02 to -0.09 at 131072 with more rounds; from the
+start, less or a loss if the waiting programs' polls cost the gate.  Session 26's call 1 (tail_probe_session26.log):
+the gate 0.521 against 0.510-0.514 ms with its counts released, the list pass spanning 0.037-0.046 ms from the gate's
+last round on, the op 0.806-0.807 against 0.7975 ms; then each count released a mainloop late (its fence then waits on
+no stores), the poll a plain acquire load, and the SMs configured for the gate's shared memory and a list program's
 ("-nocarve": without).  Predicted: the gate back within 0.003 ms of 0.510-0.514; from the start, with the carveout, the
 list programs beside the gate, the pass ending within ~0.003 ms of the gate; the op -0.010 to -0.015 ms at 16384 and
 -0.05 to -0.08 at 131072 against "now+pdl".  Call 2 (tail_probe_call2_session26.log): every beside variant tied
@@ -30,16 +34,12 @@ at 131072 -0.01 to -0.02 (one round of the pass's 0.09 ms).  Call 3 (tail_probe_
 (0.8137 against 0.8109 ms, the pass spanning 0.037 ms either way).  Read from the spans: every list program ended
 with ``griddepcontrol.wait`` and so held its SM until the gate ended; with ``twell_list_kernel.LIST_ONE_WAITS`` only
 the last waits ("-onewait").  Predicted for the next run: "beside@1-onewait" -0.008 to -0.013 ms against "now+pdl"
-at 16384, "now+pdl-onewait" as "now+pdl".  Variants "beside@start" (launched as the gate starts, as in
-session 25) and "beside@R" (from the last R rounds).  Predicted: every beside variant within ~1 % of "now+pdl" in the
-gate's own time (0.533 ms at 16384), the op -0.010 to -0.015 ms at 16384 from the last round (the list pass's 0.015
-ms in the ~0.023 ms round where 92 of 132 SMs have no tile), -0.02 to -0.09 at 131072 with more rounds; from the start,
-less or a loss if the waiting programs' polls cost the gate.
+at 16384, "now+pdl-onewait" as "now+pdl".
 
 Per point (the module's own hot set, built as ``twell bench ffn`` builds it): interleaved medians
-(``time_ms_interleaved``, the bench's hold) of the dense FFN with separate linears, the op as session 24 launched it
-(``torch.cat`` of two counts tensors and a zero fill for the queue), the op as now with ``LIST_PDL`` off and on and
-with ``LIST_BESIDE_GATE`` too, and the module without and with the latter; the outputs compared bit for bit; each
+(``time_ms_interleaved``, the bench's hold) of the dense FFN with separate linears, the op in each of
+:data:`VARIANTS` (session 25's "s24", the launches session 24 left, ran in session 25's calls and session 26's first),
+and the module as shipped and with the list pass beside the gate; the outputs compared bit for bit; each
 op variant's kernels from ``torch.profiler`` (kernel sum against the call's wall time); then back to back at the
 power cap.
 Usage (GPU machine): ``PYTHONPATH=src:scripts python3 scripts/tail_probe.py``; ``--device cpu --tiny`` under
@@ -68,16 +68,20 @@ VARIANTS = ("now", "now+pdl", "now+pdl-onewait", "beside@1", "beside@1-onewait",
             "beside@start-onewait")
 
 
+#: The module switches a variant sets (restored after it).
+_SWITCHES = ((hot_cold, "LIST_PDL"), (hot_cold, "LIST_BESIDE_GATE"), (hot_cold, "LIST_BESIDE_ROUNDS"),
+             (hot_cold, "LIST_BESIDE_HOT_LAST"), (hot_cold_gate_kernel, "BESIDE_MAX_CARVEOUT"),
+             (twell_list_kernel, "LIST_ONE_WAITS"))
+
+
 @contextlib.contextmanager
 def _variant(name: str):
-    """The op's launches as ``name`` says: "s24" (a concatenation and a fill kernel, no dependents), "now" (one
-    counts buffer, the counter zeroed by the gate), "now+pdl" (and ``LIST_PDL``), "beside@start" / "beside@R" (and
+    """The op's launches as ``name`` says: "now" (one counts buffer, the counter zeroed by the gate, no
+    dependents), "now+pdl" (and ``LIST_PDL``), "beside@start" / "beside@R" (and
     ``LIST_BESIDE_GATE``, the list programs launched as the gate starts / from its last R rounds of tiles, the gate's
     hot tiles last; with "-grouped" in the grouped order; with "-carve", ``hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT``
     on); "-onewait" (after "now+pdl" or a beside variant): ``twell_list_kernel.LIST_ONE_WAITS`` on."""
-    saved = (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.LIST_BESIDE_ROUNDS, hot_cold.joined_counts,
-             hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT, hot_cold.LIST_BESIDE_HOT_LAST,
-             twell_list_kernel.LIST_ONE_WAITS)
+    saved = {(mod, attr): getattr(mod, attr) for mod, attr in _SWITCHES}
     try:
         base, *options = name.split("-")
         beside = base.startswith("beside@")
@@ -89,14 +93,10 @@ def _variant(name: str):
             hot_cold.LIST_BESIDE_ROUNDS = None if at == "start" else int(at)
             hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT = "carve" in options
             hot_cold.LIST_BESIDE_HOT_LAST = "grouped" not in options
-        if name == "s24":
-            hot_cold.joined_counts = lambda cold, hot: torch.cat([cold, hot], 1)
-            hot_cold.heavy_queue = lambda m, dev, zeroed=True: twell_list_kernel.heavy_queue(m, dev)
         yield
     finally:
-        (hot_cold.LIST_PDL, hot_cold.LIST_BESIDE_GATE, hot_cold.LIST_BESIDE_ROUNDS, hot_cold.joined_counts,
-         hot_cold.heavy_queue, hot_cold_gate_kernel.BESIDE_MAX_CARVEOUT, hot_cold.LIST_BESIDE_HOT_LAST,
-         twell_list_kernel.LIST_ONE_WAITS) = saved
+        for (mod, attr), value in saved.items():
+            setattr(mod, attr, value)
 
 
 def probe_point(m: int, l0: float, d: int, f: int, tile: int, nvml: Nvml, dev: torch.device, rep_ms: float,

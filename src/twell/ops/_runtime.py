@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 
@@ -93,8 +94,6 @@ _carveout_set: set[int] = set()
 
 @functools.lru_cache(maxsize=1)
 def _libcuda():
-    import ctypes
-
     return ctypes.CDLL("libcuda.so.1")
 
 
@@ -102,8 +101,6 @@ def prefer_max_shared_carveout(kernel) -> None:
     """Ask the driver to configure the SMs that run ``kernel`` (a launched Triton ``CompiledKernel``) with all of their
     unified L1 / shared memory as shared memory, so that CTAs of another kernel fit beside its CTAs.  Applies from the
     kernel's next launch; once per loaded kernel.  Raises RuntimeError with the driver's CUresult if it refuses."""
-    import ctypes
-
     fn = getattr(kernel, "function", None)
     if not fn or fn in _carveout_set:
         return

@@ -341,8 +341,7 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         if tile == 128:  # with the list pass beside it (hot_cold.LIST_BESIDE_GATE): row-block counts released
             ptx = _compile(_hot_cold_gate_kernel, {**sig, "done_ptr": "*i32", "trigger_from": "i32"},
                            {**consts, "ZERO": False, "DONE": True, "PDL_TRIGGER": True, "DONE_PTX": True,
-                            "HOT_LAST": True}, target,
-                           num_warps=warps, num_stages=stages)
+                            "HOT_LAST": True}, target, num_warps=warps, num_stages=stages)
             results["hot_cold_gate_t128_counted"] = {**_stats(ptx, arch, wgmma=True), "griddepcontrol": (
                 "griddepcontrol.launch_dependents" in ptx and bool(re.search(r"red\.release\.gpu\.global", ptx)))}
     from .cold_down_kernel import _GPU_CONFIG as _DOWN_CONFIG

@@ -144,7 +144,7 @@ LIST_PDL = True
 #: 6.338 at 131072 (the headline run: 0.95x of dense): the gate itself took 1.441 against 0.533 ms.  Session 26 found
 #: why offline: the ``tl.debug_barrier()`` before each release stopped the software pipeliner (the gate's PTX held 2
 #: TMA loads against 6), so that gate ran its k steps one TMA round trip at a time.  The barrier and release are now
-#: one piece of inline PTX (``hot_cold_gate_kernel._release_after_barrier``; the loop stays pipelined, 196 registers)
+#: one piece of inline PTX (``hot_cold_gate_kernel._RELEASE_AFTER_BARRIER``; the loop stays pipelined, 196 registers)
 #: and the list programs may launch only from the gate's last :data:`LIST_BESIDE_ROUNDS` rounds of tiles.  Measured
 #: again (H200, session 26, three calls, bench_results/h200/session26_runs.md): with each count released a mainloop
 #: late the op tied the shipped launches (0.8030-0.8035 against 0.8035 ms at 16384; 6.2994 against 6.2817 at
