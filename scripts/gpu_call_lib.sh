@@ -1,0 +1,50 @@
+# Sourced by the per-session GPU call scripts (scripts/gpu_sessionNN_callK.sh): the lines every call began
+# with (sessions 22-26 copied them), a stage under a time limit that prints its log's key lines, the probe's
+# "did variant A beat B" test, and the packing of $OUT/run into one archive.  Usage, in a call script:
+#   . "$(dirname "$0")/gpu_call_lib.sh"; call_begin session27 1; ...; call_end
+# OUT comes from the device tool.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONPATH=src:scripts PYTHONUNBUFFERED=1
+
+call_begin() {  # session tag, call number: sets S, CALL, R (the results folder) and T0; writes the environment
+  S=$1 CALL=$2 R="$OUT/run" T0=$SECONDS
+  mkdir -p "$R"
+  {
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+    echo "commit ${TWELL_COMMIT:-unknown}"
+  } > "$R/environment_call${CALL}_$S.txt" 2>&1
+}
+
+left() {  # seconds left of the call's budget (first argument) since call_begin
+  echo $(( $1 - (SECONDS - T0) ))
+}
+
+stage() {  # log name, limit (s), grep pattern for the lines printed, command...
+  local name=$1 limit=$2 pattern=$3
+  shift 3
+  if [ "$limit" -le 20 ]; then echo "$name skipped: ${limit}s left"; return 0; fi
+  local start=$SECONDS
+  timeout "$limit" "$@" > "$R/${name}_call${CALL}_$S.log" 2>&1
+  echo "$name rc=$? in $((SECONDS - start))s"
+  grep -E "$pattern" "$R/${name}_call${CALL}_$S.log" | cut -c1-420 | tail -n 40
+}
+
+probe_beats() {  # probe log, tokens, variant A, variant B, fraction: prints 1 if op A's median < fraction * op B's
+  python3 - "$@" <<'PY'
+import re, sys
+log, m, a, b, frac = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
+for line in open(log):
+    if line.startswith(f"M={m:>6}") and "interleaved" in line:
+        t = dict(re.findall(r"op (\S+) ([0-9.]+) ms", line))
+        print(1 if a in t and b in t and float(t[a]) < frac * float(t[b]) else 0)
+        break
+else:
+    print(0)
+PY
+}
+
+call_end() {  # pack everything under $R into one archive (the device tool returns few files)
+  tar czf "$OUT/results_call${CALL}_$S.tgz" -C "$OUT" run && rm -rf "$R"
+}
