@@ -150,8 +150,12 @@ LIST_PDL = True
 #: late the op tied the shipped launches (0.8030-0.8035 against 0.8035 ms at 16384; 6.2994 against 6.2817 at
 #: 131072), because the pass still ran after the gate (its span 0.036-0.047 ms, ending ~0.014 ms after the gate).
 #: Read from those spans: each list program's closing ``griddepcontrol.wait`` held its SM until the gate ended
-#: (``twell_list_kernel.LIST_ONE_WAITS``, built after the last call, not yet measured).  Off; exact and tested.
-LIST_BESIDE_GATE = False
+#: (``twell_list_kernel.LIST_ONE_WAITS``).  With only the last list program waiting (H200, session 27, interleaved,
+#: bench_results/h200/tail_probe_call1_session27.log): 0.8075 against 0.8128 ms at 16384 (dense 1.6190; 2.005x against
+#: 1.992x), the pass spanning 0.028 ms against 0.036-0.047; at 131072 6.3918 against 6.3881 (a tie; launched from the
+#: gate's start 6.3288).  The predicted -0.008 to -0.013 ms came out -0.005: the pass still ends after the gate.  The
+#: headline with both on (ffn_headline_beside_onewait_session27.json): 2.001x at 16384 / 0.5 %, 2.02x at 131072.  On.
+LIST_BESIDE_GATE = True
 #: With :data:`LIST_BESIDE_GATE`: the list programs launch once every gate program has begun one of its last this many
 #: rounds of output tiles (None: as the gate starts, the programs then waiting beside the whole GEMM).  At M=16384
 #: the gate's 2944 tiles make 22.3 rounds of its 132 programs and the list pass took 0.015 ms (~0.7 of a round's

@@ -66,8 +66,10 @@ HEAVY_MIN_ENTRIES = 32
 #: bench_results/h200/tail_probe_call{2,3}_session26.log).  Predicted with one waiting program and the list pass
 #: beside the gate (hot tiles last): the pass's 0.015 ms inside the gate's last round, the op -0.008 to -0.013 ms at
 #: M=16384 against the list pass after the hot down GEMM; after the GEMM (``hot_cold.LIST_PDL``) no change.
-#: Not yet measured (the session's GPU time ran out): off.
-LIST_ONE_WAITS = False
+#: Measured (H200, session 27, interleaved, bench_results/h200/tail_probe_call1_session27.log): beside the gate 0.8075
+#: against 0.8157 ms with every program waiting and 0.8128 for the shipped launches at 16384 (the pass's span 0.028
+#: against 0.037 ms); after the GEMM 0.8124 against 0.8128 (no change, as predicted).  On.
+LIST_ONE_WAITS = True
 #: One heavy-queue slot per this many rows (the gather launches cdiv(M, HEAVY_SLOT_EVERY) heavy-first programs, the
 #: unused ones returning at once): 1024 slots at M=16384 against the 396 / 619 heavy rows at l0 = 28 / 56.
 HEAVY_SLOT_EVERY = 16
