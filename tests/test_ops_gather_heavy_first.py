@@ -40,17 +40,20 @@ def _gather(p, container, tile, **kw) -> torch.Tensor:
 
 
 def heavy_first_on(monkeypatch) -> list:
-    """GATHER_HEAVY_FIRST on for the test, and the heavy queues the gathers then allocate, as they are filled."""
+    """GATHER_HEAVY_FIRST on for the test, and the heavy queues (slots, counter) that the list passes then fill, as
+    they are filled: the gather's own, or the hot/cold op's (whose list pass beside the fused gate counts in the
+    gate's flags buffer, not in the counter that ``heavy_queue`` returned)."""
     monkeypatch.setattr(twell_ffn_kernel, "GATHER_HEAVY_FIRST", True)
     queues = []
 
-    def spy(m: int, dev: torch.device, *, zeroed: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        queues.append(heavy_queue(m, dev, zeroed=zeroed))
-        return queues[-1]
+    def spy(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        if kwargs.get("heavy") is not None:
+            queues.append(kwargs["heavy"])
+        return launch_list_twell_rows(*args, **kwargs)
 
-    # the gather allocates the queue, or the hot/cold op does (the fused gate then zeroes its counter)
-    monkeypatch.setattr(twell_ffn_kernel, "heavy_queue", spy)
-    monkeypatch.setattr(hot_cold, "heavy_queue", spy)
+    # the gather lists the rows, or the hot/cold op does beside its fused gate (hot_cold.LIST_BESIDE_GATE)
+    monkeypatch.setattr(twell_ffn_kernel, "launch_list_twell_rows", spy)
+    monkeypatch.setattr(hot_cold, "launch_list_twell_rows", spy)
     return queues
 
 

@@ -188,10 +188,13 @@ def test_gpu_lists_of_the_split_cold_container():
         seen.append((args, kwargs, lists))
         return lists
 
+    import twell.ops.hot_cold as hot_cold_module
     import twell.ops.twell_ffn_kernel as row_kernel
 
     with pytest.MonkeyPatch.context() as mp:
+        # the gather lists the rows, or the op does beside its fused gate (hot_cold.LIST_BESIDE_GATE, on)
         mp.setattr(row_kernel, "launch_list_twell_rows", spy)
+        mp.setattr(hot_cold_module, "launch_list_twell_rows", spy)
         mp.setattr(row_kernel, "GATHER_LISTED", True)
         mp.setattr(row_kernel, "GATHER_HEAVY_FIRST", False)  # unmarked lists (marks: test_ops_gather_heavy_first)
         launch_hot_cold_ffn(q["x"], plan, q["w_gate"], q["w_up"], q["w_down"].t().contiguous(), tile=128, capacity=16)
