@@ -34,7 +34,9 @@ at 131072 -0.01 to -0.02 (one round of the pass's 0.09 ms).  Call 3 (tail_probe_
 (0.8137 against 0.8109 ms, the pass spanning 0.037 ms either way).  Read from the spans: every list program ended
 with ``griddepcontrol.wait`` and so held its SM until the gate ended; with ``twell_list_kernel.LIST_ONE_WAITS`` only
 the last waits ("-onewait").  Predicted for the next run: "beside@1-onewait" -0.008 to -0.013 ms against "now+pdl"
-at 16384, "now+pdl-onewait" as "now+pdl".
+at 16384, "now+pdl-onewait" as "now+pdl".  Session 27's call 1 (tail_probe_call1_session27.log): 0.8075 against
+0.8128 ms (-0.005, 2.005x; the pass's span 0.028 ms against 0.037), "now+pdl-onewait" 0.8124; both switches are now
+on by default, so "now+pdl" is no longer the shipped launch order but session 26's.
 
 Per point (the module's own hot set, built as ``twell bench ffn`` builds it): interleaved medians
 (``time_ms_interleaved``, the bench's hold) of the dense FFN with separate linears, the op in each of
