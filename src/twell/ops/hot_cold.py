@@ -153,8 +153,9 @@ LIST_PDL = True
 #: (``twell_list_kernel.LIST_ONE_WAITS``).  With only the last list program waiting (H200, session 27, interleaved,
 #: bench_results/h200/tail_probe_call1_session27.log): 0.8075 against 0.8128 ms at 16384 (dense 1.6190; 2.005x against
 #: 1.992x), the pass spanning 0.028 ms against 0.036-0.047; at 131072 6.3918 against 6.3881 (a tie; launched from the
-#: gate's start 6.3288).  The predicted -0.008 to -0.013 ms came out -0.005: the pass still ends after the gate.  The
-#: headline with both on (ffn_headline_beside_onewait_session27.json): 2.001x at 16384 / 0.5 %, 2.02x at 131072.  On.
+#: gate's start 6.3288).  The predicted -0.008 to -0.013 ms came out -0.005: the pass likely still ends after the
+#: gate.  The headline with both on (ffn_headline_beside_onewait_session27.json): 2.001x at 16384 / 0.5 %, 2.02x at
+#: 131072; the whole sweep 2.01x at both (ffn_sweep_session27.json).  On.
 LIST_BESIDE_GATE = True
 #: With :data:`LIST_BESIDE_GATE`: the list programs launch once every gate program has begun one of its last this many
 #: rounds of output tiles (None: as the gate starts, the programs then waiting beside the whole GEMM).  At M=16384
