@@ -28,6 +28,28 @@ def test_bench_ffn_cli_writes_checked_rows(tmp_path, capsys):
     assert "hot-cold" in capsys.readouterr().out
 
 
+def test_bench_ffn_records_what_the_module_ran(tmp_path, capsys, monkeypatch):
+    """The dispatched module's hot set and dense-row budget go into the row (and its line) when it ran sparse; a
+    dense-dispatched row records none.  The CPU dispatch runs dense, so the sparse case forces the TwELL path (not
+    the small-batch kernels, which take no hot set) with the Triton backend (the hot/cold split's)."""
+    from twell.nn import SparseGatedMLP
+
+    args = ["bench", "ffn", "--ms", "8", "--densities", "10", "--shape", "64x256", "--extra", "--rep-ms", "1",
+            "--dtype", "float32", "--out", str(tmp_path)]
+    assert cli.main([*args, "--stem", "dense"]) == 0
+    r = json.loads((tmp_path / "dense.json").read_text())["rows"][0]
+    assert r["dispatch_sparse"] is False and r["dispatch_n_hot"] is None and r["dispatch_dense_rows"] == 0
+    assert "module H=" not in capsys.readouterr().out
+    monkeypatch.setattr(SparseGatedMLP, "_path", lambda self, n_tokens, device_type: "sparse")
+    assert cli.main([*args, "--stem", "sparse", "--backend", "triton"]) == 0
+    r = json.loads((tmp_path / "sparse.json").read_text())["rows"][0]
+    assert r["dispatch_sparse"] is True and r["ok"]
+    # the module chooses its hot set by the bench column's rule, on the same tokens
+    assert isinstance(r["dispatch_n_hot"], int) and r["dispatch_n_hot"] == r["n_hot"]
+    assert 0 <= r["dispatch_dense_rows"] <= 8 and 0.0 <= r["dispatch_overflow_row_frac"] <= 1.0
+    assert f"module H={r['dispatch_n_hot']} dense rows={r['dispatch_dense_rows']}" in capsys.readouterr().out
+
+
 def test_bench_ffn_dispatch_table_option(tmp_path, capsys):
     """``--dispatch-table`` puts a candidate table in the module column (recorded in the JSON); a malformed
     table is refused with the accepted form named."""

@@ -144,6 +144,14 @@ def run_point(
     for name, ms in timed.items():
         row[f"{name}_ms"] = ms
         row[f"{name}_rounds_ms"] = per_round[name]
+    # what the module's sparse path ran with (its own hot set and dense-row budget, from its last refresh call),
+    # against the hot/cold column's: at 16384 tokens / 2 % the module read 1.34x where that column read 1.45x
+    # (bench_results/h200/ffn_sweep_session27.json; 1.32x / 1.42x in session 22), the cause not yet known
+    cache = mlp._hot_cold
+    sparse_ran = row["dispatch_sparse"] and cache.chosen
+    row["dispatch_n_hot"] = cache.n_hot if sparse_ran else None
+    row["dispatch_dense_rows"] = cache.dense_rows(m) if sparse_ran else 0
+    row["dispatch_overflow_row_frac"] = cache.overflow_fraction if sparse_ran else 0.0
     row["hotcold_speedup"] = row["dense_ms"] / row["hotcold_ms"]
     row["dispatch_speedup"] = row["dense_ms"] / row["dispatch_ms"]
     row["dispatch_vs_dense_module"] = row["dense_module_ms"] / row["dispatch_ms"]
@@ -233,6 +241,8 @@ def format_row(r: dict) -> str:
         f"hot-cold(H={r['n_hot']})={r['hotcold_ms']:8.3f} {r['hotcold_speedup']:5.2f}x err={r['hotcold_rel_err']:.1e} "
         f"{'ok' if r['ok'] else 'WRONG'} dispatched={r['dispatch_speedup']:.2f}x "
         f"({'sparse' if r['dispatch_sparse'] else 'dense'})"
+        + (f" module H={r['dispatch_n_hot']} dense rows={r['dispatch_dense_rows']}"
+           if r.get("dispatch_n_hot") is not None else "")
         + (f" vs dense module {r['dispatch_vs_dense_module']:.2f}x" if "dispatch_vs_dense_module" in r else "")
         + (f" decode={r['decode_ms']:.3f} {r['decode_speedup']:.2f}x err={r['decode_rel_err']:.1e} "
            f"module+decode {r['decode_module_speedup']:.2f}x" if "decode_ms" in r else "")

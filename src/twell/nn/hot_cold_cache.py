@@ -83,6 +83,11 @@ class HotColdCache:
         """Whether the hot units have been chosen at least once (since the last :meth:`clear`)."""
         return self._hot is not None
 
+    @property
+    def n_hot(self) -> int | None:
+        """How many hot units the current set holds (None: not chosen since the last :meth:`clear`)."""
+        return None if self._hot is None else int(self._hot.numel())
+
     def refresh(self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *,
                 tile: int = DEFAULT_TILE, capacity: int | None = None) -> None:
         """Re-choose the hot units from (a sample of) the tokens ``x``, and measure on the same sample the
