@@ -8,20 +8,15 @@
 #
 # Stage limits (seconds) come from T_<STAGE> (e.g. T_FFN=200); extra arguments per stage from
 # ARGS_<STAGE> (e.g. ARGS_FFN="--ms 4096 131072").
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+. "$(dirname "$0")/gpu_call_lib.sh"  # set -uo pipefail, the repository root, write_environment
+export PYTHONPATH=src  # this runner's stages import twell only
 OUT=${OUT:-out}
 RUN="$OUT/run"
 mkdir -p "$RUN"
 STAGES=${STAGES:-"tests ffn train-ffn model"}
 # Other stages: ffn-large (a second ffn sweep, ARGS_FFN_LARGE), tune (twell tune-dispatch, ARGS_TUNE), probe coldfmt trainprof decodeprobe decodestep switchovh launchcost coldprobe (ARGS_COLDPROBE, e.g. --shape 4096x14336) l2probe colddown timing gemmprobe fusedgate fusedab (ARGS_FUSEDAB: switches of hot_cold_gate_kernel toggled together) attn ncu ncusrc clock overhead (the
 # diagnostics).
-{
-  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
-  echo "commit ${TWELL_COMMIT:-unknown}"
-} > "$RUN/environment.txt" 2>&1
+write_environment "$RUN/environment.txt"
 
 run_stage() {  # name, default limit, command...
   local name=$1 limit=$2

@@ -1,5 +1,5 @@
-# Sourced by the per-session GPU call scripts (scripts/gpu_sessionNN_callK.sh): the lines every call began
-# with (sessions 22-26 copied them), a stage under a time limit that prints its log's key lines, the probe's
+# Sourced by the per-session GPU call scripts (scripts/gpu_sessionNN_callK.sh) and scripts/gpu_all.sh: the lines
+# every call began with (sessions 22-26 copied them), a stage under a time limit that prints its log's key lines, the probe's
 # "did variant A beat B" test, and the packing of $OUT/run into one archive.  Usage, in a call script:
 #   . "$(dirname "$0")/gpu_call_lib.sh"; call_begin session27 1; ...; call_end
 # OUT comes from the device tool.
@@ -7,14 +7,18 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH=src:scripts PYTHONUNBUFFERED=1
 
+write_environment() {  # file: the GPU, driver and clocks, the torch / Triton / CUDA versions, the commit
+  {
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.mem --format=csv,noheader
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
+    echo "commit ${TWELL_COMMIT:-unknown}"
+  } > "$1" 2>&1
+}
+
 call_begin() {  # session tag, call number: sets S, CALL, R (the results folder) and T0; writes the environment
   S=$1 CALL=$2 R="$OUT/run" T0=$SECONDS
   mkdir -p "$R"
-  {
-    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-    python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda)"
-    echo "commit ${TWELL_COMMIT:-unknown}"
-  } > "$R/environment_call${CALL}_$S.txt" 2>&1
+  write_environment "$R/environment_call${CALL}_$S.txt"
 }
 
 left() {  # seconds left of the call's budget (first argument) since call_begin
