@@ -29,19 +29,15 @@ def test_bench_ffn_cli_writes_checked_rows(tmp_path, capsys):
 
 
 def test_bench_ffn_records_what_the_module_ran(tmp_path, capsys, monkeypatch):
-    """The dispatched module's hot set and dense-row budget go into the row (and its line) when it ran sparse; a
-    dense-dispatched row records none.  The CPU dispatch runs dense, so the sparse case forces the TwELL path (not
-    the small-batch kernels, which take no hot set) with the Triton backend (the hot/cold split's)."""
+    """The dispatched module's hot set and dense-row budget go into the row (and its line) when it ran sparse (a
+    dense-dispatched row records none: test_bench_ffn_dispatch_table_option).  The CPU dispatch runs dense, so this
+    forces the TwELL path (not the small-batch kernels, which take no hot set) with the Triton backend (the hot/cold
+    split's)."""
     from twell.nn import SparseGatedMLP
 
-    args = ["bench", "ffn", "--ms", "8", "--densities", "10", "--shape", "64x256", "--extra", "--rep-ms", "1",
-            "--dtype", "float32", "--out", str(tmp_path)]
-    assert cli.main([*args, "--stem", "dense"]) == 0
-    r = json.loads((tmp_path / "dense.json").read_text())["rows"][0]
-    assert r["dispatch_sparse"] is False and r["dispatch_n_hot"] is None and r["dispatch_dense_rows"] == 0
-    assert "module H=" not in capsys.readouterr().out
     monkeypatch.setattr(SparseGatedMLP, "_path", lambda self, n_tokens, device_type: "sparse")
-    assert cli.main([*args, "--stem", "sparse", "--backend", "triton"]) == 0
+    assert cli.main(["bench", "ffn", "--ms", "8", "--densities", "10", "--shape", "64x256", "--extra", "--rep-ms",
+                     "1", "--dtype", "float32", "--out", str(tmp_path), "--stem", "sparse", "--backend", "triton"]) == 0
     r = json.loads((tmp_path / "sparse.json").read_text())["rows"][0]
     assert r["dispatch_sparse"] is True and r["ok"]
     # the module chooses its hot set by the bench column's rule, on the same tokens
@@ -59,7 +55,10 @@ def test_bench_ffn_dispatch_table_option(tmp_path, capsys):
     assert code == 0
     data = json.loads((tmp_path / "t.json").read_text())
     assert data["meta"]["sweep"]["dispatch_table"] == [[0, 0.5], [4096, 0.05]]
-    assert data["rows"][0]["dispatch_sparse"] is False  # CPU: the table applies on CUDA only
+    r = data["rows"][0]
+    assert r["dispatch_sparse"] is False  # CPU: the table applies on CUDA only
+    assert r["dispatch_n_hot"] is None and r["dispatch_dense_rows"] == 0  # nothing of a sparse run recorded
+    assert "module H=" not in capsys.readouterr().out
     for bad in ("4096", "4096:0.5,16:0.1", "16:1.5"):
         with pytest.raises(SystemExit):
             cli.main(["bench", "ffn", "--dispatch-table", bad])
