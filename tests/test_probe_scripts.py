@@ -38,6 +38,7 @@ PROBES = {
     "memset_source_probe.py": ((), "M=", ["mm fp32 out: ran", "list pass: ran"]),
     "tail_probe.py": ((), "M=", ["across variants True; module True", "interleaved | dense",
                                  "back to back | op beside"]),
+    "fp8_screen_probe.py": ((), "M=", ["margin est k=0.1:", "margin norms k=0.05:", "speed: not timed"]),
 }
 
 
