@@ -7,7 +7,7 @@
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin session28 2
 for B in 1 3 10; do
-  stage tune_bound$B "$(left 190)" "x  err|sparse when" python3 -c "
+  stage tune_bound$B "$(left 420)" "x  err|sparse when" python3 -c "
 import sys
 import twell.ops.hot_cold_plan as p
 p.HOT_MAX_COLD_L0 = float($B)
