@@ -325,7 +325,8 @@ def test_policy_device_types_and_constructors():
     assert not DEFAULT_POLICY.use_sparse(2047, 0.0, shape=shape)
     assert not DEFAULT_POLICY.use_sparse(1024, 0.0, shape=shape)  # lost in session 22's sweep (0.85x at 0.25 %)
     assert DEFAULT_POLICY.use_sparse(2048, 0.0024092414, shape=shape)  # the measured winning points
-    assert not DEFAULT_POLICY.use_sparse(2048, 27.23046875 / 5632, shape=shape)  # 0.5 %: won in session 21 only
+    assert DEFAULT_POLICY.use_sparse(2048, 0.004834955388849432, shape=shape)  # 0.5 %: won in sessions 21 and 28
+    assert not DEFAULT_POLICY.use_sparse(2048, 0.009669477289373224, shape=shape)  # 1 %: 0.99x in session 28
     assert DEFAULT_POLICY.use_sparse(4096, 110.676025390625 / 5632, shape=shape)
     assert not DEFAULT_POLICY.use_sparse(4096, 166.361328125 / 5632, shape=shape)  # 3 %: 0.91x
     assert DEFAULT_POLICY.use_sparse(8192, 559.49 / 5632, shape=shape)
