@@ -58,6 +58,19 @@ HOT_MAX_COLD_L0 = 10.0
 #: tokens nothing was measured; 131,072 is the smallest size where the larger bound won.
 HOT_LARGE_TOKENS = 131072
 HOT_MAX_COLD_L0_LARGE = 13.0
+#: Below ``HOT_SMALL_TOKENS`` tokens the bound is ``HOT_MAX_COLD_L0_SMALL``: more hot units, fewer cold pairs.  Measured
+#: on the H200 in session 28 (d=2048, F=5632, ``twell tune-dispatch`` with the module held sparse against the dense
+#: module, interleaved, one run per bound in one call; bench_results/h200/dispatch_2048x5632_session28_bound{1,3,10}
+#: .json): with bound 3 instead of 10, 4096 tokens won at every density, 1.31-1.80x against 0.99-1.68x (3 %: 1.31x
+#: against 0.99x), and 2048 tokens 1.17-1.49x against 0.95-1.60x (1-3 %: 1.17-1.30x against 0.95-1.04x; only
+#: 0.25 % was slower, 1.49x against 1.60x); bound 1 was no better than 3 anywhere by more than 0.04x.  At 8192 tokens
+#: the two bounds split (3: 1.35x / 1.30x at 2 % / 3 % against 1.18x / 1.15x; 10: 1.50x / 1.78x at 1 % / 0.5 %
+#: against 1.45x / 1.62x), so 8192 keeps 10.  Session 20's probe pointed the same way (4096 tokens at l0=112:
+#: 0.365 ms at 0.8 cold pairs per token against 0.383 at 9.7).  Why: at these sizes a hot unit's GEMM columns
+#: cost little in absolute time, while the cold gather over a few thousand tokens is short of programs to hide its
+#: latency.
+HOT_SMALL_TOKENS = 8192
+HOT_MAX_COLD_L0_SMALL = 3.0
 #: The hot count is rounded down to a multiple of this (GEMM and tile alignment of the [M, F + H] output).
 HOT_MULTIPLE = 64
 #: Tokens sampled by :func:`unit_frequency` (one [4096, F] GEMM: ~0.14 ms at d=2048, F=5632 on an H200).
@@ -145,8 +158,11 @@ def overflow_row_fraction(active: torch.Tensor, hot: torch.Tensor, tile: int, ca
 
 def default_max_cold_l0(n_tokens: int) -> float:
     """The cold-pairs bound of the hot set chosen on a call of ``n_tokens`` tokens: ``HOT_MAX_COLD_L0_LARGE`` from
-    ``HOT_LARGE_TOKENS`` tokens on, ``HOT_MAX_COLD_L0`` below (the constants are read at call time)."""
-    return HOT_MAX_COLD_L0_LARGE if n_tokens >= HOT_LARGE_TOKENS else HOT_MAX_COLD_L0
+    ``HOT_LARGE_TOKENS`` tokens on, ``HOT_MAX_COLD_L0_SMALL`` below ``HOT_SMALL_TOKENS``, ``HOT_MAX_COLD_L0`` between
+    (the constants are read at call time)."""
+    if n_tokens >= HOT_LARGE_TOKENS:
+        return HOT_MAX_COLD_L0_LARGE
+    return HOT_MAX_COLD_L0_SMALL if n_tokens < HOT_SMALL_TOKENS else HOT_MAX_COLD_L0
 
 
 def check_max_cold_l0(max_cold_l0: float | None) -> None:
