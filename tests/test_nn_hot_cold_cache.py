@@ -71,12 +71,16 @@ def test_refresh_bounds_the_cold_pairs_per_token():
 
 
 def test_the_default_bound_follows_the_call_size(monkeypatch):
-    """The default cache bounds the cold pairs by ``HOT_MAX_COLD_L0`` below ``HOT_LARGE_TOKENS`` tokens and by
-    ``HOT_MAX_COLD_L0_LARGE`` from there on, read at refresh time; a fixed bound applies at every size."""
+    """The default cache bounds the cold pairs by ``HOT_MAX_COLD_L0_SMALL`` below ``HOT_SMALL_TOKENS`` tokens, by
+    ``HOT_MAX_COLD_L0`` from there to ``HOT_LARGE_TOKENS`` and by ``HOT_MAX_COLD_L0_LARGE`` from there on, read at
+    refresh time; a fixed bound applies at every size."""
     from twell.ops import hot_cold_plan
 
-    assert default_max_cold_l0(hot_cold_plan.HOT_LARGE_TOKENS - 1) == HOT_MAX_COLD_L0
-    assert default_max_cold_l0(hot_cold_plan.HOT_LARGE_TOKENS) == hot_cold_plan.HOT_MAX_COLD_L0_LARGE
+    small_tokens, large_tokens = hot_cold_plan.HOT_SMALL_TOKENS, hot_cold_plan.HOT_LARGE_TOKENS
+    assert default_max_cold_l0(1) == default_max_cold_l0(small_tokens - 1) == hot_cold_plan.HOT_MAX_COLD_L0_SMALL
+    assert default_max_cold_l0(small_tokens) == default_max_cold_l0(large_tokens - 1) == HOT_MAX_COLD_L0
+    assert default_max_cold_l0(large_tokens) == hot_cold_plan.HOT_MAX_COLD_L0_LARGE
+    assert hot_cold_plan.HOT_MAX_COLD_L0_SMALL < HOT_MAX_COLD_L0 < hot_cold_plan.HOT_MAX_COLD_L0_LARGE
     wg, wu, wd = _weights(f=256)
     x = _tokens()
     freq = unit_frequency(x, wg)
@@ -86,7 +90,9 @@ def test_the_default_bound_follows_the_call_size(monkeypatch):
     after_64, after_128 = float(ranked[64:].sum()), float(ranked[128:].sum())
     large, small = after_64 * 1.05, (after_64 + after_128) / 2
     assert after_128 < small < after_64 < large < float(ranked[4:].sum())
-    # shrink the size switch to this sample so that both bounds are exercised on a small problem
+    # shrink the size switches to this sample so that both bounds are exercised on a small problem (the small
+    # calls' bound is the middle one's below one token: never)
+    monkeypatch.setattr(hot_cold_plan, "HOT_SMALL_TOKENS", 1)
     monkeypatch.setattr(hot_cold_plan, "HOT_LARGE_TOKENS", x.shape[0])
     monkeypatch.setattr(hot_cold_plan, "HOT_MAX_COLD_L0", small)
     monkeypatch.setattr(hot_cold_plan, "HOT_MAX_COLD_L0_LARGE", large)
@@ -102,6 +108,17 @@ def test_the_default_bound_follows_the_call_size(monkeypatch):
     fixed = HotColdCache(min_frequency=0.5, max_cold_l0=small)  # a fixed bound holds at every size
     fixed.refresh(x, wg, wu, wd)
     assert fixed._hot.numel() == 128
+    # the small calls' bound: below HOT_SMALL_TOKENS the smaller bound again, from there the middle one
+    monkeypatch.setattr(hot_cold_plan, "HOT_SMALL_TOKENS", x.shape[0])
+    monkeypatch.setattr(hot_cold_plan, "HOT_LARGE_TOKENS", 10**9)
+    monkeypatch.setattr(hot_cold_plan, "HOT_MAX_COLD_L0_SMALL", small)
+    monkeypatch.setattr(hot_cold_plan, "HOT_MAX_COLD_L0", large)
+    cache = HotColdCache(min_frequency=0.5)
+    cache.refresh(x[:-1], wg, wu, wd)
+    assert cache._hot.numel() == 128
+    cache = HotColdCache(min_frequency=0.5)
+    cache.refresh(x, wg, wu, wd)
+    assert cache._hot.numel() == 64
 
 
 def test_small_changes_of_the_hot_set_keep_the_plan():
