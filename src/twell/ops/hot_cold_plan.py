@@ -61,7 +61,7 @@ HOT_MAX_COLD_L0_LARGE = 13.0
 #: Below ``HOT_SMALL_TOKENS`` tokens the bound is ``HOT_MAX_COLD_L0_SMALL``: more hot units, fewer cold pairs.  Measured
 #: on the H200 in session 28 (d=2048, F=5632, ``twell tune-dispatch`` with the module held sparse against the dense
 #: module, interleaved, one run per bound in one call; bench_results/h200/dispatch_2048x5632_session28_bound{1,3,10}
-#: .json): with bound 3 instead of 10, 4096 tokens won at every density, 1.31-1.80x against 0.99-1.68x (3 %: 1.31x
+#: .json): with bound 3 instead of 10, 4096 tokens won at every density, 1.23-1.80x against 0.99-1.68x (3 %: 1.31x
 #: against 0.99x), and 2048 tokens 1.17-1.49x against 0.95-1.60x (1-3 %: 1.17-1.30x against 0.95-1.04x; only
 #: 0.25 % was slower, 1.49x against 1.60x); bound 1 was no better than 3 anywhere by more than 0.04x.  At 8192 tokens
 #: the two bounds split (3: 1.35x / 1.30x at 2 % / 3 % against 1.18x / 1.15x; 10: 1.50x / 1.78x at 1 % / 0.5 %
