@@ -33,7 +33,10 @@ def test_small_calls_take_the_decode_kernels_and_larger_ones_the_table(backend, 
     # eager Triton decode calls go to the launchers directly; the custom op is for torch.compile and "torch"
     decode_calls = (_count_calls(monkeypatch, "launch_decode_ffn", mlp_mod) if backend == "triton"
                     else _count_calls(monkeypatch, "decode_gated_ffn_unchecked"))
+    # the table's sparse path: the plain TwELL op, or the hot/cold op where the layer's hot set is not empty (which
+    # depends on the hot-set rule of hot_cold_plan, not on the dispatch this test is about)
     table_calls = _count_calls(monkeypatch, "sparse_gated_ffn_unchecked")
+    hot_cold_calls = _count_calls(monkeypatch, "hot_cold_gated_ffn_unchecked")
     for m in (1, 8, 9):
         x = make_x((m, D), seed=m, dtype=torch.float32)
         with torch.no_grad():
@@ -42,7 +45,7 @@ def test_small_calls_take_the_decode_kernels_and_larger_ones_the_table(backend, 
         assert layer.last_l0 is not None
         g = x.double() @ layer.gate_proj.weight.detach().double().T
         assert float(layer.last_l0) == pytest.approx(float((g > 0).sum()) / m)
-    assert decode_calls == [1, 8] and table_calls == [9]
+    assert decode_calls == [1, 8] and table_calls + hot_cold_calls == [9]
 
 
 def test_decode_path_keeps_leading_dimensions_and_skips_the_hot_set(monkeypatch):

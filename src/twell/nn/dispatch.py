@@ -64,9 +64,9 @@ H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 #: keeps only 0.25 %, the one density that won in sessions 13 (1.24x), 21 (1.59x) and 22 (1.61x, 1.64x).
 #: Session 28 re-tuned 2048-8192 tokens on the current op (commit 4aecd4a, bench_results/h200/
 #: dispatch_2048x5632_session28_small_m.json): 2048 tokens won at 0.25 % (1.61x) and 0.5 % (1.16x; session 21:
-#: 1.15x), tied or lost at 1-3 % (0.94-1.03x) and won at 5-10 % (1.18-1.20x), which alone would end its row at 0.5 %; 4096
-#: won to 2 % (1.23-1.69x), tied at 3 % (1.00x), won at 5-10 % (1.23-1.25x), and 8192 won at every density
-#: (1.16-1.99x).  The losses at 1-3 % were the hot set's: with the cold-pairs bound 3 below 8192 tokens
+#: 1.15x), tied or lost at 1-3 % (0.94-1.03x) and won at 5-10 % (1.18-1.20x), which alone would end its row at
+#: 0.5 %; 4096 won to 2 % (1.23-1.69x), tied at 3 % (1.00x), won at 5-10 % (1.23-1.25x), and 8192 won at every
+#: density (1.16-1.99x).  The losses at 1-3 % were the hot set's: with the cold-pairs bound 3 below 8192 tokens
 #: (``hot_cold_plan.HOT_MAX_COLD_L0_SMALL``, call 2) and then as shipped (commit 62a3ef3, bench_results/h200/
 #: dispatch_2048x5632_session28_small_bound.json) 2048 tokens won at every density (1.17-1.48x) and 4096 too
 #: (1.23-1.80x), so both rows run to 10 %; 8192 unchanged (1.16-1.98x).  1024 tokens won there too (1.04-1.34x,
