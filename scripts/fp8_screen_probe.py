@@ -28,6 +28,7 @@ import math
 
 import torch
 
+from twell.bench.ffn import _dense_ffn
 from twell.bench.probe import probe_args, run_points
 from twell.bench.timing import time_ms_interleaved
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
@@ -47,11 +48,10 @@ def quantize_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (t.float() / scale).to(torch.float8_e4m3fn), scale
 
 
-def screened_gate(x: torch.Tensor, wg: torch.Tensor) -> torch.Tensor:
-    """The fp8 screen's gate values as fp32, computed from the dequantised operands in fp32 (the values an fp8
-    GEMM with fp32 accumulation gives, up to its summation order)."""
-    xq, sx = quantize_rows(x)
-    wq, sw = quantize_rows(wg)
+def screened_gate(xq: torch.Tensor, sx: torch.Tensor, wq: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """The fp8 screen's gate values as fp32 from :func:`quantize_rows`'s codes and scales of x and Wg, computed from
+    the dequantised operands in fp32 (the values an fp8 GEMM with fp32 accumulation gives, up to its summation
+    order)."""
     return (xq.float() * sx) @ (wq.float() * sw).T
 
 
@@ -65,7 +65,7 @@ def accuracy(m: int, density: float, d: int, f: int, device: torch.device) -> No
     n_active = int(active.sum())
     h = torch.relu(gate) * (x @ wu.T)
     out_norm = float((h @ wd.T).norm())
-    screened = screened_gate(p["x"], p["w_gate"])
+    screened = screened_gate(*quantize_rows(p["x"]), *quantize_rows(p["w_gate"]))
     err = screened - gate
     est = torch.sqrt((x * x) @ (wg * wg).T)
     norms = x.norm(dim=1, keepdim=True) * wg.norm(dim=1)[None, :] / math.sqrt(d)
@@ -98,14 +98,14 @@ def speed(m: int, d: int, f: int, device: torch.device, rep_ms: float) -> None:
                                         use_fast_accum=fast)
 
     fns = {
-        "dense FFN": lambda: (torch.relu(x @ wg.T) * (x @ wu.T)) @ wd.T,
+        "dense FFN": lambda: _dense_ffn(x, wg, wu, wd),
         "bf16 gate GEMM": lambda: x @ wg.T,
         "fp8 gate GEMM": fp8_gemm(False),
         "fp8 gate GEMM fast accum": fp8_gemm(True),
         "quantize x (torch ops)": lambda: quantize_rows(x),
     }
     fp8_out = fns["fp8 gate GEMM"]().float()
-    ref = screened_gate(x, wg)
+    ref = screened_gate(xq, sx, wq, sw)
     agree = float((fp8_out - ref).norm() / ref.norm())
     times = time_ms_interleaved(fns, device=device, rep_ms=rep_ms)
     parts = " | ".join(f"{name} {ms:.4f} ms" for name, ms in times.items())
