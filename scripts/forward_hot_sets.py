@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+from collections.abc import Callable
 
 import torch
 from forward_layer_times import (  # scripts/ (the script's own directory is on sys.path)
@@ -41,13 +42,18 @@ from forward_layer_times import (  # scripts/ (the script's own directory is on 
 
 from twell.bench.probe import probe_device, probe_parser
 from twell.nn import SparseGatedMLP
+from twell.ops import hot_cold_plan
 from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, check_max_cold_l0, default_max_cold_l0
 
-Rule = tuple[float, float | None]
+#: (min_frequency, max_cold_l0); the bound may be the shipped function of (tokens, l0) itself
+Rule = tuple[float, float | None | Callable[[int, float], float]]
 
 
 def shipped_rule(n_tokens: int) -> Rule:
-    """The rule ``SparseGatedMLP`` applies on calls of ``n_tokens`` (the bound depends on the call size)."""
+    """The rule ``SparseGatedMLP`` applies on calls of ``n_tokens``: the bound depends on the call size, and in the
+    middle tier on each layer's l0 too, where the rule keeps the shipped function (named ``by-l0``)."""
+    if hot_cold_plan.HOT_SMALL_TOKENS <= n_tokens < hot_cold_plan.HOT_LARGE_TOKENS:
+        return HOT_MIN_FREQUENCY, default_max_cold_l0
     return HOT_MIN_FREQUENCY, default_max_cold_l0(n_tokens)
 
 #: the default grid: wider cold bounds (the middle layers' best in the sequential grid) and fewer or no hot units
@@ -71,7 +77,8 @@ def parse_rule(text: str) -> Rule:
 
 
 def rule_name(rule: Rule) -> str:
-    return f"{rule[0]:.3f}:{'none' if rule[1] is None else f'{rule[1]:g}'}"
+    bound = rule[1]
+    return f"{rule[0]:.3f}:{'none' if bound is None else 'by-l0' if callable(bound) else f'{bound:g}'}"
 
 
 def hot_and_cold_l0(mlp: SparseGatedMLP) -> tuple[int, float]:

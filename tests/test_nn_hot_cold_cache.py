@@ -81,6 +81,15 @@ def test_the_default_bound_follows_the_call_size(monkeypatch):
     assert default_max_cold_l0(small_tokens) == default_max_cold_l0(large_tokens - 1) == HOT_MAX_COLD_L0
     assert default_max_cold_l0(large_tokens) == hot_cold_plan.HOT_MAX_COLD_L0_LARGE
     assert hot_cold_plan.HOT_MAX_COLD_L0_SMALL < HOT_MAX_COLD_L0 < hot_cold_plan.HOT_MAX_COLD_L0_LARGE
+    # the middle tier on a layer with many active units per token (known from the refresh sample): a tighter bound
+    dense_l0 = hot_cold_plan.HOT_DENSE_L0
+    assert default_max_cold_l0(small_tokens, dense_l0) == default_max_cold_l0(large_tokens - 1, 10 * dense_l0) \
+        == hot_cold_plan.HOT_MAX_COLD_L0_DENSE
+    assert default_max_cold_l0(small_tokens, dense_l0 - 1) == HOT_MAX_COLD_L0
+    assert default_max_cold_l0(small_tokens - 1, dense_l0) == hot_cold_plan.HOT_MAX_COLD_L0_SMALL
+    assert default_max_cold_l0(large_tokens, dense_l0) == hot_cold_plan.HOT_MAX_COLD_L0_LARGE
+    assert hot_cold_plan.HOT_MAX_COLD_L0_SMALL < hot_cold_plan.HOT_MAX_COLD_L0_DENSE < HOT_MAX_COLD_L0
+    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_L0", float("inf"))  # the size tiers alone until the last step
     wg, wu, wd = _weights(f=256)
     x = _tokens()
     freq = unit_frequency(x, wg)
@@ -119,6 +128,31 @@ def test_the_default_bound_follows_the_call_size(monkeypatch):
     cache = HotColdCache(min_frequency=0.5)
     cache.refresh(x, wg, wu, wd)
     assert cache._hot.numel() == 64
+    # the middle tier's bound for dense layers, chosen by the sample's active units per token
+    l0 = float(freq.sum())
+    monkeypatch.setattr(hot_cold_plan, "HOT_MAX_COLD_L0_DENSE", small)
+    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_L0", 0.99 * l0)
+    cache = HotColdCache(min_frequency=0.5)
+    cache.refresh(x, wg, wu, wd)
+    assert cache._hot.numel() == 128
+    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_L0", 1.01 * l0)
+    cache = HotColdCache(min_frequency=0.5)
+    cache.refresh(x, wg, wu, wd)
+    assert cache._hot.numel() == 64
+
+
+def test_a_bound_rule_takes_tokens_and_l0():
+    """A callable ``max_cold_l0`` gets the refresh call's token count and its sample's l0; one that cannot take
+    both is refused when the cache is made, not at its first refresh."""
+    with pytest.raises(TypeError, match="two positional arguments"):
+        HotColdCache(max_cold_l0=lambda n_tokens: 3.0)
+    seen = []
+    wg, wu, wd = _weights()
+    x = _tokens()
+    cache = HotColdCache(min_frequency=0.5, max_cold_l0=lambda n, l0: seen.append((n, l0)) or 3.0)
+    cache.refresh(x, wg, wu, wd)
+    assert seen == [(x.shape[0], pytest.approx(float(unit_frequency(x, wg).sum())))]
+    assert torch.equal(cache._hot, choose_hot_units(unit_frequency(x, wg), min_frequency=0.5, max_cold_l0=3.0))
 
 
 def test_small_changes_of_the_hot_set_keep_the_plan():

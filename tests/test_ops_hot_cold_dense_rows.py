@@ -162,6 +162,10 @@ def test_dense_row_budget():
     assert dense_row_budget(0, 0.1, margin=1.5, slack=32, multiple=64) == 0
     assert dense_row_budget(131072, 23 / 4096, margin=1.5, slack=32, multiple=64) == 1152  # 1104 + 32 -> 1152
     assert dense_row_budget(100, 0.5, margin=1.5, slack=32, multiple=64) == 100  # at most the call's rows
+    # fewer expected rows than min_expected: no pass (one row of a 4096-row sample predicts 4 at 16,384 tokens)
+    assert dense_row_budget(16384, 1 / 4096, margin=1.5, slack=32, multiple=64, min_expected=16) == 0
+    assert dense_row_budget(16384, 4 / 4096, margin=1.5, slack=32, multiple=64, min_expected=16) == 64  # 24 + 32
+    assert dense_row_budget(131072, 1 / 4096, margin=1.5, slack=32, multiple=64, min_expected=16) == 128  # 48 + 32
 
 
 def test_cache_measures_the_overflow_fraction(device, monkeypatch):
@@ -173,6 +177,13 @@ def test_cache_measures_the_overflow_fraction(device, monkeypatch):
     want = overflow_row_fraction(active, cache._hot, 16, 2)
     assert want >= 2 / 8
     assert cache.overflow_fraction == want
+    # the shipped minimum: 8 tokens are expected to hold ~2-8 overflowing rows, too few for the pass; 64 tokens enough
+    assert hot_cold_cache.DENSE_ROWS_MIN_EXPECTED > 8 * want
+    assert cache.dense_rows(8) == 0
+    assert cache.dense_rows(64) == dense_row_budget(64, want, margin=hot_cold_cache.DENSE_ROWS_MARGIN,
+                                                    slack=hot_cold_cache.DENSE_ROWS_SLACK,
+                                                    multiple=hot_cold_cache.DENSE_ROWS_MULTIPLE) > 0
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_MIN_EXPECTED", 0.0)
     assert cache.dense_rows(8) == 8 and cache.dense_rows(0) == 0
     monkeypatch.setattr(hot_cold_cache, "DENSE_OVERFLOW_ROWS", False)
     assert cache.dense_rows(8) == 0
@@ -213,9 +224,12 @@ def test_gpu_bf16_dense_first_tokens(shape):
         assert not torch.isnan(out).any()
 
 
-def test_module_passes_the_sample_budget(device, selections):
-    """SparseGatedMLP's sparse call takes the budget its refresh sample gives (here every row's worth)."""
+def test_module_passes_the_sample_budget(device, selections, monkeypatch):
+    """SparseGatedMLP's sparse call takes the budget its refresh sample gives (here every row's worth; the
+    minimum of expected rows off, since 8 tokens never reach the shipped one)."""
     from twell.nn import DispatchPolicy, SparseGatedMLP
+
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_MIN_EXPECTED", 0.0)
 
     p = _problem_with_dense_rows(8, 32, 128, [1, 6], torch.float32, device)
     mlp = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"], backend="triton", tile=16, capacity=2,

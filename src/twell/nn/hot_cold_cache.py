@@ -14,6 +14,7 @@ cannot be saved for backward").
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,27 @@ DENSE_OVERFLOW_ROWS = True
 DENSE_ROWS_MARGIN = 1.5
 DENSE_ROWS_SLACK = 32
 DENSE_ROWS_MULTIPLE = 64
+#: ... and none where the call is expected to hold fewer overflowing rows than this: the pass has a fixed cost
+#: that a few rows do not repay.  Measured on the H200 in session 29 (bench_results/h200/ffn_16384_rows_{on,off}
+#: _session29.json, d=2048, F=5632, 16,384 tokens at 2 %): one overflowing row in the 4096-row sample gave a
+#: budget of 64 rows and the module 1.216 ms against 1.137 with no dense pass (1.34x against 1.44x of dense), the
+#: op without one 1.136 ms, so the ~4 expected rows cost nothing in the row kernel while the pass cost 0.079 ms.
+#: Rows that overflow many tiles cost far more there: ~5.2-5.6 us each in the 1.5B forward's layers 0 and 1
+#: (session 22 above: 4.16 ms for 739 rows, 1.11 ms for 213), so the pass repays ~0.079 ms from ~15 such rows.
+DENSE_ROWS_MIN_EXPECTED = 16.0
+
+
+def _check_takes_two(rule: Callable) -> None:
+    """Raise TypeError unless ``rule`` can be called with two positional arguments (tokens, l0)."""
+    try:
+        inspect.signature(rule).bind(0, 0.0)
+    except TypeError:
+        raise TypeError(
+            "max_cold_l0 must be None, a number, or a function of two positional arguments (the refresh call's "
+            f"token count and its sample's active units per token), got {rule!r}"
+        ) from None
+    except ValueError:  # a builtin without a signature: it is called as documented and fails there if it must
+        pass
 
 
 def _weights_key(*weights: torch.Tensor) -> tuple:
@@ -61,14 +83,17 @@ class HotColdCache:
     def __init__(
         self,
         min_frequency: float = HOT_MIN_FREQUENCY,
-        max_cold_l0: float | None | Callable[[int], float | None] = default_max_cold_l0,
+        max_cold_l0: float | None | Callable[[int, float], float | None] = default_max_cold_l0,
     ) -> None:
         """``min_frequency`` and ``max_cold_l0``: :func:`twell.ops.choose_hot_units`'s (None: no bound).
-        ``max_cold_l0`` may also be a function of the refresh call's token count; the default,
-        :func:`twell.ops.hot_cold_plan.default_max_cold_l0`, allows more cold pairs on the largest calls."""
+        ``max_cold_l0`` may also be a function of the refresh call's token count and its sample's active units
+        per token (two positional arguments); the default, :func:`twell.ops.hot_cold_plan.default_max_cold_l0`,
+        allows more cold pairs on the largest calls and fewer on small calls and dense layers."""
         if not 0.0 < min_frequency <= 1.0:
             raise ValueError(f"min_frequency must be in (0, 1], got {min_frequency}")
-        if not callable(max_cold_l0):
+        if callable(max_cold_l0):
+            _check_takes_two(max_cold_l0)
+        else:
             check_max_cold_l0(max_cold_l0)
         self.min_frequency = min_frequency
         self.max_cold_l0 = max_cold_l0
@@ -95,8 +120,11 @@ class HotColdCache:
         (:attr:`overflow_fraction`, for :meth:`dense_rows`); synchronises with the host twice."""
         with torch.inference_mode(False), torch.no_grad():
             active = sample_active(x, w_gate)
-            bound = self.max_cold_l0(x.shape[0]) if callable(self.max_cold_l0) else self.max_cold_l0
-            hot = choose_hot_units(active_frequency(active), min_frequency=self.min_frequency, max_cold_l0=bound)
+            frequency = active_frequency(active)
+            bound = self.max_cold_l0
+            if callable(bound):
+                bound = bound(x.shape[0], float(frequency.sum()))
+            hot = choose_hot_units(frequency, min_frequency=self.min_frequency, max_cold_l0=bound)
             if not (self._hot is not None and self._hot.device == hot.device and self._close_enough(self._hot, hot)):
                 self._hot = hot
                 self._plan = None
@@ -106,11 +134,12 @@ class HotColdCache:
 
     def dense_rows(self, n_tokens: int) -> int:
         """The dense-row budget of a call of ``n_tokens`` (``hot_cold_gated_ffn``'s ``dense_rows``): 0 with
-        :data:`DENSE_OVERFLOW_ROWS` off or no overflowing row in the last refresh sample."""
+        :data:`DENSE_OVERFLOW_ROWS` off, or where the last refresh sample's overflowing rows predict fewer than
+        :data:`DENSE_ROWS_MIN_EXPECTED` in the call."""
         if not DENSE_OVERFLOW_ROWS:
             return 0
         return dense_row_budget(n_tokens, self.overflow_fraction, margin=DENSE_ROWS_MARGIN, slack=DENSE_ROWS_SLACK,
-                                multiple=DENSE_ROWS_MULTIPLE)
+                                multiple=DENSE_ROWS_MULTIPLE, min_expected=DENSE_ROWS_MIN_EXPECTED)
 
     #: A re-chosen hot set that shares at least this fraction of units with the current one (and has the
     #: same size) is ignored: units near the frequency threshold flip in and out of a 4096-token sample,

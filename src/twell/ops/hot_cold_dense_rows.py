@@ -60,11 +60,13 @@ def dense_rows_ffn(x: torch.Tensor, rows: torch.Tensor, w_gate: torch.Tensor, w_
     out.index_copy_(0, rows, y)
 
 
-def dense_row_budget(n_tokens: int, overflow_fraction: float, *, margin: float, slack: int, multiple: int) -> int:
-    """Rows to set aside for the dense pass in a call of ``n_tokens``: 0 where no overflowing row is expected,
-    else ``margin`` times the expected count plus ``slack``, rounded up to ``multiple`` and at most
-    ``n_tokens``."""
-    if overflow_fraction <= 0.0 or n_tokens <= 0:
+def dense_row_budget(n_tokens: int, overflow_fraction: float, *, margin: float, slack: int, multiple: int,
+                     min_expected: float = 0.0) -> int:
+    """Rows to set aside for the dense pass in a call of ``n_tokens``: 0 where no overflowing row is expected
+    or fewer than ``min_expected`` are, else ``margin`` times the expected count plus ``slack``, rounded up to
+    ``multiple`` and at most ``n_tokens``."""
+    expected = n_tokens * overflow_fraction
+    if overflow_fraction <= 0.0 or n_tokens <= 0 or expected < min_expected:
         return 0
-    want = int(n_tokens * overflow_fraction * margin) + slack
+    want = int(expected * margin) + slack
     return min(n_tokens, -(-want // multiple) * multiple)
