@@ -335,6 +335,9 @@ def test_policy_device_types_and_constructors():
     assert DEFAULT_POLICY.use_sparse(8192, 559.49 / 5632, shape=shape)
     assert not DEFAULT_POLICY.use_sparse(8192, 0.1, shape=shape)
     assert DEFAULT_POLICY.use_sparse(16384, 561.04 / 5632, shape=shape)
+    # session 29's 10 % points at 16384 and 32768 tokens (1.29x, 1.28x), above the earlier limits by draw
+    assert DEFAULT_POLICY.use_sparse(16384, 0.09965818578546698, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(32768, 0.09985273534601385, shape=shape)
     assert DEFAULT_POLICY.use_sparse(131072, 562.2 / 5632, shape=shape)
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.1, shape=shape)
     big = (4096, 14336)  # its own table, from twell tune-dispatch since session 14
