@@ -50,13 +50,13 @@ DENSE_OVERFLOW_ROWS = True
 DENSE_ROWS_MARGIN = 1.5
 DENSE_ROWS_SLACK = 32
 DENSE_ROWS_MULTIPLE = 64
-#: ... and none where the call is expected to hold fewer overflowing rows than this: the pass has a fixed cost
-#: that a few rows do not repay.  Measured on the H200 in session 29 (bench_results/h200/ffn_16384_rows_{on,off}
-#: _session29.json, d=2048, F=5632, 16,384 tokens at 2 %): one overflowing row in the 4096-row sample gave a
-#: budget of 64 rows and the module 1.216 ms against 1.137 with no dense pass (1.34x against 1.44x of dense), the
-#: op without one 1.136 ms, so the ~4 expected rows cost nothing in the row kernel while the pass cost 0.079 ms.
-#: Rows that overflow many tiles cost far more there: ~5.2-5.6 us each in the 1.5B forward's layers 0 and 1
-#: (session 22 above: 4.16 ms for 739 rows, 1.11 ms for 213), so the pass repays ~0.079 ms from ~15 such rows.
+#: ... and none where the call is expected to hold fewer overflowing rows than this: the pass has a fixed cost that a
+#: few rows do not repay.  Measured on the H200 in session 29 (bench_results/h200/ffn_16384_rows_{on,off}
+#: _session29.json, d=2048, F=5632, 16,384 tokens at 2 %): one overflowing row in the 4096-row sample gave a budget of
+#: 64 rows and the module 1.216 ms against 1.137 with no dense pass (1.34x against 1.43x of dense), the op without one
+#: 1.136 ms, so the ~4 expected rows cost nothing in the row kernel while the pass cost 0.079 ms. Rows that overflow
+#: many tiles cost far more there: ~5.2-5.6 us each in the 1.5B forward's layers 0 and 1 (session 22 above: 4.16 ms for
+#: 739 rows, 1.11 ms for 213), so the pass repays ~0.079 ms from ~15 such rows.
 DENSE_ROWS_MIN_EXPECTED = 16.0
 
 

@@ -42,20 +42,22 @@ HOT_MIN_FREQUENCY = 0.013
 #: (1.120 vs 1.137-1.142 at 15.3) but 15.3 at 131072 (8.451 vs 8.695 at 11.2).  10 keeps l0 <= 28 on the
 #: threshold alone (9.8 cold pairs at l0=28).
 HOT_MAX_COLD_L0 = 10.0
-#: From ``HOT_LARGE_TOKENS`` tokens on, the bound is ``HOT_MAX_COLD_L0_LARGE`` (:func:`default_max_cold_l0`): fewer
-#: hot units, more cold pairs.  Measured on the H200 in session 23.  In the 1.5B forward (131,072 tokens a call,
-#: per-layer FFN times with the rules interleaved round by round, medians of 5;
-#: bench_results/h200/forward_hot_sets_interleaved_session23.log) the 28 FFNs took 188.900 ms with bound 13
-#: against 194.895 with 10.  The 14 layers where the bound changes the hot set (2-15: 256-512 hot units
-#: instead of 320-832, 10.2-12.9 cold pairs per token) account for -4.570 ms of it; the 14 whose set did not
-#: change moved -1.423 ms, which is the run's spread.  Bound 16 gave -2.281 ms on the changed layers, no bound
-#: -4.161.  The whole forward, bound 13 against 10 in one call: 1.349x against 1.338x of dense
-#: (model_forward_bound{13,10}_session23.json).  On the synthetic FFN at 131,072 tokens and l0=56
-#: (hot_bound_probe_session23.log, back to back at the power cap) bound 13 took 8.489 ms against 8.569 / 8.597
-#: with bound 10, and bound 16 took 8.370 ms.  At l0=28 the bound does not bind.  At 16,384 tokens and l0=56
-#: the larger bounds lose: 1.095 ms with 13 and 1.113 with 16, against 1.076 / 1.080 with 10.  Session 20 also
-#: found the best bound at 32,768 tokens to be 10.9, so smaller calls keep 10.  Between 16,384 and 131,072
-#: tokens nothing was measured; 131,072 is the smallest size where the larger bound won.
+#: From ``HOT_LARGE_TOKENS`` tokens on, the bound is ``HOT_MAX_COLD_L0_LARGE`` (:func:`default_max_cold_l0`): fewer hot
+#: units, more cold pairs.  Measured on the H200 in session 23.  In the 1.5B forward (131,072 tokens a call, per-layer
+#: FFN times with the rules interleaved round by round, medians of 5;
+#: bench_results/h200/forward_hot_sets_interleaved_session23.log) the 28 FFNs took 188.900 ms with bound 13 against
+#: 194.895 with 10.  The 14 layers where the bound changes the hot set (2-15: 256-512 hot units instead of 320-832,
+#: 10.2-12.9 cold pairs per token) account for -4.570 ms of it; the 14 whose set did not change moved -1.423 ms, which
+#: is the run's spread.  Bound 16 gave -2.281 ms on the changed layers, no bound -4.161.  The whole forward, bound 13
+#: against 10 in one call: 1.349x against 1.338x of dense (model_forward_bound{13,10}_session23.json).  On the synthetic
+#: FFN at 131,072 tokens and l0=56 (hot_bound_probe_session23.log, back to back at the power cap) bound 13 took 8.489 ms
+#: against 8.569 / 8.597 with bound 10, and bound 16 took 8.370 ms.  At l0=28 the bound does not bind.  At 16,384 tokens
+#: and l0=56 the larger bounds lose: 1.095 ms with 13 and 1.113 with 16, against 1.076 / 1.080 with 10.  Session 20 also
+#: found the best bound at 32,768 tokens to be 10.9, so smaller calls keep 10.  Between 16,384 and 131,072 tokens
+#: nothing was measured until session 29 (below); 131,072 is the smallest size where the larger bound won.  Session 29
+#: (call 2, bench_results/h200/dispatch_2048x5632_session29_large_bound{6,10,13}.json, module held sparse against
+#: dense): at 131,072 tokens 13 and 10 within 0.02x of each other at 0.5-5 % (0.5 %: 2.00x / 2.01x), 6 behind at 0.5-1 %
+#: (1.91x / 1.57x against 2.00x / 1.65x) and within 0.03x from 2 %; 13 kept.
 HOT_LARGE_TOKENS = 131072
 HOT_MAX_COLD_L0_LARGE = 13.0
 #: Below ``HOT_SMALL_TOKENS`` tokens the bound is ``HOT_MAX_COLD_L0_SMALL``: more hot units, fewer cold pairs.  Measured
@@ -73,13 +75,15 @@ HOT_SMALL_TOKENS = 8192
 HOT_MAX_COLD_L0_SMALL = 3.0
 #: Between ``HOT_SMALL_TOKENS`` and ``HOT_LARGE_TOKENS`` tokens, a layer whose refresh sample holds at least
 #: ``HOT_DENSE_L0`` active units per token gets the bound ``HOT_MAX_COLD_L0_DENSE`` instead of ``HOT_MAX_COLD_L0``.
-#: Measured on the H200 in session 29 (d=2048, F=5632, ``twell tune-dispatch`` with the module held sparse against
-#: the dense module, one run per bound in one call; bench_results/h200/dispatch_2048x5632_session29_mid_bound
+#: Measured on the H200 in session 29 (d=2048, F=5632, ``twell tune-dispatch`` with the module held sparse against the
+#: dense module, one run per bound in one call; bench_results/h200/dispatch_2048x5632_session29_mid_bound
 #: {3,6,10}.json).  Speedup at 1.5 / 2 / 3 % (l0 84 / 112 / 168), bound 6 against 10: 16,384 tokens 1.46x / 1.43x /
 #: 1.34x against 1.42x / 1.36x / 1.27x; 32,768 tokens 1.44x / 1.42x / 1.33x against 1.42x / 1.39x / 1.30x; 8192 tokens
-#: 1.42x / 1.39x / 1.32x against 1.43x / 1.35x / 1.16x.  At 0.5 / 1 % (l0 28 / 56) 10 stays ahead at 16,384 and
-#: 32,768 tokens (2.01x / 1.68x and 1.97x / 1.69x against 1.93x / 1.60x and 1.94x / 1.59x); at 5-10 % the two are
-#: level within 0.01x.  Bound 3 was behind 6 below 5 % at these sizes and level from there.  70 splits 56 from 84.
+#: 1.42x / 1.39x / 1.32x against 1.43x / 1.35x / 1.16x.  At 0.5 / 1 % (l0 28 / 56) 10 stays ahead at 16,384 and 32,768
+#: tokens (2.01x / 1.68x and 1.97x / 1.69x against 1.93x / 1.60x and 1.94x / 1.59x); at 5-10 % the two are level within
+#: 0.01x.  Bound 3 was behind 6 below 5 % at these sizes and level from there.  70 splits 56 from 84.  At 65,536 tokens
+#: (call 2, dispatch_2048x5632_session29_large_bound{6,10}.json) 6 and 10 tie from 2 % (1.42x / 1.33x against 1.42x /
+#: 1.32x at 2 / 3 %), so the tier keeps one rule to 131,071 tokens.
 HOT_DENSE_L0 = 70.0
 HOT_MAX_COLD_L0_DENSE = 6.0
 #: The hot count is rounded down to a multiple of this (GEMM and tile alignment of the [M, F + H] output).
