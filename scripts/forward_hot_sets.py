@@ -42,7 +42,6 @@ from forward_layer_times import (  # scripts/ (the script's own directory is on 
 
 from twell.bench.probe import probe_device, probe_parser
 from twell.nn import SparseGatedMLP
-from twell.ops import hot_cold_plan
 from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, check_max_cold_l0, default_max_cold_l0
 
 #: (min_frequency, max_cold_l0); the bound may be the shipped function of (tokens, l0) itself
@@ -50,11 +49,10 @@ Rule = tuple[float, float | None | Callable[[int, float], float]]
 
 
 def shipped_rule(n_tokens: int) -> Rule:
-    """The rule ``SparseGatedMLP`` applies on calls of ``n_tokens``: the bound depends on the call size, and in the
-    middle tier on each layer's l0 too, where the rule keeps the shipped function (named ``by-l0``)."""
-    if hot_cold_plan.HOT_SMALL_TOKENS <= n_tokens < hot_cold_plan.HOT_LARGE_TOKENS:
-        return HOT_MIN_FREQUENCY, default_max_cold_l0
-    return HOT_MIN_FREQUENCY, default_max_cold_l0(n_tokens)
+    """The rule ``SparseGatedMLP`` applies on calls of ``n_tokens``: the bound depends on the call size, and at some
+    sizes on each layer's l0 too, where the rule keeps the shipped function itself (named ``by-l0``)."""
+    fewest, most = default_max_cold_l0(n_tokens, 0.0), default_max_cold_l0(n_tokens, math.inf)
+    return HOT_MIN_FREQUENCY, fewest if fewest == most else default_max_cold_l0
 
 #: the default grid: wider cold bounds (the middle layers' best in the sequential grid) and fewer or no hot units
 #: (1.0:none: no unit is hot, the plain TwELL path; the last layers' best there)
