@@ -2,6 +2,8 @@
 # every call began with (sessions 22-26 copied them), a stage under a time limit that prints its log's key lines, the probe's
 # "did variant A beat B" test, and the packing of $OUT/run into one archive.  Usage, in a call script:
 #   . "$(dirname "$0")/gpu_call_lib.sh"; call_begin session27 1; ...; call_end
+# A stage that times a variant of a shipped constant runs the CLI through scripts/twell_patched.py:
+#   stage NAME LIMIT PATTERN python3 scripts/twell_patched.py --set twell.ops.hot_cold_plan.HOT_MAX_COLD_L0=6.0 -- ARGS
 # OUT comes from the device tool.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -8,13 +8,9 @@
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin session28 2
 for B in 1 3 10; do
-  stage tune_bound$B "$(left 420)" "x  err|sparse when" python3 -c "
-import sys
-import twell.ops.hot_cold_plan as p
-p.HOT_MAX_COLD_L0 = float($B)
-from twell.cli import main
-sys.exit(main(sys.argv[1:]))" tune-dispatch --shape 2048x5632 --ms 2048 4096 8192 --out "$R" \
-    --stem dispatch_2048x5632_session28_bound$B
+  stage tune_bound$B "$(left 420)" "x  err|sparse when" python3 scripts/twell_patched.py \
+    --set twell.ops.hot_cold_plan.HOT_MAX_COLD_L0=$B.0 -- tune-dispatch --shape 2048x5632 --ms 2048 4096 8192 \
+    --out "$R" --stem dispatch_2048x5632_session28_bound$B
 done
 stage pytest_gpu_all "$(left 590)" "FAILED|passed|failed" python3 -m pytest -q -m gpu -p no:cacheprovider tests
 call_end

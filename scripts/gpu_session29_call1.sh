@@ -12,21 +12,13 @@
 call_begin session29 1
 stage ffn16k_rows_on "$(left 560)" "speedup=" python3 -m twell.cli bench ffn --shape 2048x5632 \
   --ms 16384 --densities 1 2 5 --extra --out "$R" --stem ffn_16384_rows_on_session29
-stage ffn16k_rows_off "$(left 560)" "speedup=" python3 -c "
-import sys
-import twell.nn.hot_cold_cache as c
-c.DENSE_OVERFLOW_ROWS = False
-from twell.cli import main
-sys.exit(main(sys.argv[1:]))" bench ffn --shape 2048x5632 --ms 16384 --densities 1 2 5 --extra --out "$R" \
-  --stem ffn_16384_rows_off_session29
+stage ffn16k_rows_off "$(left 560)" "speedup=" python3 scripts/twell_patched.py \
+  --set twell.nn.hot_cold_cache.DENSE_OVERFLOW_ROWS=False -- bench ffn --shape 2048x5632 --ms 16384 --densities 1 2 5 \
+  --extra --out "$R" --stem ffn_16384_rows_off_session29
 for B in 3 6 10; do
-  stage tune_mid_bound$B "$(left 560)" "x  err|sparse when" python3 -c "
-import sys
-import twell.ops.hot_cold_plan as p
-p.HOT_MAX_COLD_L0 = float($B)
-from twell.cli import main
-sys.exit(main(sys.argv[1:]))" tune-dispatch --shape 2048x5632 --ms 8192 16384 32768 --out "$R" \
-    --stem dispatch_2048x5632_session29_mid_bound$B
+  stage tune_mid_bound$B "$(left 560)" "x  err|sparse when" python3 scripts/twell_patched.py \
+    --set twell.ops.hot_cold_plan.HOT_MAX_COLD_L0=$B.0 -- tune-dispatch --shape 2048x5632 --ms 8192 16384 32768 \
+    --out "$R" --stem dispatch_2048x5632_session29_mid_bound$B
 done
 stage tune_1024 "$(left 585)" "x  err|sparse when" python3 -m twell.cli tune-dispatch --shape 2048x5632 --ms 1024 \
   --out "$R" --stem dispatch_2048x5632_session29_1024

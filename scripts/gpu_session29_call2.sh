@@ -10,13 +10,10 @@
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin session29 2
 for B in 6 10 13; do
-  stage tune_large_bound$B "$(left 300)" "x  err|sparse when" python3 -c "
-import sys
-import twell.ops.hot_cold_plan as p
-p.HOT_MAX_COLD_L0 = p.HOT_MAX_COLD_L0_DENSE = p.HOT_MAX_COLD_L0_LARGE = float($B)
-from twell.cli import main
-sys.exit(main(sys.argv[1:]))" tune-dispatch --shape 2048x5632 --ms 65536 131072 --densities 0.5 1 2 3 5 --out "$R" \
-    --stem dispatch_2048x5632_session29_large_bound$B
+  stage tune_large_bound$B "$(left 300)" "x  err|sparse when" python3 scripts/twell_patched.py \
+    --set twell.ops.hot_cold_plan.HOT_MAX_COLD_L0=$B.0 --set twell.ops.hot_cold_plan.HOT_MAX_COLD_L0_DENSE=$B.0 \
+    --set twell.ops.hot_cold_plan.HOT_MAX_COLD_L0_LARGE=$B.0 -- tune-dispatch --shape 2048x5632 --ms 65536 131072 \
+    --densities 0.5 1 2 3 5 --out "$R" --stem dispatch_2048x5632_session29_large_bound$B
 done
 stage tune_shipped "$(left 400)" "x  err|sparse when" python3 -m twell.cli tune-dispatch --shape 2048x5632 \
   --ms 1024 8192 16384 32768 --out "$R" --stem dispatch_2048x5632_session29_shipped

@@ -1,0 +1,50 @@
+"""scripts/twell_patched.py: the GPU call scripts' way to run the CLI with a module constant changed."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from twell.ops import hot_cold_plan
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "twell_patched.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("twell_patched", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_setting_replaces_the_constant(monkeypatch):
+    patched = _load()
+    monkeypatch.setattr(hot_cold_plan, "HOT_MAX_COLD_L0", hot_cold_plan.HOT_MAX_COLD_L0)  # restored afterwards
+    patched.apply_setting("twell.ops.hot_cold_plan.HOT_MAX_COLD_L0 = 6.0")
+    assert hot_cold_plan.HOT_MAX_COLD_L0 == 6.0 and isinstance(hot_cold_plan.HOT_MAX_COLD_L0, float)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("twell.ops.hot_cold_plan.HOT_MAX_COLD_LO=6.0", "has no attribute 'HOT_MAX_COLD_LO'"),  # a typo is refused
+    ("HOT_MAX_COLD_L0=6.0", "MODULE.NAME=VALUE"),
+    ("twell.ops.hot_cold_plan.HOT_MAX_COLD_L0", "MODULE.NAME=VALUE"),
+    ("twell.ops.hot_cold_plan.HOT_MAX_COLD_L0=six", "Python literal"),
+])
+def test_bad_settings_name_the_problem(text, match):
+    before = hot_cold_plan.HOT_MAX_COLD_L0
+    with pytest.raises(ValueError, match=match):
+        _load().apply_setting(text)
+    assert hot_cold_plan.HOT_MAX_COLD_L0 == before
+
+
+def test_the_cli_runs_after_the_settings(monkeypatch, capsys):
+    patched = _load()
+    seen = []
+    import twell.cli
+
+    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_L0", hot_cold_plan.HOT_DENSE_L0)
+    monkeypatch.setattr(twell.cli, "main", lambda argv: seen.append((argv, hot_cold_plan.HOT_DENSE_L0)) or 0)
+    assert patched.main(["--set", "twell.ops.hot_cold_plan.HOT_DENSE_L0=50.0", "--", "tune-dispatch", "--ms", "8"]) == 0
+    assert seen == [(["tune-dispatch", "--ms", "8"], 50.0)]
