@@ -322,7 +322,14 @@ def test_policy_device_types_and_constructors():
     assert DEFAULT_POLICY.table_for((2048, 5632)) == H200_BF16_2048X5632_TABLE
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.0, device_type="cpu")
     shape = (2048, 5632)
-    assert not DEFAULT_POLICY.use_sparse(1023, 0.0, shape=shape)
+    # session 30, two runs each: one token sparse to 5.6 % (1.13-1.18x), 16-511 tokens dense (0.86-1.17x, no run
+    # of 16, 64 or 256 tokens won by 1.05x at every density), 512 tokens to 1 % (1.16-1.26x; 1.5 %: 0.91-0.92x)
+    assert DEFAULT_POLICY.use_sparse(1, 0.0559303, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(1, 0.056, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(16, 0.0025, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(511, 0.0025, shape=shape)
+    assert DEFAULT_POLICY.use_sparse(512, 0.00995150479403409, shape=shape)
+    assert not DEFAULT_POLICY.use_sparse(1023, 0.0100, shape=shape)
     # 1024 tokens: sparse to 1 %, where three runs (sessions 28, 29) won by 1.21-1.39x
     assert DEFAULT_POLICY.use_sparse(1024, 0.00972626426003196, shape=shape)
     assert not DEFAULT_POLICY.use_sparse(1024, 0.0098, shape=shape)  # 1.5 %: 1.04-1.24x, 2 %: 1.01-1.05x
@@ -342,10 +349,17 @@ def test_policy_device_types_and_constructors():
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.1, shape=shape)
     big = (4096, 14336)  # its own table, from twell tune-dispatch since session 14
     assert DEFAULT_POLICY.table_for(big) == H200_BF16_4096X14336_TABLE
-    assert not DEFAULT_POLICY.use_sparse(4095, 0.0, shape=big)
-    assert DEFAULT_POLICY.use_sparse(4096, 0.004989760262625558, shape=big)  # the measured winning points
-    assert not DEFAULT_POLICY.use_sparse(4096, 0.0099954, shape=big)  # 1 % lost there (0.91x)
-    assert DEFAULT_POLICY.use_sparse(8192, 0.09963200773511614, shape=big)
+    # session 30 (two runs below 2048 tokens): sparse at every density measured from one token, except 256-511
+    # tokens, which won at 0.25-0.5 % (1.50x, 1.08x) and not from 1 % (0.94-1.03x)
+    assert DEFAULT_POLICY.use_sparse(1, 0.14362444196428573, shape=big)
+    assert DEFAULT_POLICY.use_sparse(16, 0.10109601702008929, shape=big)
+    assert DEFAULT_POLICY.use_sparse(64, 0.09782082693917411, shape=big)
+    assert DEFAULT_POLICY.use_sparse(256, 0.004774911063058036, shape=big)
+    assert not DEFAULT_POLICY.use_sparse(256, 0.0096, shape=big)
+    assert DEFAULT_POLICY.use_sparse(512, 0.09702668871198382, shape=big)
+    assert DEFAULT_POLICY.use_sparse(1024, 0.09947122846330915, shape=big)
+    assert DEFAULT_POLICY.use_sparse(4096, 0.10011005401611328, shape=big)  # 1 % won too now (1.31x)
+    assert DEFAULT_POLICY.use_sparse(8192, 0.09962338209152222, shape=big)
     assert not DEFAULT_POLICY.use_sparse(8192, 0.1, shape=big)
     assert DEFAULT_POLICY.use_sparse(65536, 0.10017321790967669, shape=big)
     assert DEFAULT_POLICY.use_sparse(131072, 0.1001609308379037, shape=big)
