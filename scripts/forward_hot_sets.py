@@ -44,13 +44,13 @@ from twell.bench.probe import probe_device, probe_parser
 from twell.nn import SparseGatedMLP
 from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, check_max_cold_l0, default_max_cold_l0
 
-#: (min_frequency, max_cold_l0); the bound may be the shipped function of (tokens, l0) itself
+#: (min_frequency, max_cold_l0); the bound may be the shipped function of (tokens, density) itself
 Rule = tuple[float, float | None | Callable[[int, float], float]]
 
 
 def shipped_rule(n_tokens: int) -> Rule:
     """The rule ``SparseGatedMLP`` applies on calls of ``n_tokens``: the bound depends on the call size, and at some
-    sizes on each layer's l0 too, where the rule keeps the shipped function itself (named ``by-l0``)."""
+    sizes on each layer's density too, where the rule keeps the shipped function itself (named ``by-density``)."""
     fewest, most = default_max_cold_l0(n_tokens, 0.0), default_max_cold_l0(n_tokens, math.inf)
     return HOT_MIN_FREQUENCY, fewest if fewest == most else default_max_cold_l0
 
@@ -76,7 +76,7 @@ def parse_rule(text: str) -> Rule:
 
 def rule_name(rule: Rule) -> str:
     bound = rule[1]
-    return f"{rule[0]:.3f}:{'none' if bound is None else 'by-l0' if callable(bound) else f'{bound:g}'}"
+    return f"{rule[0]:.3f}:{'none' if bound is None else 'by-density' if callable(bound) else f'{bound:g}'}"
 
 
 def hot_and_cold_l0(mlp: SparseGatedMLP) -> tuple[int, float]:

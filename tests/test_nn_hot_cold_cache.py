@@ -81,15 +81,20 @@ def test_the_default_bound_follows_the_call_size(monkeypatch):
     assert default_max_cold_l0(small_tokens) == default_max_cold_l0(large_tokens - 1) == HOT_MAX_COLD_L0
     assert default_max_cold_l0(large_tokens) == hot_cold_plan.HOT_MAX_COLD_L0_LARGE
     assert hot_cold_plan.HOT_MAX_COLD_L0_SMALL < HOT_MAX_COLD_L0 < hot_cold_plan.HOT_MAX_COLD_L0_LARGE
-    # the middle tier on a layer with many active units per token (known from the refresh sample): a tighter bound
-    dense_l0 = hot_cold_plan.HOT_DENSE_L0
-    assert default_max_cold_l0(small_tokens, dense_l0) == default_max_cold_l0(large_tokens - 1, 10 * dense_l0) \
+    # the middle tier on a denser layer (the density known from the refresh sample): a tighter bound
+    dense = hot_cold_plan.HOT_DENSE_DENSITY
+    assert default_max_cold_l0(small_tokens, dense) == default_max_cold_l0(large_tokens - 1, 8 * dense) \
         == hot_cold_plan.HOT_MAX_COLD_L0_DENSE
-    assert default_max_cold_l0(small_tokens, dense_l0 - 1) == HOT_MAX_COLD_L0
-    assert default_max_cold_l0(small_tokens - 1, dense_l0) == hot_cold_plan.HOT_MAX_COLD_L0_SMALL
-    assert default_max_cold_l0(large_tokens, dense_l0) == hot_cold_plan.HOT_MAX_COLD_L0_LARGE
+    assert default_max_cold_l0(small_tokens, 0.99 * dense) == HOT_MAX_COLD_L0
+    assert default_max_cold_l0(small_tokens - 1, dense) == hot_cold_plan.HOT_MAX_COLD_L0_SMALL
+    assert default_max_cold_l0(large_tokens, dense) == hot_cold_plan.HOT_MAX_COLD_L0_LARGE
     assert hot_cold_plan.HOT_MAX_COLD_L0_SMALL < hot_cold_plan.HOT_MAX_COLD_L0_DENSE < HOT_MAX_COLD_L0
-    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_L0", float("inf"))  # the size tiers alone until the last step
+    # a density, not an l0: 0.5 % of 4096 x 14336's F is l0 72, which session 29's l0 split (70) put in the dense
+    # rule (1.57x against 1.69x with bound 10 at 16,384 tokens, session 30); 2048 x 5632 splits where it did (l0 70)
+    assert default_max_cold_l0(16384, 71.7 / 14336) == HOT_MAX_COLD_L0
+    assert default_max_cold_l0(16384, 56.0 / 5632) == HOT_MAX_COLD_L0
+    assert default_max_cold_l0(16384, 84.0 / 5632) == hot_cold_plan.HOT_MAX_COLD_L0_DENSE
+    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_DENSITY", float("inf"))  # the size tiers alone until the last step
     wg, wu, wd = _weights(f=256)
     x = _tokens()
     freq = unit_frequency(x, wg)
@@ -128,30 +133,30 @@ def test_the_default_bound_follows_the_call_size(monkeypatch):
     cache = HotColdCache(min_frequency=0.5)
     cache.refresh(x, wg, wu, wd)
     assert cache._hot.numel() == 64
-    # the middle tier's bound for dense layers, chosen by the sample's active units per token
-    l0 = float(freq.sum())
+    # the middle tier's bound for dense layers, chosen by the sample's density
+    density = float(freq.mean())
     monkeypatch.setattr(hot_cold_plan, "HOT_MAX_COLD_L0_DENSE", small)
-    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_L0", 0.99 * l0)
+    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_DENSITY", 0.99 * density)
     cache = HotColdCache(min_frequency=0.5)
     cache.refresh(x, wg, wu, wd)
     assert cache._hot.numel() == 128
-    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_L0", 1.01 * l0)
+    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_DENSITY", 1.01 * density)
     cache = HotColdCache(min_frequency=0.5)
     cache.refresh(x, wg, wu, wd)
     assert cache._hot.numel() == 64
 
 
-def test_a_bound_rule_takes_tokens_and_l0():
-    """A callable ``max_cold_l0`` gets the refresh call's token count and its sample's l0; one that cannot take
-    both is refused when the cache is made, not at its first refresh."""
+def test_a_bound_rule_takes_tokens_and_density():
+    """A callable ``max_cold_l0`` gets the refresh call's token count and its sample's density (l0 over F); one that
+    cannot take both is refused when the cache is made, not at its first refresh."""
     with pytest.raises(TypeError, match="two positional arguments"):
         HotColdCache(max_cold_l0=lambda n_tokens: 3.0)
     seen = []
     wg, wu, wd = _weights()
     x = _tokens()
-    cache = HotColdCache(min_frequency=0.5, max_cold_l0=lambda n, l0: seen.append((n, l0)) or 3.0)
+    cache = HotColdCache(min_frequency=0.5, max_cold_l0=lambda n, density: seen.append((n, density)) or 3.0)
     cache.refresh(x, wg, wu, wd)
-    assert seen == [(x.shape[0], pytest.approx(float(unit_frequency(x, wg).sum())))]
+    assert seen == [(x.shape[0], pytest.approx(float(unit_frequency(x, wg).sum()) / wg.shape[0]))]
     assert torch.equal(cache._hot, choose_hot_units(unit_frequency(x, wg), min_frequency=0.5, max_cold_l0=3.0))
 
 

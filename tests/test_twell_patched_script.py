@@ -44,7 +44,8 @@ def test_the_cli_runs_after_the_settings(monkeypatch, capsys):
     seen = []
     import twell.cli
 
-    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_L0", hot_cold_plan.HOT_DENSE_L0)
-    monkeypatch.setattr(twell.cli, "main", lambda argv: seen.append((argv, hot_cold_plan.HOT_DENSE_L0)) or 0)
-    assert patched.main(["--set", "twell.ops.hot_cold_plan.HOT_DENSE_L0=50.0", "--", "tune-dispatch", "--ms", "8"]) == 0
-    assert seen == [(["tune-dispatch", "--ms", "8"], 50.0)]
+    monkeypatch.setattr(hot_cold_plan, "HOT_DENSE_DENSITY", hot_cold_plan.HOT_DENSE_DENSITY)
+    monkeypatch.setattr(twell.cli, "main", lambda argv: seen.append((argv, hot_cold_plan.HOT_DENSE_DENSITY)) or 0)
+    setting = "twell.ops.hot_cold_plan.HOT_DENSE_DENSITY=0.5"
+    assert patched.main(["--set", setting, "--", "tune-dispatch", "--ms", "8"]) == 0
+    assert seen == [(["tune-dispatch", "--ms", "8"], 0.5)]

@@ -102,10 +102,10 @@ def run_point(
     row["rel_err"] = err
     row["dense_rel_err"] = rel_error(dense_out, ref)
     # The hot/cold split, hot units chosen from a 4096-token sample as SparseGatedMLP does.
-    # the module's rule: the bound on cold pairs depends on the call's tokens and the sample's l0
+    # the module's rule: the bound on cold pairs depends on the call's tokens and the sample's density
     # (hot_cold_plan.default_max_cold_l0)
     frequency = ops.unit_frequency(x, wg)
-    bound = hot_cold_plan.default_max_cold_l0(x.shape[0], float(frequency.sum()))
+    bound = hot_cold_plan.default_max_cold_l0(x.shape[0], float(frequency.mean()))
     hot = ops.choose_hot_units(frequency, max_cold_l0=bound)
     # the fused gate layout where hot_cold_plan.FUSED_GATE (--fused-gate) and the layer allow it
     fused_tile = fused_gate_tile(DEFAULT_TILE, x.dtype, x.shape[1], x.device)

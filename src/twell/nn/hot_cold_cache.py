@@ -61,13 +61,13 @@ DENSE_ROWS_MIN_EXPECTED = 16.0
 
 
 def _check_takes_two(rule: Callable) -> None:
-    """Raise TypeError unless ``rule`` can be called with two positional arguments (tokens, l0)."""
+    """Raise TypeError unless ``rule`` can be called with two positional arguments (tokens, density)."""
     try:
         inspect.signature(rule).bind(0, 0.0)
     except TypeError:
         raise TypeError(
             "max_cold_l0 must be None, a number, or a function of two positional arguments (the refresh call's "
-            f"token count and its sample's active units per token), got {rule!r}"
+            f"token count and its sample's density, active units per token over F), got {rule!r}"
         ) from None
     except ValueError:  # a builtin without a signature: it is called as documented and fails there if it must
         pass
@@ -86,9 +86,10 @@ class HotColdCache:
         max_cold_l0: float | None | Callable[[int, float], float | None] = default_max_cold_l0,
     ) -> None:
         """``min_frequency`` and ``max_cold_l0``: :func:`twell.ops.choose_hot_units`'s (None: no bound).
-        ``max_cold_l0`` may also be a function of the refresh call's token count and its sample's active units
-        per token (two positional arguments); the default, :func:`twell.ops.hot_cold_plan.default_max_cold_l0`,
-        allows more cold pairs on the largest calls and fewer on small calls and dense layers."""
+        ``max_cold_l0`` may also be a function of the refresh call's token count and its sample's density (active
+        units per token over F; two positional arguments); the default,
+        :func:`twell.ops.hot_cold_plan.default_max_cold_l0`, allows more cold pairs on the largest calls and fewer on
+        small calls and dense layers."""
         if not 0.0 < min_frequency <= 1.0:
             raise ValueError(f"min_frequency must be in (0, 1], got {min_frequency}")
         if callable(max_cold_l0):
@@ -123,7 +124,7 @@ class HotColdCache:
             frequency = active_frequency(active)
             bound = self.max_cold_l0
             if callable(bound):
-                bound = bound(x.shape[0], float(frequency.sum()))
+                bound = bound(x.shape[0], float(frequency.mean()) if frequency.numel() else 0.0)
             hot = choose_hot_units(frequency, min_frequency=self.min_frequency, max_cold_l0=bound)
             if not (self._hot is not None and self._hot.device == hot.device and self._close_enough(self._hot, hot)):
                 self._hot = hot

@@ -304,7 +304,7 @@ class SparseGatedMLP(nn.Module):
             many training calls pass between two host reads of l0.
         hot_cold: on the Triton sparse inference path with ``precision="match"``, split the units: those
             firing on >= 1.3 % of tokens, and more where that leaves over 3-13 cold pairs per token by call
-            size and l0 (``ops.choose_hot_units``, ``hot_cold_plan.default_max_cold_l0``; re-chosen from a
+            size and density (``ops.choose_hot_units``, ``hot_cold_plan.default_max_cold_l0``; re-chosen from a
             4096-token sample on l0-refresh calls), are
             computed densely inside the gate GEMM, the rest through TwELL (:mod:`twell.ops.hot_cold`).
             Costs a reordered copy of Wg plus the hot rows of Wu and Wd ((F + 2H) / F of the gate

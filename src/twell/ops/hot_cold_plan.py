@@ -67,24 +67,29 @@ HOT_MAX_COLD_L0_LARGE = 13.0
 #: against 0.99x), and 2048 tokens 1.17-1.49x against 0.95-1.60x (1-3 %: 1.17-1.30x against 0.95-1.04x; only 0.25 % was
 #: slower, 1.49x against 1.60x); bound 1 was no better than 3 anywhere by more than 0.04x.  At 8192 tokens the two
 #: bounds split (3: 1.35x / 1.30x at 2 % / 3 % against 1.18x / 1.15x; 10: 1.50x / 1.78x at 1 % / 0.5 % against 1.45x /
-#: 1.62x), so 8192 keeps the middle tier's bounds (10, and 6 from ``HOT_DENSE_L0``, below).  Session 20's probe pointed
-#: the same way (4096 tokens at l0=112: 0.365 ms at 0.8 cold pairs per token against 0.383 at 9.7).  Why: at these sizes
-#: a hot unit's GEMM columns cost little in absolute time, while the cold gather over a few thousand tokens is short of
-#: programs to hide its latency.
+#: 1.62x), so 8192 keeps the middle tier's bounds (10, and 6 from ``HOT_DENSE_DENSITY``, below).  Session 20's probe
+#: pointed the same way (4096 tokens at l0=112: 0.365 ms at 0.8 cold pairs per token against 0.383 at 9.7).  Why: at
+#: these sizes a hot unit's GEMM columns cost little in absolute time, while the cold gather over a few thousand tokens
+#: is short of programs to hide its latency.
 HOT_SMALL_TOKENS = 8192
 HOT_MAX_COLD_L0_SMALL = 3.0
-#: Between ``HOT_SMALL_TOKENS`` and ``HOT_LARGE_TOKENS`` tokens, a layer whose refresh sample holds at least
-#: ``HOT_DENSE_L0`` active units per token gets the bound ``HOT_MAX_COLD_L0_DENSE`` instead of ``HOT_MAX_COLD_L0``.
-#: Measured on the H200 in session 29 (d=2048, F=5632, ``twell tune-dispatch`` with the module held sparse against the
-#: dense module, one run per bound in one call; bench_results/h200/dispatch_2048x5632_session29_mid_bound
-#: {3,6,10}.json).  Speedup at 1.5 / 2 / 3 % (l0 84 / 112 / 168), bound 6 against 10: 16,384 tokens 1.46x / 1.43x /
-#: 1.34x against 1.42x / 1.36x / 1.27x; 32,768 tokens 1.44x / 1.42x / 1.33x against 1.42x / 1.39x / 1.30x; 8192 tokens
-#: 1.42x / 1.39x / 1.32x against 1.43x / 1.35x / 1.16x.  At 0.5 / 1 % (l0 28 / 56) 10 stays ahead at 16,384 and 32,768
-#: tokens (2.01x / 1.68x and 1.97x / 1.69x against 1.93x / 1.60x and 1.94x / 1.59x); at 5-10 % the two are level within
-#: 0.01x.  Bound 3 was behind 6 below 5 % at these sizes and level from there.  70 splits 56 from 84.  At 65,536 tokens
-#: (call 2, dispatch_2048x5632_session29_large_bound{6,10}.json) 6 and 10 tie from 2 % (1.42x / 1.33x against 1.42x /
-#: 1.32x at 2 / 3 %), so the tier keeps one rule to 131,071 tokens.
-HOT_DENSE_L0 = 70.0
+#: Between ``HOT_SMALL_TOKENS`` and ``HOT_LARGE_TOKENS`` tokens, a layer whose refresh sample has a density (active
+#: units per token over F) of at least ``HOT_DENSE_DENSITY`` gets the bound ``HOT_MAX_COLD_L0_DENSE`` instead of
+#: ``HOT_MAX_COLD_L0``.  Measured on the H200 in session 29 (d=2048, F=5632, ``twell tune-dispatch`` with the module
+#: held sparse against the dense module, one run per bound in one call;
+#: bench_results/h200/dispatch_2048x5632_session29_mid_bound{3,6,10}.json).  Speedup at 1.5 / 2 / 3 % (l0 84 / 112 /
+#: 168), bound 6 against 10: 16,384 tokens 1.46x / 1.43x / 1.34x against 1.42x / 1.36x / 1.27x; 32,768 tokens 1.44x /
+#: 1.42x / 1.33x against 1.42x / 1.39x / 1.30x; 8192 tokens 1.42x / 1.39x / 1.32x against 1.43x / 1.35x / 1.16x.  At
+#: 0.5 / 1 % (l0 28 / 56) 10 stays ahead at 16,384 and 32,768 tokens (2.01x / 1.68x and 1.97x / 1.69x against 1.93x /
+#: 1.60x and 1.94x / 1.59x); at 5-10 % the two are level within 0.01x.  Bound 3 was behind 6 below 5 % at these sizes
+#: and level from there.  At 65,536 tokens (call 2, dispatch_2048x5632_session29_large_bound{6,10}.json) 6 and 10 tie
+#: from 2 % (1.42x / 1.33x against 1.42x / 1.32x at 2 / 3 %), so the tier keeps one rule to 131,071 tokens.  Session
+#: 29 set the split in l0 (70, between 56 and 84); session 30 found that it misfired at 4096 x 14336, where 0.5 % is
+#: l0 72: at 16,384 tokens / 0.5 % the op took 4.876 ms with 5056 hot units (bound 6; 1.57x,
+#: ffn_4096x14336_session30.json) against 4.507 ms with 3392 in session 27 (bound 10; 1.69x,
+#: ffn_4096x14336_session27.json) of the same ~7.6 ms dense FFN.  So the split is a density: 1.25 % lies between
+#: session 29's 1 % and 1.5 % points and leaves 2048 x 5632 where it was (l0 70.4).  Not yet timed at 4096 x 14336.
+HOT_DENSE_DENSITY = 0.0125
 HOT_MAX_COLD_L0_DENSE = 6.0
 #: The hot count is rounded down to a multiple of this (GEMM and tile alignment of the [M, F + H] output).
 HOT_MULTIPLE = 64
@@ -171,16 +176,16 @@ def overflow_row_fraction(active: torch.Tensor, hot: torch.Tensor, tile: int, ca
     return float((per_tile > capacity).any(1).float().mean())
 
 
-def default_max_cold_l0(n_tokens: int, l0: float | None = None) -> float:
-    """The cold-pairs bound of the hot set chosen on a call of ``n_tokens`` tokens whose sample holds ``l0`` active
-    units per token (None: not known): ``HOT_MAX_COLD_L0_LARGE`` from ``HOT_LARGE_TOKENS`` tokens on,
-    ``HOT_MAX_COLD_L0_SMALL`` below ``HOT_SMALL_TOKENS``; between them ``HOT_MAX_COLD_L0_DENSE`` where ``l0`` is
-    at least ``HOT_DENSE_L0``, else ``HOT_MAX_COLD_L0`` (the constants are read at call time)."""
+def default_max_cold_l0(n_tokens: int, density: float | None = None) -> float:
+    """The cold-pairs bound of the hot set chosen on a call of ``n_tokens`` tokens whose sample has ``density``
+    (active units per token over F; None: not known): ``HOT_MAX_COLD_L0_LARGE`` from ``HOT_LARGE_TOKENS`` tokens on,
+    ``HOT_MAX_COLD_L0_SMALL`` below ``HOT_SMALL_TOKENS``; between them ``HOT_MAX_COLD_L0_DENSE`` where ``density``
+    is at least ``HOT_DENSE_DENSITY``, else ``HOT_MAX_COLD_L0`` (the constants are read at call time)."""
     if n_tokens >= HOT_LARGE_TOKENS:
         return HOT_MAX_COLD_L0_LARGE
     if n_tokens < HOT_SMALL_TOKENS:
         return HOT_MAX_COLD_L0_SMALL
-    if l0 is not None and l0 >= HOT_DENSE_L0:
+    if density is not None and density >= HOT_DENSE_DENSITY:
         return HOT_MAX_COLD_L0_DENSE
     return HOT_MAX_COLD_L0
 
