@@ -79,7 +79,13 @@ H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 #: more, at the highest of the three runs' densities there (0.00972626 in the third).  The same run's 10 % points
 #: at 16,384 and 32,768 tokens (1.29x, 1.28x) lay above those rows' limits by draw (0.09965819 and 0.09985274
 #: against 0.0996176 and 0.0998369), so session 29's sweep ran them dense (1.00x, ffn_sweep_session29.json):
-#: those two limits now follow the later points.
+#: those two limits now follow the later points.  Session 30 measured below 1024 tokens, two runs in two calls
+#: (commit ab2658c / f946c5f, bench_results/h200/dispatch_2048x5632_session30_tiny{,_b}.json, 1-512 tokens x the same 9
+#: densities): one token won at every density in both (1.13-1.18x; the module's hot/cold op at one token against the
+#: dense FFN's five kernels), so its row runs to the 10 % point's own density (5.59 %: 315 of 5632 units in that
+#: one token); 16 and 64 tokens won by 1.05x at some densities in one run and not the other (0.86-1.17x), 256 tokens
+#: nowhere (0.91-1.02x), so 16-511 tokens stay dense (a row of limit 0); 512 tokens won to 1 % in both (1.16-1.26x;
+#: 1.5 %: 0.91x / 0.92x).  The sweep at the shipped table (ffn_sweep_session30.json): one token 1.13-1.17x.
 H200_BF16_2048X5632_TABLE: DispatchTable = (
     (1, 0.0559304), (16, 0.0), (512, 0.0099516), (1024, 0.0097263), (2048, 0.0982466), (4096, 0.0987608),
     (8192, 0.0993416), (16384, 0.0996582),
@@ -95,7 +101,15 @@ H200_BF16_2048X5632_TABLE: DispatchTable = (
 #: 0.5 % (1.44x, 1.18x), lose at 1 % (0.91x) and win again from 2 % (1.04-1.22x), so the row stops at 0.5 %.
 #: Limits: the last winning point's own density rounded up in its 7th decimal, as for 2048 x 5632.  (Until
 #: session 13 this shape followed H200_BF16_TABLE, then a table from session 8's sweep points, sparse from
-#: 16384 tokens to 5 %.)  Below 4096 tokens and above 10 %: not measured, dense.
+#: 16384 tokens to 5 %.)  Session 30 re-tuned it on the current op (sessions 20-29 changed the hot set's rule,
+#: measured only at 2048 x 5632): call 1 (commit 5cb88a7, bench_results/h200/dispatch_4096x14336_session30_{small,mid,
+#: large}.json) won at every point from 1024 to 131,072 tokens and 0.25 % to 10 % (1.19-2.29x; 4096 tokens at 1 %,
+#: 0.91x in session 14, now 1.31x); calls 2 and 3 (commits ab2658c / f946c5f, dispatch_4096x14336_session30_tiny{,_b}
+#: .json, 1-1024 tokens, two runs that agree within 0.06x) won at every density at 1-64 and 512-1024 tokens
+#: (1.09-1.66x: at these sizes the dense FFN reads the whole 352 MB of weights, the sparse path the active rows), and
+#: at 256 tokens only to 0.5 % (1.50x, 1.08x; 0.94-1.03x from 1 %).  Each limit is the last winning point's own
+#: density, as above (the one-token row's 14.4 % is that token's 2059 of 14336 units at the 10 % target).  Above
+#: those: not measured, dense.
 H200_BF16_4096X14336_TABLE: DispatchTable = (
     (1, 0.1436245), (16, 0.1010961), (64, 0.0978209), (256, 0.0047750), (512, 0.0970267), (1024, 0.0994713),
     (2048, 0.0991786), (4096, 0.1001101), (8192, 0.0996234), (16384, 0.1000298), (32768, 0.1000031),
