@@ -47,6 +47,48 @@ def test_from_rederives_a_recorded_run_with_another_margin(tmp_path, capsys):
     assert "4096 <= M < 16384: sparse when density <= 0.5 %" in out and "M >= 16384: sparse when density <= 5 %" in out
 
 
+def _run_file(path, shape, points, device_type="cuda", commit="abc1234"):
+    d, f = shape
+    rows = [{"d": d, "f": f, "m": m, "density": dens, "dense_ms": 1.0, "sparse_ms": 1.0 / s, "ok": True,
+             "sparse_path": "sparse"} for m, dens, s in points]
+    path.write_text(json.dumps({"meta": {"shape": [d, f], "device_type": device_type, "device": "NVIDIA H200",
+                                         "dtype": "bfloat16", "commit": commit}, "rows": rows}))
+    return path
+
+
+def test_from_several_runs_keeps_a_point_only_where_every_run_won(tmp_path, capsys):
+    """Two runs of one shape: 16 tokens won at 0.5 % in the first run and lost in the second, so it stays dense; 512
+    tokens won at 0.5-1 % in both, at 2 % only in the first; one token won in both runs at the densities each drew."""
+    a = _run_file(tmp_path / "a.json", (2048, 5632), ((1, 0.02, 1.15), (16, 0.005, 1.2), (512, 0.005, 1.2),
+                                                       (512, 0.01, 1.15), (512, 0.02, 1.06)), commit="aaaaaaa")
+    b = _run_file(tmp_path / "b.json", (2048, 5632), ((1, 0.03, 1.17), (16, 0.005, 0.97), (512, 0.005, 1.25),
+                                                       (512, 0.01, 1.16), (512, 0.02, 0.91)), commit="bbbbbbb")
+    assert cli.main(["tune-dispatch", "--from", str(a), str(b), "--out", str(tmp_path), "--stem", "both"]) == 0
+    policy_file = tmp_path / "both_policy.json"
+    assert load_policy(policy_file).table == ((1, 0.03), (16, 0.0), (512, 0.01))
+    measured = json.loads(policy_file.read_text())["measured"]
+    assert [r["commit"] for r in measured["runs"]] == ["aaaaaaa", "bbbbbbb"]
+    assert len(measured["points"]) == 10
+    assert "16 <= M < 512: dense" in capsys.readouterr().out
+    # either run alone gives another table: the merge is not the first or the last run's
+    assert cli.main(["tune-dispatch", "--from", str(a), "--out", str(tmp_path), "--stem", "one"]) == 0
+    assert load_policy(tmp_path / "one_policy.json").table == ((1, 0.02), (16, 0.005), (512, 0.02))
+    assert cli.main(["tune-dispatch", "--from", str(b), "--out", str(tmp_path), "--stem", "two"]) == 0
+    assert load_policy(tmp_path / "two_policy.json").table == ((1, 0.03), (16, 0.0), (512, 0.01))
+
+
+def test_from_refuses_runs_of_different_shapes_or_devices(tmp_path, capsys):
+    a = _run_file(tmp_path / "a.json", (2048, 5632), ((512, 0.005, 1.2),))
+    for other, said in ((_run_file(tmp_path / "b.json", (4096, 14336), ((512, 0.005, 1.2),)), "4096x14336 on cuda"),
+                        (_run_file(tmp_path / "c.json", (2048, 5632), ((512, 0.005, 1.2),), device_type="cpu"),
+                         "2048x5632 on cpu")):
+        with pytest.raises(SystemExit):
+            cli.main(["tune-dispatch", "--from", str(a), str(other), "--out", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert said in err and "one policy needs runs of one shape and device" in err
+    assert not (tmp_path / "dispatch_2048x5632_policy.json").exists()
+
+
 def test_bad_arguments_are_refused_with_the_accepted_form(capsys, tmp_path):
     bad = tmp_path / "other.json"
     bad.write_text(json.dumps({"meta": {}, "rows": []}))

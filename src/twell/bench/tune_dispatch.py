@@ -13,8 +13,12 @@ derive_table`.  It writes ``<stem>.json`` / ``.csv`` (every point) and ``<stem>_
     # then, in Python:
     twell.models.set_dispatch_policy(model, twell.nn.load_policy("tuned/dispatch_4096x11008_policy.json"))
 
-``--from`` re-derives the policy from an earlier run's ``<stem>.json`` (another ``--min-speedup``) without
-timing anything.
+``--from`` re-derives the policy from earlier runs' ``<stem>.json`` files (another ``--min-speedup``) without
+timing anything.  Given several runs of one shape, a point joins the table only where every run that measured it
+won: the way to demand that a second run agree, as the shipped small-call rows do (session 30 re-derived
+``H200_BF16_2048X5632_TABLE``'s rows below 1024 tokens this way from two runs)::
+
+    twell tune-dispatch --from run_a/dispatch_2048x5632.json run_b/dispatch_2048x5632.json --out merged
 """
 
 from __future__ import annotations
@@ -145,6 +149,32 @@ def table_text(policy: DispatchPolicy) -> str:
     return "\n".join(lines)
 
 
+def _load_runs(paths: list[Path], parser: argparse.ArgumentParser) -> tuple[list[dict], dict, tuple[int, int], str]:
+    """The rows of earlier runs (``--from``) together, the first run's meta (with every run's file and commit under
+    ``runs``), their shape and device type; a file that is not a run, or runs of different shapes or device types, end
+    the command with the reason."""
+    rows: list[dict] = []
+    meta: dict = {}
+    runs = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+            run_rows, run_meta = list(data["rows"]), dict(data["meta"])
+            shape, device_type = tuple(int(v) for v in run_meta["shape"]), str(run_meta["device_type"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--from {path}: not a twell tune-dispatch run ({type(exc).__name__}: {exc}); it must be "
+                         "the <stem>.json an earlier run wrote, with rows and meta.shape / meta.device_type")
+        if not meta:
+            meta, first = run_meta, (shape, device_type, path)
+        elif (shape, device_type) != first[:2]:
+            parser.error(f"--from: {path} measured {shape[0]}x{shape[1]} on {device_type}, {first[2]} "
+                         f"{first[0][0]}x{first[0][1]} on {first[1]}; one policy needs runs of one shape and device")
+        rows += run_rows
+        runs.append({"file": str(path), "commit": run_meta.get("commit"), "date_utc": run_meta.get("date_utc")})
+    meta["runs"] = runs
+    return rows, meta, first[0], first[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="twell tune-dispatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -159,19 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("twell-tuning"))
     p.add_argument("--stem", default=None, help="file name stem (default: dispatch_<shape>)")
-    p.add_argument("--from", dest="from_json", type=Path, default=None,
-                   help="derive the policy from this earlier run's JSON instead of timing")
+    p.add_argument("--from", dest="from_json", type=Path, nargs="+", default=None,
+                   help="derive the policy from these earlier runs' JSON instead of timing (several runs of one "
+                        "shape: a point counts only where every run that measured it won)")
     a = p.parse_args(argv)
     if a.min_speedup < 1.0:
         p.error(f"--min-speedup must be >= 1 (got {a.min_speedup}): sparse is never chosen where it is slower")
     if a.from_json is not None:
-        try:
-            data = json.loads(a.from_json.read_text())
-            rows, meta = data["rows"], data["meta"]
-            (d, f), device_type = meta["shape"], meta["device_type"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            p.error(f"--from {a.from_json}: not a twell tune-dispatch run ({type(exc).__name__}: {exc}); it must be "
-                    "the <stem>.json an earlier run wrote, with rows and meta.shape / meta.device_type")
+        rows, meta, (d, f), device_type = _load_runs(a.from_json, p)
     else:
         if a.shape is None:
             p.error("--shape is required (unless --from names an earlier run)")
@@ -192,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     policy = policy_of(rows, d=d, f=f, device_type=device_type, min_speedup=a.min_speedup)
     paths = write_results(rows, meta, a.out, stem) if a.from_json is None else []
     measured = {k: meta.get(k) for k in ("device", "torch", "triton", "commit", "date_utc", "dtype", "min_speedup")}
+    if "runs" in meta:  # --from: which runs the points came from
+        measured["runs"] = meta["runs"]
     measured["points"] = [{k: r.get(k) for k in ("m", "density", "dense_ms", "sparse_ms", "speedup", "ok")}
                           for r in rows if "error" not in r]
     paths.append(save_policy(policy, a.out / f"{stem}_policy.json", measured=measured))

@@ -85,7 +85,9 @@ H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 #: dense FFN's five kernels), so its row runs to the 10 % point's own density (5.59 %: 315 of 5632 units in that
 #: one token); 16 and 64 tokens won by 1.05x at some densities in one run and not the other (0.86-1.17x), 256 tokens
 #: nowhere (0.91-1.02x), so 16-511 tokens stay dense (a row of limit 0); 512 tokens won to 1 % in both (1.16-1.26x;
-#: 1.5 %: 0.91x / 0.92x).  The sweep at the shipped table (ffn_sweep_session30.json): one token 1.13-1.17x.
+#: 1.5 %: 0.91x / 0.92x).  ``twell tune-dispatch --from`` both runs derives these rows
+#: (dispatch_2048x5632_session30_below1024_merged_policy.json).  The sweep at the shipped table
+#: (ffn_sweep_session30.json): one token 1.13-1.17x.
 H200_BF16_2048X5632_TABLE: DispatchTable = (
     (1, 0.0559304), (16, 0.0), (512, 0.0099516), (1024, 0.0097263), (2048, 0.0982466), (4096, 0.0987608),
     (8192, 0.0993416), (16384, 0.0996582),
@@ -108,8 +110,9 @@ H200_BF16_2048X5632_TABLE: DispatchTable = (
 #: .json, 1-1024 tokens, two runs that agree within 0.06x) won at every density at 1-64 and 512-1024 tokens
 #: (1.09-1.66x: at these sizes the dense FFN reads the whole 352 MB of weights, the sparse path the active rows), and
 #: at 256 tokens only to 0.5 % (1.50x, 1.08x; 0.94-1.03x from 1 %).  Each limit is the last winning point's own
-#: density, as above (the one-token row's 14.4 % is that token's 2059 of 14336 units at the 10 % target).  Above
-#: those: not measured, dense.
+#: density, as above (the one-token row's 14.4 % is that token's 2059 of 14336 units at the 10 % target);
+#: ``twell tune-dispatch --from`` the five runs derives the whole table (dispatch_4096x14336_session30_merged_policy
+#: .json).  Above those: not measured, dense.
 H200_BF16_4096X14336_TABLE: DispatchTable = (
     (1, 0.1436245), (16, 0.1010961), (64, 0.0978209), (256, 0.0047750), (512, 0.0970267), (1024, 0.0994713),
     (2048, 0.0991786), (4096, 0.1001101), (8192, 0.0996234), (16384, 0.1000298), (32768, 0.1000031),
