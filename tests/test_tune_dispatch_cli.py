@@ -92,7 +92,9 @@ def test_from_refuses_runs_of_different_shapes_or_devices(tmp_path, capsys):
 def test_bad_arguments_are_refused_with_the_accepted_form(capsys, tmp_path):
     bad = tmp_path / "other.json"
     bad.write_text(json.dumps({"meta": {}, "rows": []}))
-    for path in (bad, tmp_path / "missing.json"):
+    three = tmp_path / "three.json"  # a shape of three sizes
+    three.write_text(json.dumps({"meta": {"shape": [1, 2, 3], "device_type": "cuda"}, "rows": []}))
+    for path in (bad, three, tmp_path / "missing.json"):
         with pytest.raises(SystemExit):
             cli.main(["tune-dispatch", "--from", str(path)])
         assert "not a twell tune-dispatch run" in capsys.readouterr().err

@@ -156,21 +156,24 @@ def _load_runs(paths: list[Path], parser: argparse.ArgumentParser) -> tuple[list
     rows: list[dict] = []
     meta: dict = {}
     runs = []
+    first: tuple[tuple[int, int], str, Path] | None = None
     for path in paths:
         try:
             data = json.loads(path.read_text())
             run_rows, run_meta = list(data["rows"]), dict(data["meta"])
-            shape, device_type = tuple(int(v) for v in run_meta["shape"]), str(run_meta["device_type"])
+            d, f = (int(v) for v in run_meta["shape"])  # a shape of other than two sizes: ValueError
+            shape, device_type = (d, f), str(run_meta["device_type"])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             parser.error(f"--from {path}: not a twell tune-dispatch run ({type(exc).__name__}: {exc}); it must be "
                          "the <stem>.json an earlier run wrote, with rows and meta.shape / meta.device_type")
-        if not meta:
+        if first is None:
             meta, first = run_meta, (shape, device_type, path)
         elif (shape, device_type) != first[:2]:
             parser.error(f"--from: {path} measured {shape[0]}x{shape[1]} on {device_type}, {first[2]} "
                          f"{first[0][0]}x{first[0][1]} on {first[1]}; one policy needs runs of one shape and device")
         rows += run_rows
         runs.append({"file": str(path), "commit": run_meta.get("commit"), "date_utc": run_meta.get("date_utc")})
+    assert first is not None  # argparse's nargs="+" gives at least one path
     meta["runs"] = runs
     return rows, meta, first[0], first[1]
 
