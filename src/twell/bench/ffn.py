@@ -101,12 +101,9 @@ def run_point(
     dense_out = _dense_ffn(x, wg, wu, wd)
     row["rel_err"] = err
     row["dense_rel_err"] = rel_error(dense_out, ref)
-    # The hot/cold split, hot units chosen from a 4096-token sample as SparseGatedMLP does.
-    # the module's rule: the bound on cold pairs depends on the call's tokens and the sample's density
-    # (hot_cold_plan.default_max_cold_l0)
-    frequency = ops.unit_frequency(x, wg)
-    bound = hot_cold_plan.default_max_cold_l0(x.shape[0], float(frequency.mean()))
-    hot = ops.choose_hot_units(frequency, max_cold_l0=bound)
+    # The hot/cold split, hot units chosen from a 4096-token sample by the module's own rule (the bound on cold pairs
+    # follows the call's tokens and the sample's density: hot_cold_plan.hot_units_for_call)
+    hot = hot_cold_plan.hot_units_for_call(ops.unit_frequency(x, wg), x.shape[0])
     # the fused gate layout where hot_cold_plan.FUSED_GATE (--fused-gate) and the layer allow it
     fused_tile = fused_gate_tile(DEFAULT_TILE, x.dtype, x.shape[1], x.device)
     plan = ops.build_hot_cold_plan(wg, wu, wd, hot, fused_tile=fused_tile)

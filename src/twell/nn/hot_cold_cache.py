@@ -28,8 +28,8 @@ from ..ops.hot_cold_plan import (
     active_frequency,
     build_hot_cold_plan,
     check_max_cold_l0,
-    choose_hot_units,
     default_max_cold_l0,
+    hot_units_for_call,
     overflow_row_fraction,
     sample_active,
 )
@@ -122,10 +122,8 @@ class HotColdCache:
         with torch.inference_mode(False), torch.no_grad():
             active = sample_active(x, w_gate)
             frequency = active_frequency(active)
-            bound = self.max_cold_l0
-            if callable(bound):
-                bound = bound(x.shape[0], float(frequency.mean()) if frequency.numel() else 0.0)
-            hot = choose_hot_units(frequency, min_frequency=self.min_frequency, max_cold_l0=bound)
+            hot = hot_units_for_call(frequency, x.shape[0], min_frequency=self.min_frequency,
+                                     max_cold_l0=self.max_cold_l0)
             if not (self._hot is not None and self._hot.device == hot.device and self._close_enough(self._hot, hot)):
                 self._hot = hot
                 self._plan = None

@@ -7,6 +7,7 @@ Kept free of Triton so that ``twell.ops`` imports on machines without it; the ke
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -227,6 +228,22 @@ def choose_hot_units(
         f = frequency.shape[0]
         n = max(n, min(-(-n_bound // multiple) * multiple, f - f % multiple))
     return order[:n].sort().values
+
+
+def hot_units_for_call(
+    frequency: torch.Tensor,
+    n_tokens: int,
+    *,
+    min_frequency: float = HOT_MIN_FREQUENCY,
+    max_cold_l0: float | None | Callable[[int, float], float | None] = default_max_cold_l0,
+) -> torch.Tensor:
+    """:func:`choose_hot_units` for a call of ``n_tokens`` tokens whose sample fired at ``frequency`` (fp32 [F]): a
+    callable ``max_cold_l0`` is first asked for the bound with the call's token count and the sample's density (its
+    mean frequency, active units per token over F).  The one rule of ``SparseGatedMLP``'s cache and of
+    ``twell bench ffn``."""
+    if callable(max_cold_l0):
+        max_cold_l0 = max_cold_l0(n_tokens, float(frequency.mean()) if frequency.numel() else 0.0)
+    return choose_hot_units(frequency, min_frequency=min_frequency, max_cold_l0=max_cold_l0)
 
 
 def build_hot_cold_plan(
