@@ -19,6 +19,7 @@ def test_tuning_a_tiny_layer_writes_checked_points_and_a_loadable_policy(tmp_pat
     assert [r["m"] for r in run["rows"]] == [8, 40]
     for r in run["rows"]:
         assert r["ok"] and r["rel_err"] < 1e-5 and r["sparse_path"] == "sparse"
+        assert 0 <= r["dense_rel_err"] < 1e-5  # the dense module's own error, the fallback bar (tolerances.py)
         assert r["dense_ms"] > 0 and r["sparse_ms"] > 0
         assert r["speedup"] == pytest.approx(r["dense_ms"] / r["sparse_ms"])
         assert r["density"] == pytest.approx(r["l0"] / 256) and r["l0"] > 0

@@ -32,7 +32,7 @@ from ..ops import hot_cold_plan
 from ..ops.hot_cold_plan import fused_gate_tile
 from ..reference.inference import dense_gated_ffn
 from ..synthetic import SparsityProfile, synthetic_ffn_problem
-from ..tolerances import REL_TOL, rel_error
+from ..tolerances import rel_error, within_tolerance
 from .environment import environment
 from .model_energy import EnergyMeter
 from .results import plot_speedup, record_row, write_results
@@ -112,8 +112,9 @@ def run_point(
     decode = 1 <= m <= ops.DECODE_MAX_TOKENS
     if decode:  # the small-batch kernels (twell.ops.decode)
         row["decode_rel_err"] = rel_error(ops.decode_gated_ffn(x, wg, wu, wd_t, backend=cfg.backend), ref)
-    row["ok"] = bool(err <= REL_TOL[cfg.dtype] and row["hotcold_rel_err"] <= REL_TOL[cfg.dtype]
-                     and row.get("decode_rel_err", 0.0) <= REL_TOL[cfg.dtype])
+    dense_err = row["dense_rel_err"]
+    row["ok"] = all(within_tolerance(e, cfg.dtype, dense_err)
+                    for e in (err, row["hotcold_rel_err"], row.get("decode_rel_err", 0.0)))
     del ref, dense_out
 
     row["gate_cublas_ms"] = time_ms(lambda: F.linear(x, wg), device=device, rep_ms=cfg.rep_ms)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..nn import SparseGatedMLP
-from ..tolerances import REL_TOL
+from ..tolerances import MODEL_DENSE_ERROR_FACTOR, within_tolerance
 from .model_energy import EnergyMeter
 from .model_measure import (
     PROFILE_TOP,
@@ -174,7 +174,7 @@ def run_forward(bench: BenchModel, cfg: ForwardConfig, log: Callable[[str], None
                     err = _rel_l2(out[:k], ref)
                     entry["rel_err_vs_fp32"] = err
                     dense_err = result["variants"]["dense"]["rel_err_vs_fp32"]
-                    entry["ok"] = bool(err <= max(1.5 * dense_err, REL_TOL[bench.dtype]))
+                    entry["ok"] = within_tolerance(err, bench.dtype, dense_err, MODEL_DENSE_ERROR_FACTOR)
                 mlps = bench.sets.sets[name]
                 entry["sparse_layers"] = [
                     i for i, m in enumerate(mlps)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn import DenseReluGatedMLP
-from ..tolerances import REL_TOL_GRAD
+from ..tolerances import MODEL_DENSE_ERROR_FACTOR, REL_TOL_GRAD, within_tolerance
 from .model_measure import (
     PROFILE_TOP,
     compile_backend,
@@ -269,7 +269,8 @@ def _check_ok(result: dict[str, Any], dtype: torch.dtype) -> None:
         errs = entry.get("grad_rel_err_vs_fp32")
         if name == "dense" or not dense or not errs:
             continue
-        entry["ok"] = all(errs[k] <= max(1.5 * dense[k], REL_TOL_GRAD[dtype]) for k in errs)
+        entry["ok"] = all(within_tolerance(errs[k], dtype, dense[k], MODEL_DENSE_ERROR_FACTOR, REL_TOL_GRAD)
+                          for k in errs)
 
 
 def _add_ratios(result: dict[str, Any]) -> None:
