@@ -78,6 +78,24 @@ def test_from_several_runs_keeps_a_point_only_where_every_run_won(tmp_path, caps
     assert load_policy(tmp_path / "two_policy.json").table == ((1, 0.03), (16, 0.0), (512, 0.01))
 
 
+def test_from_several_runs_pairs_points_by_their_target_density(tmp_path, capsys):
+    """Session 31's case: at 16 tokens the 5 % target drew 5.12 % in one run (a win) and 5.2 % in the other (a loss).
+    Taken as two points by their drawn densities, the win came first and the table ran to 5.12 %; paired by target,
+    the point lost, and the row stops at the 2 % target, at the higher of its two draws."""
+    def run(path, points, commit):
+        rows = [{"d": 2048, "f": 8192, "m": 16, "density_pct": pct, "density": dens, "dense_ms": 1.0,
+                 "sparse_ms": 1.0 / s, "ok": True, "sparse_path": "sparse"} for pct, dens, s in points]
+        path.write_text(json.dumps({"meta": {"shape": [2048, 8192], "device_type": "cuda", "commit": commit},
+                                    "rows": rows}))
+        return path
+
+    a = run(tmp_path / "a.json", ((2.0, 0.0209, 1.19), (5.0, 0.0512, 1.07)), "aaaaaaa")
+    b = run(tmp_path / "b.json", ((2.0, 0.0201, 1.17), (5.0, 0.0520, 0.99)), "bbbbbbb")
+    assert cli.main(["tune-dispatch", "--from", str(a), str(b), "--out", str(tmp_path), "--stem", "paired"]) == 0
+    assert load_policy(tmp_path / "paired_policy.json").table == ((16, 0.0209),)
+    assert "M >= 16: sparse when density <= 2.09 %" in capsys.readouterr().out
+
+
 def test_from_refuses_runs_of_different_shapes_or_devices(tmp_path, capsys):
     a = _run_file(tmp_path / "a.json", (2048, 5632), ((512, 0.005, 1.2),))
     for other, said in ((_run_file(tmp_path / "b.json", (4096, 14336), ((512, 0.005, 1.2),)), "4096x14336 on cuda"),
