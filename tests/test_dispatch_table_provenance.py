@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from twell.nn import H200_BF16_2048X5632_TABLE, H200_BF16_4096X14336_TABLE
+from twell.nn import (
+    DEFAULT_POLICY,
+    H200_BF16_896X4864_TABLE,
+    H200_BF16_1536X8960_TABLE,
+    H200_BF16_2048X5632_TABLE,
+    H200_BF16_2048X8192_TABLE,
+    H200_BF16_4096X11008_TABLE,
+    H200_BF16_4096X14336_TABLE,
+    H200_BF16_SHAPE_TABLES,
+)
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench_results" / "h200"
 
@@ -26,6 +35,11 @@ def _derived(name: str) -> list[tuple[int, float]]:
     # session 30: both shapes' runs merged; 2048 x 5632 only below 1024 tokens (its rows above come from sessions 11-29)
     ("dispatch_4096x14336_session30_merged_policy.json", H200_BF16_4096X14336_TABLE, None),
     ("dispatch_2048x5632_session30_below1024_merged_policy.json", H200_BF16_2048X5632_TABLE, 1024),
+    # session 31: four more shapes, two runs each
+    ("dispatch_4096x11008_session31_merged_policy.json", H200_BF16_4096X11008_TABLE, None),
+    ("dispatch_2048x8192_session31_merged_policy.json", H200_BF16_2048X8192_TABLE, None),
+    ("dispatch_1536x8960_session31_merged_policy.json", H200_BF16_1536X8960_TABLE, None),
+    ("dispatch_896x4864_session31_merged_policy.json", H200_BF16_896X4864_TABLE, None),
 ])
 def test_shipped_rows_follow_the_committed_runs(policy_file, shipped, below):
     rows = [r for r in shipped if below is None or r[0] < below]
@@ -33,3 +47,16 @@ def test_shipped_rows_follow_the_committed_runs(policy_file, shipped, below):
     assert [m for m, _ in rows] == [m for m, _ in derived]
     for (m, limit), (_, want) in zip(rows, derived, strict=True):
         assert limit == pytest.approx(want, abs=1e-12), f"{m} tokens: shipped {limit}, the runs give {want}"
+
+
+def test_the_default_policy_applies_every_shipped_table_to_its_shape():
+    for (d, f), table in H200_BF16_SHAPE_TABLES:
+        assert DEFAULT_POLICY.table_for((d, f)) == table
+        merged = RESULTS / f"dispatch_{d}x{f}_session31_merged_policy.json"
+        if merged.exists():  # the session 31 shapes: the runs' shape is the table's
+            assert json.loads(merged.read_text())["shapes"] == [[d, f]]
+        # sparse at the last row's own limit, dense just above it
+        m, limit = table[-1]
+        assert DEFAULT_POLICY.use_sparse(m, limit, shape=(d, f))
+        assert not DEFAULT_POLICY.use_sparse(m, min(1.0, limit + 1e-6), shape=(d, f))
+    assert not DEFAULT_POLICY.use_sparse(131072, 0.005, shape=(4096, 11264))  # unmeasured: dense

@@ -1,7 +1,7 @@
 """``twell tune-dispatch``: where the sparse layer beats the dense one on this GPU, as a dispatch policy file.
 
-The shipped :data:`twell.nn.DEFAULT_POLICY` holds tables measured on an H200 for two layer shapes (2048 x
-5632 and 4096 x 14336); any other GPU, dtype or shape gets the dense path until it is measured.  This
+The shipped :data:`twell.nn.DEFAULT_POLICY` holds tables measured on an H200 for six layer shapes
+(:data:`twell.nn.H200_BF16_SHAPE_TABLES`); any other GPU, dtype or shape gets the dense path until it is measured.  This
 command measures it: for one layer shape it times :class:`~twell.nn.SparseGatedMLP` held on its sparse
 path against the dense module (the same weights, ``DenseReluGatedMLP``), call by call interleaved, over
 token counts and densities of the realistic synthetic activations (:mod:`twell.synthetic`), checks every
@@ -9,9 +9,9 @@ sparse output against an fp32 reference, and derives the table with :func:`twell
 derive_table`.  It writes ``<stem>.json`` / ``.csv`` (every point) and ``<stem>_policy.json``, which
 :func:`twell.nn.load_policy` reads::
 
-    twell tune-dispatch --shape 4096x11008 --out tuned
+    twell tune-dispatch --shape 5120x13824 --out tuned
     # then, in Python:
-    twell.models.set_dispatch_policy(model, twell.nn.load_policy("tuned/dispatch_4096x11008_policy.json"))
+    twell.models.set_dispatch_policy(model, twell.nn.load_policy("tuned/dispatch_5120x13824_policy.json"))
 
 ``--from`` re-derives the policy from earlier runs' ``<stem>.json`` files (another ``--min-speedup``) without
 timing anything.  Given several runs of one shape, a point joins the table only where every run that measured it
@@ -192,7 +192,7 @@ def _load_runs(paths: list[Path], parser: argparse.ArgumentParser) -> tuple[list
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="twell tune-dispatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", type=parse_shape, default=None, help="HIDDENxFFN of the layer, e.g. 4096x11008")
+    p.add_argument("--shape", type=parse_shape, default=None, help="HIDDENxFFN of the layer, e.g. 5120x13824")
     p.add_argument("--ms", type=int, nargs="+", default=list(DEFAULT_MS), help="token counts per call")
     p.add_argument("--densities", type=float, nargs="+", default=list(DEFAULT_DENSITIES), help="percent active")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")

@@ -9,18 +9,21 @@ largest ``min_tokens <= M`` applies and the sparse path runs iff ``density <= ma
 first row the dense path runs.  ``density`` is the layer's l0 (mean active units per token) divided by
 its intermediate size F.
 
-The thresholds are measurements, not guesses: they must come from ``twell bench ffn`` on the target
-GPU and dtype.  On devices the table was not measured for (by default everything but CUDA: on the CPU
-the pure-PyTorch sparse reference is slower than dense matmuls) the policy answers dense, unless
-``force`` is set, which applies the table everywhere (tests, the Triton interpreter, benchmarks).
+The thresholds are measurements, not guesses: they come from ``twell tune-dispatch`` on the target GPU,
+dtype and layer shape.  The shipped tables cover six layer shapes on an H200 in bf16
+(:data:`H200_BF16_SHAPE_TABLES`); a layer of any other shape runs dense until it is measured.  On devices
+the table was not measured for (by default everything but CUDA: on the CPU the pure-PyTorch sparse
+reference is slower than dense matmuls) the policy answers dense, unless ``force`` is set, which applies
+the table everywhere (tests, the Triton interpreter, benchmarks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_POLICY", "H200_BF16_2048X5632_TABLE", "H200_BF16_4096X14336_TABLE", "H200_BF16_TABLE",
-           "DispatchPolicy", "DispatchTable",
+__all__ = ["DEFAULT_POLICY", "H200_BF16_896X4864_TABLE", "H200_BF16_1536X8960_TABLE", "H200_BF16_2048X5632_TABLE",
+           "H200_BF16_2048X8192_TABLE", "H200_BF16_4096X11008_TABLE", "H200_BF16_4096X14336_TABLE",
+           "H200_BF16_SHAPES", "H200_BF16_SHAPE_TABLES", "H200_BF16_TABLE", "DispatchPolicy", "DispatchTable",
            "density_of"]
 
 #: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
@@ -120,6 +123,67 @@ H200_BF16_4096X14336_TABLE: DispatchTable = (
 )
 
 
+#: Four more layer shapes, measured on the H200 in session 31 (bf16, ``twell tune-dispatch``, two runs of each with
+#: their own draws of the synthetic activations, seeds 0 and 1, 1 to 131,072 tokens x 0.25 / 0.5 / 1 / 2 / 5 / 10 %;
+#: commits aeff572 / c1fcf39 / 4f82cee, bench_results/h200/dispatch_<shape>_session31_{a,b}.json, 896 x 4864's second
+#: run from call 3: _b2.json).  A point joins a table only where both runs won by >= 1.05x, and each limit is the
+#: higher of the two runs' drawn densities at the last such point, rounded up in its 7th decimal
+#: (``twell tune-dispatch --from``, dispatch_<shape>_session31_merged_policy.json; tests/test_dispatch_table_provenance
+#: .py holds the rows to those files).  Token counts between two measured ones follow the lower: 65,536 tokens was not
+#: measured (the tables' row from 32,768 covers it), nor anything between the powers of two listed.
+#:
+#: Below, "to x %" names the last density target that won in both runs, "a-b" the range of both runs' speedups over
+#: the targets a row covers, and "t %: p / q" the two runs' speedups at the first target that did not win in both.
+#:
+#: 4096 x 11008 (Llama-2-7B's FFN): 1 and 16 tokens to 10 % (1.36-1.50x, 1.07-1.45x), 64 tokens to 5 % (1.07-1.41x;
+#: 10 %: 1.08 / 1.05x, the second under the margin), 256 tokens to 0.5 % (1.06-1.36x; 1 %: 1.14 / 1.02x), 512 tokens to
+#: 1 % (1.08-1.30x; 2 %: 0.98 / 0.92x), from 1024 tokens to 10 % (1.14-1.47x at 1024, 1.26-2.31x from 2048).
+H200_BF16_4096X11008_TABLE: DispatchTable = (
+    (1, 0.1105560), (16, 0.1087164), (64, 0.0500943), (256, 0.0054261), (512, 0.0099718), (1024, 0.1005939),
+    (2048, 0.1008304), (4096, 0.0999277), (8192, 0.1000245), (16384, 0.1000916), (32768, 0.1002504),
+    (131072, 0.0999534),
+)
+
+#: 2048 x 8192 (Llama-3.2-1B's FFN): one token to 10 % (1.26-1.37x), 16 tokens to 2 % (1.08-1.30x; 5 %: 1.07 / 0.99x),
+#: 64 tokens to 1 % (1.09-1.17x; 2 %: 0.99 / 1.06x), dense at 256-1023 tokens (0.25 %: 1.00 / 1.12x at 256, 0.93 / 1.15x
+#: at 512), from 1024 tokens to 10 % (1.06-1.46x at 1024, 1.27-2.31x from 2048).
+H200_BF16_2048X8192_TABLE: DispatchTable = (
+    (1, 0.0797120), (16, 0.0209351), (64, 0.0109463), (256, 0.0), (1024, 0.0991935), (2048, 0.1002816),
+    (4096, 0.0996992), (8192, 0.1002152), (16384, 0.1002475), (32768, 0.0998980), (131072, 0.1000183),
+)
+
+#: 1536 x 8960 (Qwen2-1.5B's FFN): one token to 10 % (1.30-1.41x), 16 and 64 tokens to 2 % (1.13-1.39x; 1.06-1.27x; 5 %:
+#: 0.98 / 1.07x and 1.03 / 0.99x), dense at 256 tokens (0.25 %: 0.91 / 1.00x), 512 tokens at 0.25 % only (1.05 / 1.18x;
+#: 0.5 %: 1.00 / 1.19x), from 1024 tokens to 10 % (1.20-1.64x at 1024, 1.25-2.26x from 2048).
+H200_BF16_1536X8960_TABLE: DispatchTable = (
+    (1, 0.1021206), (16, 0.0182966), (64, 0.0218227), (256, 0.0), (512, 0.0025243), (1024, 0.1013057),
+    (2048, 0.1001734), (4096, 0.1005238), (8192, 0.1003812), (16384, 0.1001218), (32768, 0.1001298),
+    (131072, 0.1000652),
+)
+
+#: 896 x 4864 (Qwen2-0.5B's FFN): one token to 10 % (1.05-1.20x), 16 tokens at 0.25 % only (1.19 / 1.07x; 0.5 %: 0.94 /
+#: 1.15x), dense at 64-2047 tokens (0.25 %: 1.02 / 1.02x at 64, 0.84 / 0.62x at 256, 0.74 / 0.85x at 512, 1.03 / 0.98x
+#: at 1024, where 0.5-10 % won in both runs, 1.14-1.28x), from 2048 tokens to 10 % (1.29-1.60x at 2048, 1.35-2.23x from
+#: 4096).  The second run's one-token point at 0.25 % read a relative error of 6.0e-3, the dense bf16 module's own on
+#: that token (``twell.tolerances.DENSE_ERROR_FACTOR``); call 3 repeated that run with the dense error recorded.
+H200_BF16_896X4864_TABLE: DispatchTable = (
+    (1, 0.1124589), (16, 0.0025957), (64, 0.0), (2048, 0.0991320), (4096, 0.1000616), (8192, 0.1004460),
+    (16384, 0.1003094), (32768, 0.1001757), (131072, 0.1003189),
+)
+
+#: Every table above by its layer shape ``(hidden_size, intermediate_size)``: what :data:`DEFAULT_POLICY` applies.
+H200_BF16_SHAPE_TABLES: tuple[tuple[tuple[int, int], DispatchTable], ...] = (
+    ((2048, 5632), H200_BF16_2048X5632_TABLE),
+    ((4096, 14336), H200_BF16_4096X14336_TABLE),
+    ((4096, 11008), H200_BF16_4096X11008_TABLE),
+    ((2048, 8192), H200_BF16_2048X8192_TABLE),
+    ((1536, 8960), H200_BF16_1536X8960_TABLE),
+    ((896, 4864), H200_BF16_896X4864_TABLE),
+)
+#: The layer shapes measured on the H200: :class:`DispatchPolicy`'s default ``shapes``.
+H200_BF16_SHAPES: tuple[tuple[int, int], ...] = tuple(shape for shape, _ in H200_BF16_SHAPE_TABLES)
+
+
 def _check_table(table: object) -> DispatchTable:
     """Normalise ``table`` to a tuple of ``(int, float)`` rows and check it; raise with the bad row named."""
     if isinstance(table, (str, bytes)) or not hasattr(table, "__iter__"):
@@ -168,7 +232,7 @@ class DispatchPolicy:
             GreedyDecoder` turns it on for its calls by default), and the default stays 0.  Subject to
             ``device_types`` and ``shapes`` like the table.
         shapes: the layer shapes ``(hidden_size, intermediate_size)`` the table was measured for (by
-            default those of the default table), or None for a table that holds for any shape.
+            default the six of :data:`H200_BF16_SHAPES`), or None for a table that holds for any shape.
             Break-even densities move with the shape, so a layer of an unmeasured shape gets the dense
             path.  4096 x 14336 joined in session 8 (H200, the hot/cold op with the fused gate,
             bench_results/h200/ffn_large_session8_a.json and _b.json): at M=16384 / 131072 1.52x / 1.57x
@@ -187,7 +251,7 @@ class DispatchPolicy:
     table: DispatchTable = H200_BF16_TABLE
     device_types: tuple[str, ...] = ("cuda",)
     force: bool = False
-    shapes: tuple[tuple[int, int], ...] | None = ((2048, 5632), (4096, 14336))
+    shapes: tuple[tuple[int, int], ...] | None = H200_BF16_SHAPES
     decode_max_tokens: int = 0
     shape_tables: tuple[tuple[tuple[int, int], DispatchTable], ...] = ()
 
@@ -318,7 +382,6 @@ def _check_tokens(n_tokens: object) -> None:
         raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
 
 
-#: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables of
-#: 2048 x 5632 and 4096 x 14336 (both from ``twell tune-dispatch``).
-DEFAULT_POLICY = DispatchPolicy(shape_tables=(((2048, 5632), H200_BF16_2048X5632_TABLE),
-                                              ((4096, 14336), H200_BF16_4096X14336_TABLE)))
+#: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables of the six
+#: measured layer shapes (:data:`H200_BF16_SHAPE_TABLES`, all from ``twell tune-dispatch``); other shapes run dense.
+DEFAULT_POLICY = DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES)

@@ -3,7 +3,7 @@
 The table of a policy is a measurement of one GPU, dtype and layer shape, so it travels as a file next to
 the model rather than in its config::
 
-    policy = twell.nn.load_policy("h200_bf16_4096x11008.json")
+    policy = twell.nn.load_policy("h200_bf16_5120x13824.json")
     twell.models.set_dispatch_policy(model, policy)
 
 The file holds the policy's fields and, under ``"measured"``, what it was derived from (device, dtype,

@@ -89,7 +89,11 @@ HOT_MAX_COLD_L0_SMALL = 3.0
 #: l0 72: at 16,384 tokens / 0.5 % the op took 4.876 ms with 5056 hot units (bound 6; 1.57x,
 #: ffn_4096x14336_session30.json) against 4.507 ms with 3392 in session 27 (bound 10; 1.69x,
 #: ffn_4096x14336_session27.json) of the same ~7.6 ms dense FFN.  So the split is a density: 1.25 % lies between
-#: session 29's 1 % and 1.5 % points and leaves 2048 x 5632 where it was (l0 70.4).  Not yet timed at 4096 x 14336.
+#: session 29's 1 % and 1.5 % points and leaves 2048 x 5632 where it was (l0 70.4).  Timed at 4096 x 14336 in session
+#: 31 (bench_results/h200/ffn_4096x14336_split_session31.json): 16,384 tokens / 0.5 % 4.424 ms with 3392 hot units,
+#: 1.68x.  There bound 6 does not win at 1.5-3 % as it did at 2048 x 5632: tune-dispatch as shipped against bound 10
+#: everywhere (dispatch_4096x14336_session31_{split,bound10}.json) read 1.33x / 1.30x / 1.29x against 1.34x / 1.31x /
+#: 1.28x at 16,384 tokens and 1.36x / 1.31x / 1.27x against 1.39x / 1.36x / 1.27x at 32,768 (one run).
 HOT_DENSE_DENSITY = 0.0125
 HOT_MAX_COLD_L0_DENSE = 6.0
 #: The hot count is rounded down to a multiple of this (GEMM and tile alignment of the [M, F + H] output).
