@@ -28,7 +28,8 @@ REL_TOL: dict[torch.dtype, float] = {
 #: H200 tuning run that found this (session 31, tune_896x4864_b_call2_session31.log) read 6.0e-3 at one token.  1.1
 #: leaves room for the kernels' other summation order and no more.
 DENSE_ERROR_FACTOR = 1.1
-#: The same for a whole model's forward, whose layers compound each other's roundings (``twell bench model``).
+#: The same for a whole model (``twell bench model``: the forward's output and the training step's gradients), whose
+#: layers compound each other's roundings.
 MODEL_DENSE_ERROR_FACTOR = 1.5
 
 #: fp32 kernels that use tf32 tensor-core dots (GPU only) are checked against this.
