@@ -33,7 +33,7 @@ def main() -> None:
     p.add_argument("--densities", type=float, nargs="+", required=True, help="targets in percent")
     a = p.parse_args()
     cols = [(m, pct) for pct in a.densities for m in a.ms]
-    print("| d x F | " + " | ".join(f"{m} tokens, {pct:g} %" for m, pct in cols) + " |")
+    print("| d x F | " + " | ".join(f"{m} token{'' if m == 1 else 's'}, {pct:g} %" for m, pct in cols) + " |")
     print("|---|" + "---|" * len(cols))
     for paths in a.runs:
         runs = [json.loads(path.read_text()) for path in paths]
