@@ -24,6 +24,10 @@ def test_round_trip_keeps_every_field_and_the_provenance(tmp_path):
     older = policy_to_dict(policy)
     del older["shape_tables"]  # files written before per-shape tables
     assert policy_from_dict(older) == policy
+    before_envelope = policy_to_dict(DEFAULT_POLICY)
+    assert before_envelope["other_shapes"] == "envelope"
+    del before_envelope["other_shapes"]  # files written before session 32: other shapes ran dense, and still do
+    assert policy_from_dict(before_envelope).other_shapes == "dense"
 
 
 def test_a_loaded_policy_drives_the_layers_of_its_shape(tmp_path):
@@ -50,6 +54,7 @@ def test_a_loaded_policy_drives_the_layers_of_its_shape(tmp_path):
     (lambda d: d.update(shape_tables=[{"shape": [2048, 5632]}]), TypeError, "shape_tables must be a list"),
     (lambda d: d.update(shape_tables=[{"shape": [2048, 5632], "table": [[16384, 2.0]]}]), ValueError,
      "shape_tables entry 0 \\(2048 x 5632\\): table row 0: max_density must lie in"),
+    (lambda d: d.update(other_shapes="nearest"), ValueError, "other_shapes must be one of \\('dense', 'envelope'\\)"),
 ])
 def test_malformed_files_are_refused_with_the_problem_named(tmp_path, edit, exc, msg):
     data = policy_to_dict(DispatchPolicy(table=((16384, 0.05),), shapes=((2048, 5632),)))

@@ -365,12 +365,13 @@ def test_policy_device_types_and_constructors():
     assert DEFAULT_POLICY.use_sparse(65536, 0.10017321790967669, shape=big)
     assert DEFAULT_POLICY.use_sparse(131072, 0.1001609308379037, shape=big)
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.1002, shape=big)
-    # shapes the tables were not measured for, or an unknown shape, get the dense path
+    # shapes outside the measured ones' ranges (tests/test_dispatch_envelope.py has those within), or an unknown
+    # shape, get the dense path
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001, shape=(768, 2112))
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001)
     with pytest.raises(TypeError, match="shapes"):
         DispatchPolicy(shapes=("2048x5632",))
-    assert hash(DEFAULT_POLICY) == hash(DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES))
+    assert hash(DEFAULT_POLICY) == hash(DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES, other_shapes="envelope"))
     # the constructors and an explicit table ignore the default's per-shape tables
     assert not DispatchPolicy.always_dense().use_sparse(10**9, 0.0, shape=shape)
     assert DispatchPolicy(table=((0, 0.5),), shapes=None).table_for(shape) == ((0, 0.5),)

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..nn import DispatchPolicy, SparseGatedMLP
+from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP
 from ..nn.dispatch_file import save_policy
 from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_table
 from ..ops.active_count import mean_active_per_token
@@ -153,6 +153,40 @@ def policy_of(rows: list[dict], *, d: int, f: int, device_type: str, min_speedup
     return DispatchPolicy(table=table, device_types=(device_type,), shapes=((d, f),))
 
 
+def default_policy_check(rows: list[dict], *, d: int, f: int) -> dict:
+    """How the shipped policy (:data:`twell.nn.DEFAULT_POLICY`, H200 tables) fares on these rows of a ``d x f`` layer:
+    the rule it applies to the shape (``"own table"``, ``"envelope"`` of the measured shapes, or ``"dense"``), how many
+    points (:func:`points_of`: with several runs, each point's worst speedup at its highest drawn density) it sends
+    sparse, the lowest speedup among those, and every one of them that lost (speedup < 1) or was wrong.  A held-out
+    shape's runs check the envelope this way."""
+    shape = (d, f)
+    rule = ("own table" if DEFAULT_POLICY.shapes is not None and shape in DEFAULT_POLICY.shapes
+            else "envelope" if DEFAULT_POLICY.follows_envelope(shape) else "dense")
+    pts = points_of(rows)
+    sparse = [p for p in pts if DEFAULT_POLICY.use_sparse(p.tokens, min(1.0, p.density), shape=shape)]
+    worst = min(sparse, key=lambda p: p.dense_ms / p.sparse_ms, default=None)
+    return {
+        "rule": rule, "points": len(pts), "sparse_points": len(sparse),
+        "lowest_speedup": None if worst is None else worst.dense_ms / worst.sparse_ms,
+        "lowest_at": None if worst is None else {"m": worst.tokens, "density": worst.density},
+        "losses": [{"m": p.tokens, "density": p.density, "speedup": p.dense_ms / p.sparse_ms, "ok": p.ok}
+                   for p in sparse if p.dense_ms < p.sparse_ms or not p.ok],
+    }
+
+
+def default_policy_text(check: dict, *, d: int, f: int) -> str:
+    rule = {"own table": "its own measured table", "envelope": "the envelope of the measured shapes' tables",
+            "dense": "dense (outside the measured shapes' ranges)"}[check["rule"]]
+    head = (f"DEFAULT_POLICY (H200 tables) at {d}x{f}: {rule}; {check['sparse_points']} of {check['points']} points "
+            "sparse")
+    if check["lowest_speedup"] is not None:
+        at = check["lowest_at"]
+        head += f", lowest {check['lowest_speedup']:.2f}x (M={at['m']}, density {at['density'] * 100:.2f} %)"
+    losses = ", ".join(f"M={x['m']} {x['density'] * 100:.2f} %: {x['speedup']:.2f}x{'' if x['ok'] else ' WRONG'}"
+                       for x in check["losses"])
+    return f"{head}; losses: {losses or 'none'}"
+
+
 def table_text(policy: DispatchPolicy) -> str:
     if not policy.table:
         return "dense at every measured point (the sparse path never won by the margin)"
@@ -239,8 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         measured["runs"] = meta["runs"]
     measured["points"] = [{k: r.get(k) for k in ("m", "density", "dense_ms", "sparse_ms", "speedup", "ok")}
                           for r in rows if "error" not in r]
+    check = default_policy_check(rows, d=d, f=f)
+    measured["default_policy"] = check
     paths.append(save_policy(policy, a.out / f"{stem}_policy.json", measured=measured))
     print(f"\ndispatch for {d}x{f} on {meta.get('device', device_type)} ({meta.get('dtype')}), "
           f"sparse where it won by >= {a.min_speedup}x:\n{table_text(policy)}")
+    print(default_policy_text(check, d=d, f=f))
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0 if all(r.get("ok", False) for r in rows if "error" not in r) else 1

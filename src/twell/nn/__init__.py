@@ -11,7 +11,9 @@ from .dispatch import (
     H200_BF16_SHAPE_TABLES,
     H200_BF16_SHAPES,
     H200_BF16_TABLE,
+    OTHER_SHAPES_RULES,
     DispatchPolicy,
+    envelope_table,
 )
 from .dispatch_file import load_policy, save_policy
 from .mlp import DenseReluGatedMLP, SparseGatedMLP, static_dispatch
@@ -31,10 +33,12 @@ __all__ = [
     "H200_BF16_SHAPE_TABLES",
     "H200_BF16_SHAPES",
     "H200_BF16_TABLE",
+    "OTHER_SHAPES_RULES",
     "DenseReluGatedMLP",
     "DispatchPolicy",
     "FusedRMSNorm",
     "SparseGatedMLP",
+    "envelope_table",
     "fuse_qkv",
     "fuse_residual_adds",
     "fuse_rms_norms",

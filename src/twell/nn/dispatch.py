@@ -11,7 +11,10 @@ its intermediate size F.
 
 The thresholds are measurements, not guesses: they come from ``twell tune-dispatch`` on the target GPU,
 dtype and layer shape.  The shipped tables cover six layer shapes on an H200 in bf16
-(:data:`H200_BF16_SHAPE_TABLES`); a layer of any other shape runs dense until it is measured.  On devices
+(:data:`H200_BF16_SHAPE_TABLES`).  A layer of another shape whose hidden and intermediate sizes both lie within
+the measured shapes' ranges follows their envelope (:func:`envelope_table`: at each token count the lowest limit
+any measured table gives, so it runs sparse only where every measured shape won); any other runs dense until it
+is measured.  On devices
 the table was not measured for (by default everything but CUDA: on the CPU the pure-PyTorch sparse
 reference is slower than dense matmuls) the policy answers dense, unless ``force`` is set, which applies
 the table everywhere (tests, the Triton interpreter, benchmarks).
@@ -19,15 +22,20 @@ the table everywhere (tests, the Triton interpreter, benchmarks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 __all__ = ["DEFAULT_POLICY", "H200_BF16_896X4864_TABLE", "H200_BF16_1536X8960_TABLE", "H200_BF16_2048X5632_TABLE",
            "H200_BF16_2048X8192_TABLE", "H200_BF16_4096X11008_TABLE", "H200_BF16_4096X14336_TABLE",
-           "H200_BF16_SHAPES", "H200_BF16_SHAPE_TABLES", "H200_BF16_TABLE", "DispatchPolicy", "DispatchTable",
-           "density_of"]
+           "H200_BF16_SHAPES", "H200_BF16_SHAPE_TABLES", "H200_BF16_TABLE", "OTHER_SHAPES_RULES", "DispatchPolicy",
+           "DispatchTable", "density_of", "envelope_table"]
 
 #: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
 DispatchTable = tuple[tuple[int, float], ...]
+
+#: What :class:`DispatchPolicy` does with a layer shape outside its ``shapes``: ``"dense"``, or ``"envelope"``
+#: (the envelope of its measured shapes' tables when the shape lies within their ranges, else dense).
+OTHER_SHAPES_RULES = ("dense", "envelope")
 
 #: Break-even table for bf16 on one H200 with SparseGatedMLP's hot/cold sparse path, first measured at
 #: d=2048, F=5632 from bench_results/h200/ffn_hotcold.json (commit 3c34a03).  Through the module, M=4096 lost even at
@@ -240,9 +248,13 @@ class DispatchPolicy:
             at 0.5 %), so the same table holds; the plain TwELL path had lost there (0.78x at 131072).
         shape_tables: ``((hidden_size, intermediate_size), table)`` pairs: a layer of a listed shape
             follows its own table instead of ``table`` (still subject to ``device_types`` and
-            ``shapes``).  Empty by default; :data:`DEFAULT_POLICY` gives 2048 x 5632 the table that
-            ``twell tune-dispatch`` measured for each (:data:`H200_BF16_2048X5632_TABLE`,
-            :data:`H200_BF16_4096X14336_TABLE`).
+            ``shapes``).  Empty by default; :data:`DEFAULT_POLICY` gives each of the six measured shapes
+            the table ``twell tune-dispatch`` measured for it (:data:`H200_BF16_SHAPE_TABLES`).
+        other_shapes: what a layer shape outside ``shapes`` gets (one of :data:`OTHER_SHAPES_RULES`):
+            ``"dense"`` (the default), or ``"envelope"``: where the shape's hidden size lies between the smallest
+            and largest of the ``shape_tables`` shapes (those in ``shapes``) and its intermediate size too, it
+            follows :func:`envelope_table` of their tables, sparse only at token counts and densities where every
+            one of them is; outside those ranges, dense.  :data:`DEFAULT_POLICY` uses ``"envelope"``.
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
@@ -254,6 +266,11 @@ class DispatchPolicy:
     shapes: tuple[tuple[int, int], ...] | None = H200_BF16_SHAPES
     decode_max_tokens: int = 0
     shape_tables: tuple[tuple[tuple[int, int], DispatchTable], ...] = ()
+    other_shapes: str = "dense"
+    # Derived in __post_init__ from shape_tables, shapes and other_shapes (so not compared or hashed on their own):
+    # the envelope table and the (min hidden, max hidden, min intermediate, max intermediate) box it applies in.
+    _envelope: DispatchTable = field(init=False, repr=False, compare=False, default=())
+    _envelope_box: tuple[int, int, int, int] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "table", _check_table(self.table))
@@ -276,6 +293,13 @@ class DispatchPolicy:
         dm = self.decode_max_tokens
         if isinstance(dm, bool) or not isinstance(dm, int) or not 0 <= dm <= DECODE_MAX_TOKENS:
             raise ValueError(f"decode_max_tokens must be an int in [0, {DECODE_MAX_TOKENS}], got {dm!r}")
+        if self.other_shapes not in OTHER_SHAPES_RULES:
+            raise ValueError(f"other_shapes must be one of {OTHER_SHAPES_RULES}, got {self.other_shapes!r}")
+        measured = [(s, t) for s, t in self.shape_tables if self.shapes is None or s in self.shapes]
+        if self.other_shapes == "envelope" and self.shapes is not None and measured:
+            hs, fs = [s[0] for s, _ in measured], [s[1] for s, _ in measured]
+            object.__setattr__(self, "_envelope", envelope_table(t for _, t in measured))
+            object.__setattr__(self, "_envelope_box", (min(hs), max(hs), min(fs), max(fs)))
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -289,14 +313,25 @@ class DispatchPolicy:
         return cls(table=(), force=True)
 
     # ------------------------------------------------------------------ decision
+    def follows_envelope(self, shape: tuple[int, int] | None) -> bool:
+        """True iff a layer of ``shape`` ``(hidden_size, intermediate_size)`` is dispatched by the envelope of the
+        measured tables (``other_shapes="envelope"``: a shape outside ``shapes``, within the measured ranges)."""
+        box = self._envelope_box
+        if box is None or shape is None or self.shapes is None:
+            return False
+        h, f = shape
+        return (h, f) not in self.shapes and box[0] <= h <= box[1] and box[2] <= f <= box[3]
+
     def table_for(self, shape: tuple[int, int] | None) -> DispatchTable:
-        """The table of a layer shape ``(hidden_size, intermediate_size)``: its own in ``shape_tables``, else
-        ``table``."""
+        """The table of a layer shape ``(hidden_size, intermediate_size)``: its own in ``shape_tables``, else the
+        envelope where :meth:`follows_envelope`, else ``table``."""
         if shape is not None:
             key = tuple(shape)
             for s, table in self.shape_tables:
                 if s == key:
                     return table
+            if self.follows_envelope(shape):
+                return self._envelope
         return self.table
 
     def max_density(self, n_tokens: int, shape: tuple[int, int] | None = None) -> float | None:
@@ -305,12 +340,7 @@ class DispatchPolicy:
         _check_tokens(n_tokens)
         # A scan of the (one to a few) rows rather than bisect: torch.compile traces it, where the C
         # bisect is a graph break (SparseGatedMLP's compiled inference path calls this).
-        limit = None
-        for start, max_density in self.table_for(shape):
-            if start > n_tokens:
-                break
-            limit = max_density
-        return limit
+        return _limit_at(self.table_for(shape), n_tokens)
 
     def use_sparse(
         self, n_tokens: int, density: float, *, device_type: str = "cuda", shape: tuple[int, int] | None = None
@@ -319,7 +349,8 @@ class DispatchPolicy:
 
         ``device_type`` is the ``torch.device.type`` of the inputs and ``shape`` the layer's
         ``(hidden_size, intermediate_size)``; unless ``force`` is set, device types outside
-        ``device_types`` and shapes outside ``shapes`` get the dense path.
+        ``device_types`` and shapes outside ``shapes`` get the dense path, except shapes that
+        :meth:`follows_envelope`.
         """
         _check_tokens(n_tokens)
         if isinstance(density, bool) or not isinstance(density, (int, float)):
@@ -330,7 +361,8 @@ class DispatchPolicy:
             raise TypeError(f"device_type must be a str such as 'cuda' or 'cpu', got {type(device_type).__name__}")
         if not self.force and device_type not in self.device_types:
             return False
-        if not self.force and self.shapes is not None and (shape is None or tuple(shape) not in self.shapes):
+        if (not self.force and self.shapes is not None and (shape is None or tuple(shape) not in self.shapes)
+                and not self.follows_envelope(shape)):
             return False
         limit = self.max_density(n_tokens, shape)
         return limit is not None and density <= limit
@@ -343,6 +375,37 @@ class DispatchPolicy:
         if not self.force and device_type not in self.device_types:
             return False
         return self.force or self.shapes is None or (shape is not None and tuple(shape) in self.shapes)
+
+
+def envelope_table(tables: Iterable[DispatchTable]) -> DispatchTable:
+    """The table that runs sparse only where every one of ``tables`` does: at each token count that starts a row in
+    any of them, the lowest limit they give there (dense, i.e. no row, until every table has begun).
+
+    What :class:`DispatchPolicy` applies to an unmeasured layer shape within the measured ones' ranges
+    (``other_shapes="envelope"``).  The reasoning, from the six H200 tables of sessions 30-31: each runs sparse at
+    one token and, from 1024 tokens (896 x 4864: from 2048), at every density measured, so a shape between them
+    should win wherever all of them do; held-out shapes test that (:data:`DEFAULT_POLICY`'s note).
+    """
+    checked = [_check_table(t) for t in tables]
+    rows: list[tuple[int, float]] = []
+    for m in sorted({start for t in checked for start, _ in t}):
+        limits = [_limit_at(t, m) for t in checked]
+        if any(lim is None for lim in limits) and not rows:
+            continue  # below some table's first row: dense, and no row yet
+        limit = min(0.0 if lim is None else lim for lim in limits)
+        if not rows or rows[-1][1] != limit:
+            rows.append((m, limit))
+    return tuple(rows)
+
+
+def _limit_at(table: DispatchTable, n_tokens: int) -> float | None:
+    """The ``max_density`` of the row of ``table`` that applies to ``n_tokens``, or None below its first row."""
+    limit = None
+    for start, max_density in table:
+        if start > n_tokens:
+            break
+        limit = max_density
+    return limit
 
 
 def density_of(l0: float | None, n_units: int) -> float:
@@ -383,5 +446,6 @@ def _check_tokens(n_tokens: object) -> None:
 
 
 #: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables of the six
-#: measured layer shapes (:data:`H200_BF16_SHAPE_TABLES`, all from ``twell tune-dispatch``); other shapes run dense.
-DEFAULT_POLICY = DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES)
+#: measured layer shapes (:data:`H200_BF16_SHAPE_TABLES`, all from ``twell tune-dispatch``); a shape between them
+#: (hidden 896-4096, intermediate 4864-14336) follows their envelope, any other runs dense.
+DEFAULT_POLICY = DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES, other_shapes="envelope")

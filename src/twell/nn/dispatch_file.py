@@ -23,7 +23,7 @@ __all__ = ["POLICY_FORMAT", "POLICY_VERSION", "load_policy", "policy_from_dict",
 
 POLICY_FORMAT = "twell.dispatch_policy"
 POLICY_VERSION = 1
-_POLICY_KEYS = ("table", "device_types", "force", "shapes", "decode_max_tokens", "shape_tables")
+_POLICY_KEYS = ("table", "device_types", "force", "shapes", "decode_max_tokens", "shape_tables", "other_shapes")
 _FILE_KEYS = ("format", "version", *_POLICY_KEYS, "measured")
 
 
@@ -41,6 +41,7 @@ def policy_to_dict(policy: DispatchPolicy, *, measured: dict[str, Any] | None = 
         "decode_max_tokens": policy.decode_max_tokens,
         "shape_tables": [{"shape": [h, f], "table": [[m, dens] for m, dens in table]}
                          for (h, f), table in policy.shape_tables],
+        "other_shapes": policy.other_shapes,
         "measured": measured if measured is not None else {},
     }
 
@@ -85,6 +86,8 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
             shapes=None if shapes is None else tuple((h, f) for h, f in shapes),
             decode_max_tokens=data.get("decode_max_tokens", 0),
             shape_tables=tuple((e["shape"], e["table"]) for e in shape_tables),  # lists: normalised there
+            # files written before session 32 have no such key: their other shapes ran dense
+            other_shapes=data.get("other_shapes", "dense"),
         )
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{source}: {exc}") from None
