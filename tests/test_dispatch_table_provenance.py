@@ -15,11 +15,17 @@ import pytest
 from twell.nn import (
     DEFAULT_POLICY,
     H200_BF16_896X4864_TABLE,
+    H200_BF16_1024X3072_TABLE,
     H200_BF16_1536X8960_TABLE,
     H200_BF16_2048X5632_TABLE,
     H200_BF16_2048X8192_TABLE,
+    H200_BF16_2304X9216_TABLE,
+    H200_BF16_2560X9728_TABLE,
+    H200_BF16_3072X8192_TABLE,
+    H200_BF16_3584X18944_TABLE,
     H200_BF16_4096X11008_TABLE,
     H200_BF16_4096X14336_TABLE,
+    H200_BF16_5120X13824_TABLE,
     H200_BF16_SHAPE_TABLES,
 )
 
@@ -40,6 +46,13 @@ def _derived(name: str) -> list[tuple[int, float]]:
     ("dispatch_2048x8192_session31_merged_policy.json", H200_BF16_2048X8192_TABLE, None),
     ("dispatch_1536x8960_session31_merged_policy.json", H200_BF16_1536X8960_TABLE, None),
     ("dispatch_896x4864_session31_merged_policy.json", H200_BF16_896X4864_TABLE, None),
+    # session 32: six more
+    ("dispatch_3072x8192_session32_merged_policy.json", H200_BF16_3072X8192_TABLE, None),
+    ("dispatch_2304x9216_session32_merged_policy.json", H200_BF16_2304X9216_TABLE, None),
+    ("dispatch_2560x9728_session32_merged_policy.json", H200_BF16_2560X9728_TABLE, None),
+    ("dispatch_1024x3072_session32_merged_policy.json", H200_BF16_1024X3072_TABLE, None),
+    ("dispatch_5120x13824_session32_merged_policy.json", H200_BF16_5120X13824_TABLE, None),
+    ("dispatch_3584x18944_session32_merged_policy.json", H200_BF16_3584X18944_TABLE, None),
 ])
 def test_shipped_rows_follow_the_committed_runs(policy_file, shipped, below):
     rows = [r for r in shipped if below is None or r[0] < below]
@@ -52,13 +65,14 @@ def test_shipped_rows_follow_the_committed_runs(policy_file, shipped, below):
 def test_the_default_policy_applies_every_shipped_table_to_its_shape():
     for (d, f), table in H200_BF16_SHAPE_TABLES:
         assert DEFAULT_POLICY.table_for((d, f)) == table
-        merged = RESULTS / f"dispatch_{d}x{f}_session31_merged_policy.json"
-        if merged.exists():  # the session 31 shapes: the runs' shape is the table's
-            assert json.loads(merged.read_text())["shapes"] == [[d, f]]
+        for session in (31, 32):
+            merged = RESULTS / f"dispatch_{d}x{f}_session{session}_merged_policy.json"
+            if merged.exists():  # the session 31-32 shapes: the runs' shape is the table's
+                assert json.loads(merged.read_text())["shapes"] == [[d, f]]
         # sparse at the last row's own limit, dense just above it
         m, limit = table[-1]
         assert DEFAULT_POLICY.use_sparse(m, limit, shape=(d, f))
         assert not DEFAULT_POLICY.use_sparse(m, min(1.0, limit + 1e-6), shape=(d, f))
-    # unmeasured within the six shapes' ranges: their envelope (tests/test_dispatch_envelope.py); outside: dense
+    # unmeasured between measured shapes: their envelope (tests/test_dispatch_envelope.py); elsewhere dense
     assert DEFAULT_POLICY.follows_envelope((4096, 11264))
-    assert not DEFAULT_POLICY.use_sparse(131072, 0.005, shape=(4608, 11264))
+    assert not DEFAULT_POLICY.use_sparse(131072, 0.005, shape=(6144, 16384))

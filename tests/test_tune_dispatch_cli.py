@@ -97,18 +97,20 @@ def test_from_several_runs_pairs_points_by_their_target_density(tmp_path, capsys
 
 
 def test_a_run_of_an_unmeasured_shape_reports_how_the_shipped_envelope_fared(tmp_path, capsys):
-    """3072 x 8192 lies within the six measured H200 shapes, so DEFAULT_POLICY sends it the envelope: one token to
-    5.59 %, dense at 16-2047 tokens, sparse from 2048.  Of these points it sends four sparse, and the report names
-    the one of them that lost (M=2048 at 5 %) and its lowest speedup; the points it keeps dense (16 tokens) do not
-    count, won or lost."""
-    run = _run_file(tmp_path / "a.json", (3072, 8192), ((1, 0.005, 1.3), (1, 0.08, 1.2), (16, 0.005, 0.8),
+    """Measured H200 shapes bracket 4096 x 12288, so DEFAULT_POLICY sends it their envelope: one token to 5.08 %,
+    dense at 16-1023 tokens, sparse from 1024 to ~10 %.  Of these points it sends four sparse, and the report names
+    the one of them that lost (M=2048 at 5 %) and its lowest speedup; the points it keeps dense (16 tokens, and one
+    token at 8 %) do not count, won or lost."""
+    run = _run_file(tmp_path / "a.json", (4096, 12288), ((1, 0.005, 1.3), (1, 0.08, 1.2), (16, 0.005, 0.8),
                                                         (2048, 0.005, 1.4), (2048, 0.05, 0.97), (131072, 0.05, 1.3)))
     assert cli.main(["tune-dispatch", "--from", str(run), "--out", str(tmp_path), "--stem", "held_out"]) == 0
     out = capsys.readouterr().out
-    assert ("DEFAULT_POLICY (H200 tables) at 3072x8192: the envelope of the measured shapes' tables; 4 of 6 points "
-            "sparse, lowest 0.97x (M=2048, density 5.00 %); losses: M=2048 5.00 %: 0.97x") in out
+    assert ("DEFAULT_POLICY (H200 tables) at 4096x12288: the envelope of the measured shapes around it (4096x11008, "
+            "4096x14336, 5120x13824); 4 of 6 points sparse, lowest 0.97x (M=2048, density 5.00 %); losses: M=2048 "
+            "5.00 %: 0.97x") in out
     check = json.loads((tmp_path / "held_out_policy.json").read_text())["measured"]["default_policy"]
     assert check["rule"] == "envelope" and check["sparse_points"] == 4
+    assert check["bracket"] == [[4096, 11008], [4096, 14336], [5120, 13824]]
     assert [(x["m"], x["density"]) for x in check["losses"]] == [(2048, 0.05)]
     # a measured shape follows its own table; a shape outside the ranges is dense, so nothing of it is sparse
     own = _run_file(tmp_path / "b.json", (2048, 5632), ((1, 0.005, 1.2), (16, 0.005, 0.9)))
@@ -116,7 +118,7 @@ def test_a_run_of_an_unmeasured_shape_reports_how_the_shipped_envelope_fared(tmp
     assert "at 2048x5632: its own measured table; 1 of 2 points sparse, lowest 1.20x" in capsys.readouterr().out
     far = _run_file(tmp_path / "c.json", (8192, 28672), ((16384, 0.005, 2.0),))
     assert cli.main(["tune-dispatch", "--from", str(far), "--out", str(tmp_path), "--stem", "far"]) == 0
-    assert ("at 8192x28672: dense (outside the measured shapes' ranges); 0 of 1 points sparse; losses: none"
+    assert ("at 8192x28672: dense (no measured shapes around it); 0 of 1 points sparse; losses: none"
             in capsys.readouterr().out)
 
 

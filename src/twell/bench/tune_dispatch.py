@@ -155,7 +155,8 @@ def policy_of(rows: list[dict], *, d: int, f: int, device_type: str, min_speedup
 
 def default_policy_check(rows: list[dict], *, d: int, f: int) -> dict:
     """How the shipped policy (:data:`twell.nn.DEFAULT_POLICY`, H200 tables) fares on these rows of a ``d x f`` layer:
-    the rule it applies to the shape (``"own table"``, ``"envelope"`` of the measured shapes, or ``"dense"``), how many
+    the rule it applies to the shape (``"own table"``, ``"envelope"`` of the measured shapes around it, named under
+    ``"bracket"``, or ``"dense"``), how many
     points (:func:`points_of`: with several runs, each point's worst speedup at its highest drawn density) it sends
     sparse, the lowest speedup among those, and every one of them that lost (speedup < 1) or was wrong.  A held-out
     shape's runs check the envelope this way."""
@@ -166,7 +167,8 @@ def default_policy_check(rows: list[dict], *, d: int, f: int) -> dict:
     sparse = [p for p in pts if DEFAULT_POLICY.use_sparse(p.tokens, min(1.0, p.density), shape=shape)]
     worst = min(sparse, key=lambda p: p.dense_ms / p.sparse_ms, default=None)
     return {
-        "rule": rule, "points": len(pts), "sparse_points": len(sparse),
+        "rule": rule, "bracket": [list(s) for s in DEFAULT_POLICY.envelope_shapes(shape)], "points": len(pts),
+        "sparse_points": len(sparse),
         "lowest_speedup": None if worst is None else worst.dense_ms / worst.sparse_ms,
         "lowest_at": None if worst is None else {"m": worst.tokens, "density": worst.density},
         "losses": [{"m": p.tokens, "density": p.density, "speedup": p.dense_ms / p.sparse_ms, "ok": p.ok}
@@ -175,8 +177,10 @@ def default_policy_check(rows: list[dict], *, d: int, f: int) -> dict:
 
 
 def default_policy_text(check: dict, *, d: int, f: int) -> str:
-    rule = {"own table": "its own measured table", "envelope": "the envelope of the measured shapes' tables",
-            "dense": "dense (outside the measured shapes' ranges)"}[check["rule"]]
+    around = ", ".join(f"{bh}x{bf}" for bh, bf in check["bracket"])
+    rule = {"own table": "its own measured table",
+            "envelope": f"the envelope of the measured shapes around it ({around})",
+            "dense": "dense (no measured shapes around it)"}[check["rule"]]
     head = (f"DEFAULT_POLICY (H200 tables) at {d}x{f}: {rule}; {check['sparse_points']} of {check['points']} points "
             "sparse")
     if check["lowest_speedup"] is not None:
