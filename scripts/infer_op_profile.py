@@ -6,7 +6,7 @@ the synthetic problem of ``twell bench ffn``, and prints per call each kernel's 
 first, with the kernels' total and the wall time.  Why (session 21): the headline's dispatched module took
 0.8351 ms at M=16384, 0.5 % against 0.8191 for the op it runs (bench_results/h200/ffn_headline_session21.json);
 the table says which kernels the difference is.
-Usage (GPU machine): ``PYTHONPATH=src python3 scripts/infer_op_profile.py [--points 16384:28 ...]``;
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/infer_op_profile.py [--shape 2048x5632] [--points 16384:28 ...]``;
 ``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke test (host time only).
 """
 
@@ -18,6 +18,7 @@ from hot_threshold_probe import parse_point  # scripts/ (the script's own direct
 from twell import ops
 from twell.bench.model_measure import kernel_lines, profile_kernels
 from twell.bench.probe import probe_device, probe_parser, run_points
+from twell.bench.shape_arg import parse_shape
 from twell.nn import SparseGatedMLP
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
@@ -53,9 +54,10 @@ def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: i
 def main() -> None:
     ap = probe_parser(__doc__)
     ap.add_argument("--points", type=parse_point, nargs="+", default=[(16384, 28.0), (131072, 28.0)])
+    ap.add_argument("--shape", type=parse_shape, default=(2048, 5632), help="HIDDENxFFN (default 2048x5632)")
     a = ap.parse_args()
     dev = probe_device(a.device)
-    d, f, calls, points = 2048, 5632, CALLS, a.points
+    (d, f), calls, points = a.shape, CALLS, a.points
     if a.tiny:
         d, f, calls, points = 64, 700, 2, [(300, 6.0)]
     run_points(points, lambda m, l0: profile_point(m, l0, d, f, dev, calls), dev)
