@@ -18,6 +18,9 @@ POLICIES = {
     "dense": DispatchPolicy.always_dense(),
     "sparse": DispatchPolicy.always_sparse(),
     "decode": DispatchPolicy(table=(), decode_max_tokens=8, force=True),
+    # the layer's 32 x 128 unmeasured, between two measured shapes whose tables both run 4 tokens sparse: the envelope
+    "envelope": DispatchPolicy(shape_tables=(((16, 64), ((1, 1.0),)), ((64, 256), ((1, 1.0),))),
+                               shapes=((16, 64), (64, 256)), device_types=("cpu",), other_shapes="envelope"),
 }
 
 
@@ -29,6 +32,9 @@ def test_compiled_layer_is_one_graph_with_eager_outputs(name):
     x = make_x((4, D), seed=0, dtype=torch.float32)
     with torch.no_grad():
         want = layer(x)  # eager: sets the l0 estimate the traced path reads
+        if name == "envelope":
+            assert layer.policy.envelope_shapes((D, 128)) == ((16, 64), (64, 256))
+            assert layer._path(4, "cpu") == "sparse"  # the envelope's table, not the dense default for other shapes
         compiled = torch.compile(layer, backend="aot_eager")
         for _ in range(12):
             assert torch.equal(compiled(x), want)
