@@ -79,17 +79,17 @@ def test_below_1024_tokens_every_measured_table_counts_from_there_the_bracketing
     assert not p.use_sparse(16, 0.01, shape=shape)  # mid and big win at 16 tokens, weak does not
 
 
-def test_from_1024_tokens_the_envelope_is_dense_until_the_bracketing_tables_begin():
-    every_small = ((1, 0.05), (16, 0.0), (512, 0.01), (1024, 0.1))  # sparse at 512-1023 tokens
-    late = ((1, 0.1), (2048, 0.1))  # dense at 16-2047 tokens
-    p = DispatchPolicy(shape_tables=(((32, 128), every_small), ((64, 256), late), ((128, 512), late)),
+def test_the_envelope_is_dense_until_the_bracketing_tables_begin():
+    early = ((1, 0.05), (16, 0.0), (512, 0.01), (1024, 0.1))  # a measured shape outside the bracket, sparse from 512
+    late = ((2048, 0.1),)  # the bracketing shapes: dense below 2048 tokens
+    p = DispatchPolicy(shape_tables=(((32, 128), early), ((64, 256), late), ((128, 512), late)),
                        shapes=((32, 128), (64, 256), (128, 512)), other_shapes="envelope")
     shape = (96, 384)
     assert p.envelope_shapes(shape) == ((64, 256), (128, 512))
-    assert p.table_for(shape) == ((1, 0.05), (16, 0.0), (2048, 0.1))
-    assert not p.use_sparse(1500, 0.001, shape=shape)
+    assert p.table_for(shape) == ((2048, 0.1),)
+    assert not p.use_sparse(1, 0.0, shape=shape) and not p.use_sparse(1500, 0.001, shape=shape)
     # the second call reads the cached bracket and table: the same answer
-    assert p.table_for(shape) == ((1, 0.05), (16, 0.0), (2048, 0.1)) and p.use_sparse(2048, 0.1, shape=shape)
+    assert p.table_for(shape) == ((2048, 0.1),) and p.use_sparse(2048, 0.1, shape=shape)
 
 
 @pytest.mark.parametrize("shape", [(32, 384), (256, 384), (96, 128), (96, 1024), None])
