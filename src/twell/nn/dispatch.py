@@ -516,8 +516,10 @@ def _bracket_envelope(bracket: list[DispatchTable], every: list[DispatchTable]) 
     split = ENVELOPE_BRACKET_MIN_TOKENS
     at_split = _limit_at(large, split)
     rows = [r for r in small if r[0] < split]
-    if rows or at_split is not None:  # dense from the split until the bracketing tables begin
-        rows.append((split, 0.0 if at_split is None else at_split))
+    # ``small`` has rows only where every table has begun, the bracketing ones too; where they begin after the split,
+    # both are empty there and the envelope starts with their first row
+    if at_split is not None:
+        rows.append((split, at_split))
     rows += [r for r in large if r[0] > split]
     merged: list[tuple[int, float]] = []
     for m, limit in rows:
