@@ -1,13 +1,14 @@
 """``twell tune-dispatch``: where the sparse layer beats the dense one on this GPU, as a dispatch policy file.
 
-The shipped :data:`twell.nn.DEFAULT_POLICY` holds tables measured on an H200 for six layer shapes
-(:data:`twell.nn.H200_BF16_SHAPE_TABLES`); any other GPU, dtype or shape gets the dense path until it is measured.  This
-command measures it: for one layer shape it times :class:`~twell.nn.SparseGatedMLP` held on its sparse
-path against the dense module (the same weights, ``DenseReluGatedMLP``), call by call interleaved, over
-token counts and densities of the realistic synthetic activations (:mod:`twell.synthetic`), checks every
-sparse output against an fp32 reference, and derives the table with :func:`twell.nn.dispatch_tuning.
-derive_table`.  It writes ``<stem>.json`` / ``.csv`` (every point) and ``<stem>_policy.json``, which
-:func:`twell.nn.load_policy` reads::
+The shipped :data:`twell.nn.DEFAULT_POLICY` holds tables measured on an H200 for twelve layer shapes
+(:data:`twell.nn.H200_BF16_SHAPE_TABLES`); a shape between measured ones follows the envelope of the nearest of them
+(:func:`twell.nn.bracketing_shapes`), any other GPU, dtype or shape gets the dense path until it is measured.  This
+command measures it (and prints how ``DEFAULT_POLICY`` fares on the points it timed): for one layer shape it times
+:class:`~twell.nn.SparseGatedMLP` held on its sparse path against the dense module (the same weights,
+``DenseReluGatedMLP``), call by call interleaved, over token counts and densities of the realistic synthetic
+activations (:mod:`twell.synthetic`), checks every sparse output against an fp32 reference, and derives the table
+with :func:`twell.nn.dispatch_tuning.derive_table`.  It writes ``<stem>.json`` / ``.csv`` (every point) and
+``<stem>_policy.json``, which :func:`twell.nn.load_policy` reads::
 
     twell tune-dispatch --shape 5120x13824 --out tuned
     # then, in Python:
