@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from twell.bench.tune_dispatch import points_of
+from twell.bench.tune_dispatch import policy_check
 from twell.nn import H200_BF16_SHAPE_TABLES, DispatchPolicy, envelope_table, load_policy
 
 
@@ -56,14 +56,7 @@ def holdout(shape: tuple[int, int], rows: list[dict], tables: dict[tuple[int, in
         bracket = tuple(s for s, _ in others) if inside else ()
         table = envelope_table(t for _, t in others) if inside else ()
         policy = DispatchPolicy(table=table, shapes=None)
-    pts = points_of(rows)
-    sparse = [p for p in pts if policy.use_sparse(p.tokens, min(1.0, p.density), shape=shape)]
-    speedups = [p.dense_ms / p.sparse_ms for p in sparse]
-    won = [p for p in pts if p.ok and p.dense_ms / p.sparse_ms >= 1.05]
-    return {"shape": shape, "bracket": bracket, "points": len(pts), "sparse": len(sparse),
-            "won": len(won), "lowest": min(speedups, default=None),
-            "losses": [(p.tokens, round(p.density * 100, 2), round(p.dense_ms / p.sparse_ms, 2), p.ok)
-                       for p in sparse if p.dense_ms < p.sparse_ms or not p.ok]}
+    return {"bracket": bracket, **policy_check(rows, policy, d=shape[0], f=shape[1])}
 
 
 def main() -> int:
@@ -80,11 +73,12 @@ def main() -> int:
         r = holdout(shape, rows, tables, a.rule)
         bracket = ("all others" if a.rule == "box" and r["bracket"] else
                    ", ".join(f"{h}x{f}" for h, f in r["bracket"]) or "none: dense")
-        lowest = "-" if r["lowest"] is None else f"{r['lowest']:.2f}x"
-        losses = "; ".join(f"M={m} {d} %: {s}x{'' if ok else ' WRONG'}" for m, d, s, ok in r["losses"]) or "none"
+        lowest = "-" if r["lowest_speedup"] is None else f"{r['lowest_speedup']:.2f}x"
+        losses = "; ".join(f"M={x['m']} {x['density'] * 100:.2f} %: {x['speedup']:.2f}x{'' if x['ok'] else ' WRONG'}"
+                           for x in r["losses"]) or "none"
         bad += len(r["losses"])
-        print(f"| {shape[0]}x{shape[1]} | {bracket} | {r['sparse']} of {r['points']} ({r['won']}) | {lowest} | "
-              f"{losses} |")
+        print(f"| {shape[0]}x{shape[1]} | {bracket} | {r['sparse_points']} of {r['points']} ({r['won_points']}) | "
+              f"{lowest} | {losses} |")
     return 1 if bad else 0
 
 

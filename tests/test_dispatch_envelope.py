@@ -141,3 +141,28 @@ def test_the_default_policy_sends_unmeasured_h200_shapes_between_measured_ones_t
     for outside in ((768, 3072), (6144, 16384), (4096, 20480), (8192, 28672)):
         assert not DEFAULT_POLICY.follows_envelope(outside)
         assert not DEFAULT_POLICY.use_sparse(16384, 0.005, shape=outside)
+
+
+def test_left_out_in_turn_no_measured_shape_loses_where_the_rule_sends_it_sparse():
+    """scripts/envelope_holdout.py on the committed two-run tuning sets (sessions 31-32): each measured shape,
+    dispatched by the envelope rule from the other tables, loses at no point the rule sends sparse (the script exits 1
+    on one)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    res = root / "bench_results" / "h200"
+    runs = [res / f"dispatch_{s}_session31_{r}.json" for s in ("4096x11008", "2048x8192", "1536x8960") for r in "ab"]
+    runs += [res / "dispatch_896x4864_session31_a.json", res / "dispatch_896x4864_session31_b2.json"]
+    runs += [res / f"dispatch_{s}_session32_{r}.json" for s in ("3072x8192", "2304x9216", "2560x9728", "1024x3072",
+                                                                 "5120x13824", "3584x18944") for r in "ab"]
+    out = subprocess.run([sys.executable, str(root / "scripts" / "envelope_holdout.py"), "--runs", *map(str, runs)],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "x" in line.split("|")[1]
+            and "held-out" not in line]
+    assert len(rows) == 10 and all(line.rstrip().endswith("| none |") for line in rows)
+    # the six shapes with measured shapes on both sides follow an envelope and run some points sparse
+    bracketed = [line for line in rows if "none: dense" not in line]
+    assert len(bracketed) == 6 and all(" 0 of " not in line for line in bracketed)

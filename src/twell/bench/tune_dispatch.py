@@ -154,27 +154,32 @@ def policy_of(rows: list[dict], *, d: int, f: int, device_type: str, min_speedup
     return DispatchPolicy(table=table, device_types=(device_type,), shapes=((d, f),))
 
 
-def default_policy_check(rows: list[dict], *, d: int, f: int) -> dict:
-    """How the shipped policy (:data:`twell.nn.DEFAULT_POLICY`, H200 tables) fares on these rows of a ``d x f`` layer:
-    the rule it applies to the shape (``"own table"``, ``"envelope"`` of the measured shapes around it, named under
-    ``"bracket"``, or ``"dense"``), how many
-    points (:func:`points_of`: with several runs, each point's worst speedup at its highest drawn density) it sends
-    sparse, the lowest speedup among those, and every one of them that lost (speedup < 1) or was wrong.  A held-out
-    shape's runs check the envelope this way."""
-    shape = (d, f)
-    rule = ("own table" if DEFAULT_POLICY.shapes is not None and shape in DEFAULT_POLICY.shapes
-            else "envelope" if DEFAULT_POLICY.follows_envelope(shape) else "dense")
+def policy_check(rows: list[dict], policy: DispatchPolicy, *, d: int, f: int) -> dict:
+    """How ``policy`` fares on these rows of a ``d x f`` layer (on CUDA): the points (:func:`points_of`: with several
+    runs, each point's worst speedup at its highest drawn density), how many of them it sends sparse, the lowest
+    speedup among those, and every one of them that lost (speedup < 1) or was wrong."""
     pts = points_of(rows)
-    sparse = [p for p in pts if DEFAULT_POLICY.use_sparse(p.tokens, min(1.0, p.density), shape=shape)]
+    sparse = [p for p in pts if policy.use_sparse(p.tokens, min(1.0, p.density), shape=(d, f))]
     worst = min(sparse, key=lambda p: p.dense_ms / p.sparse_ms, default=None)
     return {
-        "rule": rule, "bracket": [list(s) for s in DEFAULT_POLICY.envelope_shapes(shape)], "points": len(pts),
-        "sparse_points": len(sparse),
+        "points": len(pts), "sparse_points": len(sparse),
+        "won_points": sum(p.ok and p.dense_ms >= DEFAULT_MIN_SPEEDUP * p.sparse_ms for p in pts),
         "lowest_speedup": None if worst is None else worst.dense_ms / worst.sparse_ms,
         "lowest_at": None if worst is None else {"m": worst.tokens, "density": worst.density},
         "losses": [{"m": p.tokens, "density": p.density, "speedup": p.dense_ms / p.sparse_ms, "ok": p.ok}
                    for p in sparse if p.dense_ms < p.sparse_ms or not p.ok],
     }
+
+
+def default_policy_check(rows: list[dict], *, d: int, f: int) -> dict:
+    """:func:`policy_check` of the shipped policy (:data:`twell.nn.DEFAULT_POLICY`, H200 tables), with the rule it
+    applies to the shape: ``"own table"``, ``"envelope"`` of the measured shapes around it (named under ``"bracket"``),
+    or ``"dense"``.  A held-out shape's runs check the envelope this way."""
+    shape = (d, f)
+    rule = ("own table" if DEFAULT_POLICY.shapes is not None and shape in DEFAULT_POLICY.shapes
+            else "envelope" if DEFAULT_POLICY.follows_envelope(shape) else "dense")
+    bracket = [list(s) for s in DEFAULT_POLICY.envelope_shapes(shape)]
+    return {"rule": rule, "bracket": bracket, **policy_check(rows, DEFAULT_POLICY, d=d, f=f)}
 
 
 def default_policy_text(check: dict, *, d: int, f: int) -> str:
