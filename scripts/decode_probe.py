@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from twell.bench.timing import time_ms
 from twell.ops import decode_kernels
 from twell.ops.decode import decode_gated_ffn
+from twell.ops.decode_batch_kernels import BATCH_MAX_TOKENS, launch_batch_down, launch_batch_ffn, launch_batch_up
 from twell.ops.decode_kernels import launch_decode_down, launch_decode_hidden
 from twell.ops.decode_onepass_kernel import (
     ONEPASS_MAX_TOKENS,
@@ -98,6 +99,13 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
         "op_g": [lambda s=s: launch_decode_down(*launch_decode_hidden(x, s[0], s[1], match=True, gate_by_gemm=True)[:2],
                                                 s[2].t(), x.dtype) for s in sets],
     }
+    if m <= BATCH_MAX_TOKENS:  # cuBLAS gate, up kernel writing h^T, down split over unit ranges, partial sum
+        g0 = F.linear(x, w[0])
+        up0 = launch_batch_up(x, g0, w[1], match=True)
+        fns["batch"] = [lambda s=s: launch_batch_ffn(x, s[0], s[1], s[3], match=True) for s in sets]
+        fns["batch_view"] = [lambda s=s: launch_batch_ffn(x, s[0], s[1], s[2].t(), match=True) for s in sets]
+        fns["batch_up"] = [lambda s=s: launch_batch_up(x, g0, s[1], match=True) for s in sets]
+        fns["batch_down"] = [lambda s=s: launch_batch_down(up0[0], up0[1], s[3], x.dtype) for s in sets]
     if m <= ONEPASS_MAX_TOKENS:  # gate, up and down in one kernel + a column sum (decode_onepass_kernel)
         # with the unit-major Wd^T that SparseGatedMLP passes (one token: the firing units row by row)
         fns["op_1p"] = [lambda s=s: launch_decode_onepass(x, s[0], s[1], s[3], match=True) for s in sets]
@@ -132,6 +140,10 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
                f"dense/op {ms['dense'] / ms['op_1p']:.2f} rel "
                f"{rel_error(launch_decode_onepass(x, *w[:2], sets[0][3], match=True)[0], want):.2e} | "
                if "op_1p" in ms else "")
+            + (f"batch kernels: op {ms['batch']:.4f} (Wd^T view {ms['batch_view']:.4f}; up {ms['batch_up']:.4f}, "
+               f"down {ms['batch_down']:.4f}) dense/op {ms['dense'] / ms['batch']:.2f} rel "
+               f"{rel_error(launch_batch_ffn(x, *w[:2], sets[0][3], match=True)[0], want):.2e} | "
+               if "batch" in ms else "")
             + f"eager ms: dense {eager['dense']:.4f} op {eager['op']:.4f} "
             f"dense/op {eager['dense'] / eager['op']:.2f} | union {union} | rel {rel:.2e} maxrel {maxrel:.2e} "
             f"reproducible {again} sets {n_sets}")
@@ -164,7 +176,7 @@ def _config_sweep(module: object, attr: str, configs: list[tuple], d: int, f: in
     try:
         for cfg in configs:
             setattr(module, attr, cfg)
-            module._meta.cache_clear()  # type: ignore[attr-defined]
+            getattr(module, "_meta", getattr(module, "down_split", None)).cache_clear()  # type: ignore[union-attr]
             fns = [lambda s=s: launch(x, *s) for s in sets]
             try:
                 ms = graph_ms(fns * max(1, 16 // len(sets)), args.reps) if device.type == "cuda" else eager_ms(
@@ -174,7 +186,7 @@ def _config_sweep(module: object, attr: str, configs: list[tuple], d: int, f: in
                 parts.append(f"{cfg}: FAILED {type(exc).__name__}: {str(exc)[:80]}")
     finally:
         setattr(module, attr, default)
-        module._meta.cache_clear()  # type: ignore[attr-defined]
+        getattr(module, "_meta", getattr(module, "down_split", None)).cache_clear()  # type: ignore[union-attr]
     return x, parts
 
 
@@ -235,6 +247,32 @@ def onepass_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
     return f"onepass d={d} F={f} M={m} default {default} | " + " | ".join(parts)
 
 
+#: ``--batch-variants``: (module attribute, values) of twell.ops.decode_batch_kernels, each timed alone
+#: (the others at their defaults) through the whole batch op.
+BATCH_VARIANTS = [
+    ("_DOWN_CONFIG", [(128, 32, 4, 2, 2), (64, 32, 4, 2, 2), (128, 64, 4, 2, 2), (128, 32, 4, 2, 4), (128, 32, 8, 2, 2),
+                      (64, 32, 4, 2, 4), (128, 32, 4, 1, 2), (256, 32, 8, 2, 2), (128, 16, 4, 3, 2)]),
+    ("_MAX_PARTIAL_BYTES", [1 * 2**20, 4 * 2**20, 16 * 2**20]),
+    ("_UP_CONFIG", [(512, 3, 4), (256, 3, 4), (128, 3, 4), (512, 2, 4), (256, 4, 8), (1024, 2, 4)]),
+]
+
+
+def batch_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
+    """Graph-timed batch op per configuration of BATCH_VARIANTS at 0.5 % density, with its error."""
+    from twell.ops import decode_batch_kernels as dbk
+
+    def op(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
+        return launch_batch_ffn(x, wg, wu, wd.t(), match=True)[0]
+
+    out = []
+    for attr, values in BATCH_VARIANTS:
+        dbk.down_split.cache_clear()
+        _, parts = _config_sweep(dbk, attr, values, d, f, m, 17 * m + f, args, op, op)
+        out.append(f"{attr}: " + " | ".join(parts))
+    dbk.down_split.cache_clear()
+    return f"batch d={d} F={f} M={m} || " + " || ".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -245,6 +283,9 @@ def main() -> None:
                     help="also time the hidden kernel's K-loop configurations (HIDDEN_VARIANTS)")
     ap.add_argument("--onepass-variants", action="store_true",
                     help="also time the one-pass kernel's configurations (ONEPASS_VARIANTS), 1-8 tokens")
+    ap.add_argument("--batch-variants", action="store_true",
+                    help="also time the batch kernels' configurations (BATCH_VARIANTS) at the token counts")
+    ap.add_argument("--variant-ms", default="8,64", help="token counts of --batch-variants")
     ap.add_argument("--registers", action="store_true",
                     help="only print ptxas's registers per one-pass configuration (no GPU needed), then exit")
     ap.add_argument("--ms", default="1,8,64", help="token counts, comma-separated")
@@ -274,6 +315,13 @@ def main() -> None:
                     print(onepass_variants(d, f, m, args), flush=True)
                 except Exception as exc:  # noqa: BLE001 - report every point, keep going
                     print(f"onepass d={d} F={f} M={m}: FAILED {type(exc).__name__}: {exc}", flush=True)
+    if args.batch_variants:
+        for d, f in shapes:
+            for m in (int(v) for v in args.variant_ms.split(",")):
+                try:
+                    print(batch_variants(d, f, m, args), flush=True)
+                except Exception as exc:  # noqa: BLE001 - report every point, keep going
+                    print(f"batch d={d} F={f} M={m}: FAILED {type(exc).__name__}: {exc}", flush=True)
     if args.hidden_variants:
         for d, f in shapes:
             for m in ms_:

@@ -1,0 +1,215 @@
+"""Small-batch (2-64 tokens) gated FFN in four launches, the down projection split over unit ranges.
+
+Why: the two decode kernels of :mod:`twell.ops.decode_kernels` lose to the dense FFN from two tokens on
+(H200, bf16, CUDA-graph GPU time, d=2048, F=5632, 0.5 %: 33.4 vs 31.1 us at two tokens, 38 vs 31 us at
+eight, about 3x dense at 64; bench_results/h200/decode_probe_onepass_m124_session6.log and the docstring
+of decode_kernels).  Two causes, both in how the work is spread, not in the bytes moved:
+
+* their down kernel gives each program a few output columns and the whole union of firing units, so its
+  K loop is a chain of ``union / BU`` dependent gathers (6 steps at two tokens, 25-60 at 64 tokens on the
+  synthetic problem, whose union is 470-1800 units at 8-64 tokens and 0.5 %), and every program gathers
+  all of h[:, union] again, one 32-byte sector per element of the token-major h;
+* their hidden kernel computes the gate itself at 1.2-2.2 TB/s, where cuBLAS reads Wg at ~2.9 TB/s.
+
+Here:
+
+1. g = x Wg^T through cuBLAS (``F.linear``: rounded to x's dtype, as every path rounds g).
+2. :func:`_batch_up_kernel`, one program per ``BU`` units: a = relu(g) for the block, one "fires for some
+   token" flag per unit and the per-(token, block) counts; blocks where some unit fires run the up
+   projection of those units only (masked loads fetch no other Wu row) and store h = round(a round(u))
+   unit-major, h^T [F, M]: a firing unit's M values are contiguous.  Rows of units that do not fire are
+   neither computed nor written.
+3. :func:`_batch_down_kernel`, a (column block, unit range) grid: each program lists the firing units of
+   its range (a prefix sum of their flags) and sums h^T[units]^T Wd^T[units, cols] over them, BU units a
+   step, in ascending unit order, into an fp32 partial [M, BD] of its own range.  With ``S`` ranges the
+   chain of dependent steps is ``S`` times shorter, and h^T rows are whole 2M-byte runs.
+4. :func:`_partial_sum_kernel`: out = round(sum of the S partials, in range order).  With S = 1 the down
+   kernel writes out itself and this launch is skipped.
+
+Every sum runs in a fixed order (units ascending inside a range, ranges in order): bitwise reproducible.
+Rounding as the dense FFN with ``match``; without it u and h stay fp32 (h^T is then fp32).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from ._runtime import interpreting, next_pow2, sm_count
+from .decode_kernels import _HIDDEN_BU, append_listed, gather_wdt, up_projection
+from .gate_kernel import dot_acc, relu_keep_nan, round_to
+
+#: Token counts of this path: the up kernel holds a [BM, BU] tile and the down kernel a [BM, BD]
+#: accumulator, BM the next power of two >= M (at least 16, tl.dot's smallest operand).
+BATCH_MAX_TOKENS = 64
+#: Up kernel: ``(BK, K-loop stages, warps)``.  BK = 512 is the decode hidden kernel's choice at M <= 16
+#: (H200: 18.8 against 19.5 us for BK 128 at one token, decode_probe_hidden_variants.log).
+_UP_CONFIG = (512, 3, 4)
+#: Down kernel: ``(BD, BU, warps, K-loop stages, programs per SM)``: BD output columns per program (a
+#: 256-byte run of each Wd^T row at BD = 128 in bf16), BU units per K step; the unit ranges S are
+#: chosen so that the grid holds about ``programs per SM`` x SMs programs (two: each SM keeps a second
+#: program's loads in flight while one waits).
+_DOWN_CONFIG = (128, 32, 4, 2, 2)
+#: At most this many bytes of fp32 partials (S x M x d x 4): past it S shrinks, since the partials are
+#: written and read once more (at 64 tokens, d=2048, S=16 would be 8 MB, as much as the Wd^T rows of a
+#: 2000-unit union).
+_MAX_PARTIAL_BYTES = 4 * 2**20
+#: Partial-sum kernel: elements per program.
+_SUM_BLOCK = 1024
+
+
+@triton.jit
+def _batch_up_kernel(
+    x_ptr, g_ptr, wu_ptr, ht_ptr, fires_ptr, cnt_ptr, M, D, F, stride_xm, stride_gm, stride_wu, stride_ht,
+    n_blocks,
+    BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr, MATCH: tl.constexpr,
+    K_STAGES: tl.constexpr,
+):
+    units = tl.program_id(0) * BU + tl.arange(0, BU)
+    u_ok = units < F
+    rows = tl.arange(0, BM)
+    r_ok = rows < M
+    g = tl.load(g_ptr + rows[:, None] * stride_gm + units[None, :], mask=r_ok[:, None] & u_ok[None, :], other=0.0)
+    a = relu_keep_nan(g.to(tl.float32))
+    act = (a != 0) & r_ok[:, None] & u_ok[None, :]
+    unit_act = tl.max(act.to(tl.int32), axis=0) > 0
+    tl.store(fires_ptr + units, unit_act.to(tl.int8), mask=u_ok)
+    tl.store(cnt_ptr + rows * n_blocks + tl.program_id(0), tl.sum(act.to(tl.int32), axis=1), mask=r_ok)
+    if tl.sum(unit_act.to(tl.int32), axis=0) > 0:
+        acc = up_projection(x_ptr, wu_ptr, rows, r_ok, units.to(tl.int64), unit_act, tl.zeros((BM, BU), tl.float32),
+                            D, stride_xm, stride_wu, BK, K_STAGES, DOT_FP32)
+        if MATCH:
+            h = round_to(a * round_to(acc, x_ptr.dtype.element_ty).to(tl.float32), ht_ptr.dtype.element_ty)
+        else:
+            h = a * acc
+        h = tl.where(act, h, 0.0)
+        # h^T [F, M]: only the firing units' rows, which are all that the down kernel reads
+        tl.store(ht_ptr + units.to(tl.int64)[None, :] * stride_ht + rows[:, None], h,
+                 mask=r_ok[:, None] & unit_act[None, :])
+
+
+@triton.jit
+def _batch_down_kernel(
+    ht_ptr, fires_ptr, wdt_ptr, dst_ptr, idx_ptr, M, D, F, R, stride_ht, stride_wf, stride_wd,
+    BM: tl.constexpr, BD: tl.constexpr, BU: tl.constexpr, BC: tl.constexpr, DOT_FP32: tl.constexpr,
+    K_STAGES: tl.constexpr, DIRECT: tl.constexpr,
+):
+    pid_c = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    cols = pid_c * BD + tl.arange(0, BD)
+    c_ok = cols < D
+    rows = tl.arange(0, BM)
+    r_ok = rows < M
+    # 1. The firing units of this program's range [lo, hi), ascending, into its own scratch row.
+    lo = pid_s * R
+    hi = tl.minimum(lo + R, F)
+    idx_row = idx_ptr + (pid_s * tl.num_programs(0) + pid_c).to(tl.int64) * R
+    n_active = tl.zeros((), dtype=tl.int32)
+    for f0 in range(lo, hi, BC):
+        units = f0 + tl.arange(0, BC)
+        v = (tl.load(fires_ptr + units, mask=units < hi, other=0) != 0).to(tl.int32)
+        n_active = append_listed(idx_row, units, v, n_active)
+    tl.debug_barrier()  # the CTA's stores above are visible to all its threads below
+    # 2. K loop over the listed units, BU at a time, in ascending order (fixed: reproducible).
+    acc = tl.zeros((BM, BD), dtype=tl.float32)
+    for i0 in tl.range(0, n_active, BU, num_stages=K_STAGES):
+        i = i0 + tl.arange(0, BU)
+        i_ok = i < n_active
+        units = tl.load(idx_row + i, mask=i_ok, other=0)
+        ht = tl.load(ht_ptr + units.to(tl.int64)[None, :] * stride_ht + rows[:, None],
+                     mask=r_ok[:, None] & i_ok[None, :], other=0.0)
+        acc = dot_acc(ht, gather_wdt(wdt_ptr, units, cols, i_ok, c_ok, stride_wf, stride_wd), acc, DOT_FP32)
+    if DIRECT:  # one range: this is the output
+        tl.store(dst_ptr + rows[:, None] * D + cols[None, :], round_to(acc, dst_ptr.dtype.element_ty),
+                 mask=r_ok[:, None] & c_ok[None, :])
+    else:
+        tl.store(dst_ptr + (pid_s * M + rows)[:, None].to(tl.int64) * D + cols[None, :], acc,
+                 mask=r_ok[:, None] & c_ok[None, :])
+
+
+@triton.jit
+def _partial_sum_kernel(part_ptr, out_ptr, N, S, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(S):
+        acc += tl.load(part_ptr + s * N + offs, mask=ok, other=0.0)
+    tl.store(out_ptr + offs, round_to(acc, out_ptr.dtype.element_ty), mask=ok)
+
+
+@functools.lru_cache(maxsize=1024)
+def down_split(m: int, d: int, f: int, n_sm: int) -> tuple[int, int, int]:
+    """``(BD, S, R)`` of the down kernel at M tokens: BD output columns per program, S unit ranges of R
+    units each (R a multiple of the compaction chunk, S x R >= F).  Cached: decode calls are host-bound."""
+    bd, _, _, _, per_sm = _DOWN_CONFIG
+    bd = min(bd, max(16, next_pow2(d)))
+    n_cols = triton.cdiv(d, bd)
+    s = max(1, min(triton.cdiv(per_sm * n_sm, n_cols), _MAX_PARTIAL_BYTES // (m * d * 4), triton.cdiv(f, 64)))
+    r = triton.cdiv(triton.cdiv(f, s), 64) * 64
+    return bd, triton.cdiv(f, r), r
+
+
+def launch_batch_up(
+    x: torch.Tensor, g: torch.Tensor, w_up: torch.Tensor, *, match: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(h^T [F, M], fires [F] int8, counts [M, decode_blocks(F)] int32)`` from x [M, d] and g = x Wg^T
+    [M, F] (rows contiguous), Wu [F, d] rows contiguous; h^T rows are written only for firing units."""
+    m, d = x.shape
+    f = g.shape[1]
+    bk, stages, warps = _UP_CONFIG
+    n_blocks = triton.cdiv(f, _HIDDEN_BU)
+    ht = torch.empty((f, m), dtype=x.dtype if match else torch.float32, device=x.device)
+    fires = torch.empty((f,), dtype=torch.int8, device=x.device)
+    counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
+    _batch_up_kernel[(n_blocks,)](
+        x, g, w_up, ht, fires, counts, m, d, f, x.stride(0), g.stride(0), w_up.stride(0), ht.stride(0), n_blocks,
+        BM=max(16, next_pow2(m)), BU=_HIDDEN_BU, BK=min(bk, max(16, next_pow2(d))),
+        DOT_FP32=x.dtype == torch.float32 or interpreting(), MATCH=match, K_STAGES=stages, num_warps=warps,
+    )
+    return ht, fires, counts
+
+
+def launch_batch_down(
+    ht: torch.Tensor, fires: torch.Tensor, w_down_t: torch.Tensor, out_dtype: torch.dtype, *, splits: int | None = None
+) -> torch.Tensor:
+    """``round(h Wd^T)`` [M, d] in ``out_dtype`` from h^T [F, M], the unit flags and Wd^T [F, d] (any
+    strides); only the firing units' h^T and Wd^T rows are read.  ``splits`` overrides the number of unit
+    ranges (tests, probes)."""
+    f, m = ht.shape
+    d = w_down_t.shape[1]
+    _, bu, warps, stages, _ = _DOWN_CONFIG
+    n_sm = sm_count(ht.device.index) if ht.device.type == "cuda" else 132
+    bd, s, r = down_split(m, d, f, n_sm)
+    if splits is not None:
+        r = triton.cdiv(triton.cdiv(f, max(1, splits)), 64) * 64
+        s = triton.cdiv(f, r)
+    n_cols = triton.cdiv(d, bd)
+    out = torch.empty((m, d), dtype=out_dtype, device=ht.device)
+    dst = out if s == 1 else torch.empty((s, m, d), dtype=torch.float32, device=ht.device)
+    scratch = torch.empty((s * n_cols, r), dtype=torch.int32, device=ht.device)  # per-program unit lists
+    _batch_down_kernel[(n_cols, s)](
+        ht, fires, w_down_t, dst, scratch, m, d, f, r, ht.stride(0), w_down_t.stride(0), w_down_t.stride(1),
+        BM=max(16, next_pow2(m)), BD=bd, BU=min(bu, max(16, next_pow2(f))), BC=min(1024, next_pow2(r)),
+        DOT_FP32=ht.dtype == torch.float32 or interpreting(), K_STAGES=stages, DIRECT=s == 1, num_warps=warps,
+    )
+    if s > 1:
+        n = m * d
+        _partial_sum_kernel[(triton.cdiv(n, _SUM_BLOCK),)](dst, out, n, s, BLOCK=_SUM_BLOCK, num_warps=4)
+    return out
+
+
+def launch_batch_ffn(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor, *, match: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out [M, d], counts [M, decode_blocks(F)])`` for x [M, d] with 1 <= M <= BATCH_MAX_TOKENS, no
+    checks (as :func:`twell.ops.decode.launch_decode_ffn`)."""
+    m = x.shape[0]
+    if not 1 <= m <= BATCH_MAX_TOKENS:
+        raise ValueError(f"the batch decode kernels take 1 to {BATCH_MAX_TOKENS} tokens, got {m}")
+    x = x.contiguous()
+    g = torch.nn.functional.linear(x, w_gate)
+    ht, fires, counts = launch_batch_up(x, g, w_up.contiguous(), match=match)
+    return launch_batch_down(ht, fires, w_down_t, x.dtype), counts
