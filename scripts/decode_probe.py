@@ -30,10 +30,8 @@ from twell.ops import decode_kernels
 from twell.ops.decode import decode_gated_ffn
 from twell.ops.decode_batch_kernels import (
     BATCH_MAX_TOKENS,
-    FUSED_MAX_TOKENS,
     launch_batch_down,
     launch_batch_ffn,
-    launch_batch_fused,
     launch_batch_up,
 )
 from twell.ops.decode_kernels import launch_decode_down, launch_decode_hidden
@@ -113,9 +111,6 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
         fns["batch_view"] = [lambda s=s: launch_batch_ffn(x, s[0], s[1], s[2].t(), match=True) for s in sets]
         fns["batch_up"] = [lambda s=s: launch_batch_up(x, g0, s[1], match=True) for s in sets]
         fns["batch_down"] = [lambda s=s: launch_batch_down(up0[0], up0[1], s[3], x.dtype) for s in sets]
-    if m <= FUSED_MAX_TOKENS:  # cuBLAS gate, one kernel for up and down over (column block, unit range), partial sum
-        fns["fused"] = [lambda s=s: launch_batch_fused(x, s[0], s[1], s[3], match=True) for s in sets]
-        fns["fused_view"] = [lambda s=s: launch_batch_fused(x, s[0], s[1], s[2].t(), match=True) for s in sets]
     if m <= ONEPASS_MAX_TOKENS:  # gate, up and down in one kernel + a column sum (decode_onepass_kernel)
         # with the unit-major Wd^T that SparseGatedMLP passes (one token: the firing units row by row)
         fns["op_1p"] = [lambda s=s: launch_decode_onepass(x, s[0], s[1], s[3], match=True) for s in sets]
@@ -154,10 +149,6 @@ def probe(d: int, f: int, m: int, dens: float, args: argparse.Namespace) -> str:
                f"down {ms['batch_down']:.4f}) dense/op {ms['dense'] / ms['batch']:.2f} rel "
                f"{rel_error(launch_batch_ffn(x, *w[:2], sets[0][3], match=True)[0], want):.2e} | "
                if "batch" in ms else "")
-            + (f"fused kernel: op {ms['fused']:.4f} (Wd^T view {ms['fused_view']:.4f}) dense/fused "
-               f"{ms['dense'] / ms['fused']:.2f} rel "
-               f"{rel_error(launch_batch_fused(x, *w[:2], sets[0][3], match=True)[0], want):.2e} | "
-               if "fused" in ms else "")
             + f"eager ms: dense {eager['dense']:.4f} op {eager['op']:.4f} "
             f"dense/op {eager['dense'] / eager['op']:.2f} | union {union} | rel {rel:.2e} maxrel {maxrel:.2e} "
             f"reproducible {again} sets {n_sets}")
@@ -270,15 +261,6 @@ BATCH_VARIANTS = [
     ("_MAX_PARTIAL_BYTES", [1 * 2**20, 4 * 2**20, 16 * 2**20]),
     ("_UP_CONFIG", [(512, 3, 4), (256, 3, 4), (128, 3, 4), (512, 2, 4), (256, 4, 8), (1024, 2, 4)]),
 ]
-#: ``--batch-variants`` at M <= FUSED_MAX_TOKENS: the fused kernel's configurations (_FUSED_CONFIG: BD, BU,
-#: BK, warps, stages, programs), and its partial bytes.
-FUSED_VARIANTS = [
-    ("_FUSED_CONFIG", [(512, 32, 256, 4, 2, 256), (512, 32, 256, 4, 2, 128), (256, 32, 256, 4, 2, 256),
-                       (512, 32, 512, 4, 2, 256), (512, 16, 256, 4, 2, 256), (512, 32, 256, 8, 2, 256),
-                       (256, 32, 256, 4, 2, 512), (512, 64, 256, 8, 2, 256), (512, 32, 128, 4, 3, 256),
-                       (1024, 32, 256, 8, 2, 128)]),
-    ("_MAX_PARTIAL_BYTES", [1 * 2**20, 4 * 2**20, 16 * 2**20]),
-]
 
 
 def batch_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
@@ -288,21 +270,13 @@ def batch_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
     def op(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
         return launch_batch_ffn(x, wg, wu, wd.t(), match=True)[0]
 
-    def fused(x: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, wd: torch.Tensor) -> torch.Tensor:
-        return dbk.launch_batch_fused(x, wg, wu, wd.t(), match=True)[0]
-
     def clear() -> None:
         dbk.down_split.cache_clear()
-        dbk.fused_split.cache_clear()
 
     out = []
     for attr, values in BATCH_VARIANTS:
         _, parts = _config_sweep(dbk, attr, values, d, f, m, 17 * m + f, args, op, op, clear)
         out.append(f"{attr}: " + " | ".join(parts))
-    if m <= dbk.FUSED_MAX_TOKENS:
-        for attr, values in FUSED_VARIANTS:
-            _, parts = _config_sweep(dbk, attr, values, d, f, m, 17 * m + f, args, fused, fused, clear)
-            out.append(f"fused {attr}: " + " | ".join(parts))
     return f"batch d={d} F={f} M={m} || " + " || ".join(out)
 
 

@@ -1,9 +1,10 @@
-"""The small-batch (decode) ReLU-gated FFN: 1 to 64 tokens per call, two Triton launches.
+"""The small-batch (decode) ReLU-gated FFN: 1 to 64 tokens per call.
 
 ``decode_gated_ffn(x, w_gate, w_up, w_down)`` computes what the dense FFN computes (its pure-PyTorch twin
 is :func:`twell.reference.inference.dense_gated_ffn`, same rounding rules) but reads Wu and Wd only at
-the rows of units that fire for at least one of the tokens (:mod:`twell.ops.decode_kernels` has the
-method).  Larger token counts belong to the TwELL and hot/cold paths: past 64 tokens the union of
+the rows of units that fire for at least one of the tokens: one token through the one-pass kernel
+(:mod:`twell.ops.decode_onepass_kernel`), more through :mod:`twell.ops.decode_batch_kernels`, which have the
+methods.  Larger token counts belong to the TwELL and hot/cold paths: past 64 tokens the union of
 active units covers much of the layer and the dense tile of h grows.
 """
 
@@ -14,6 +15,7 @@ import torch
 from .._validation import FLOAT_DTYPES, check_finite, check_same_device, check_same_dtype, check_tensor
 from ..reference import inference as ref
 from ._runtime import resolve_backend
+from .decode_batch_kernels import launch_batch_ffn
 from .decode_kernels import DECODE_MAX_TOKENS, launch_decode_down, launch_decode_hidden
 from .decode_onepass_kernel import ONEPASS_MAX_TOKENS, launch_decode_onepass
 from .inference import _check_triton_dtype, _check_x_w, check_precision
@@ -28,6 +30,12 @@ __all__ = ["DECODE_MAX_TOKENS", "decode_gated_ffn"]
 #: tokens it lost to the two kernels (0.038 vs 0.033 ms at d=2048, 2 tokens, 0.5 %): every token adds
 #: its own reductions over the whole gate tile (6 us per token with nothing firing).
 ONEPASS_TOKENS = 1
+#: Calls of more tokens through :mod:`twell.ops.decode_batch_kernels` (cuBLAS gate, up kernel, down split over
+#: unit ranges) rather than the two kernels of :mod:`twell.ops.decode_kernels`: faster at every point measured
+#: from two tokens (H200, bf16, CUDA-graph GPU time, 2-64 tokens, 0.5 / 2 %, d=2048 F=5632 and d=4096 F=14336:
+#: 27.5 against 33.4 us at two tokens, 29.1 against 37.7 at eight, d=2048, 0.5 %;
+#: bench_results/h200/decode_probe_fused_call2_session33.log).  False: the two kernels (probes, tests).
+BATCH_KERNELS = True
 
 
 def decode_gated_ffn(
@@ -82,5 +90,7 @@ def launch_decode_ffn(
     op).  1 <= M <= DECODE_MAX_TOKENS, F >= 1, one dtype and device."""
     if x.shape[0] <= min(ONEPASS_TOKENS, ONEPASS_MAX_TOKENS):
         return launch_decode_onepass(x.contiguous(), w_gate.contiguous(), w_up.contiguous(), w_down_t, match=match)
+    if BATCH_KERNELS:
+        return launch_batch_ffn(x, w_gate, w_up, w_down_t, match=match)
     h, fires, counts = launch_decode_hidden(x.contiguous(), w_gate.contiguous(), w_up.contiguous(), match=match)
     return launch_decode_down(h, fires, w_down_t, x.dtype), counts

@@ -26,6 +26,16 @@ Here:
 4. :func:`_partial_sum_kernel`: out = round(sum of the S partials, in range order).  With S = 1 the down
    kernel writes out itself and this launch is skipped.
 
+Measured (H200, bf16, CUDA-graph GPU time, bench_results/h200/decode_probe_fused_call2_session33.log; d=2048,
+F=5632, 0.5 %): 27.5 / 28.3 / 29.1 / 29.0 us at 2 / 4 / 8 / 16 tokens against the decode kernels' 33.4 / 32.5 /
+37.7 / 42.2 and dense 30.9-31.8 (1.07-1.12x); at 2 % 1.01x / 1.02x / 0.92x / 0.97x; at 32-64 tokens 0.97-0.98x
+(0.5 %).  d=4096, F=14336, 0.5 %: 59.2 / 79.3 / 84.4 / 96.0 us at 2 / 4 / 8 / 16 tokens against 75.1 / 105.1 /
+119.9 / 160.0 and dense 94.2-96.9 (1.59x at two tokens).  Each launch is a short chain of dependent round trips
+(up 10.2 us, down with its partial sum 7.7-8.6 us at d=2048, 0.5 %, whatever the token count), not a stream
+of bytes.  The prediction was ~20 us at 2-16 tokens: it missed by those chains.  A single kernel for up and down over a
+(column block, unit range) grid, each program computing u for its range's firing units, was slower still
+(32.8-39.9 us at d=2048, 0.5 %, 2-16 tokens; same log) and was removed.
+
 Every sum runs in a fixed order (units ascending inside a range, ranges in order): bitwise reproducible.
 Rounding as the dense FFN with ``match``; without it u and h stay fp32 (h^T is then fp32).
 """
@@ -51,12 +61,6 @@ BATCH_MAX_TOKENS = 64
 #: bench_results/h200/decode_probe_batch_call1_session33.log).
 _UP_CONFIG = (512, 3, 4)
 _UP_LARGE_M_BK = 128
-#: Fused up + down kernel (:func:`_batch_updown_kernel`, M <= FUSED_MAX_TOKENS): ``(BD, BU, BK, warps,
-#: K-loop stages, programs)``: BD output columns per program ([BM, BD] fp32 accumulator), BU listed units
-#: per step, BK the up projection's K step, and about ``programs`` programs in the (column block, unit
-#: range) grid, fewer where the partials would pass _MAX_PARTIAL_BYTES.
-_FUSED_CONFIG = (512, 32, 256, 4, 2, 256)
-FUSED_MAX_TOKENS = 16
 #: Down kernel: ``(BD, BU, warps, K-loop stages, programs per SM)``: BD output columns per program (a
 #: 256-byte run of each Wd^T row at BD = 128 in bf16), BU units per K step; the unit ranges S are
 #: chosen so that the grid holds about ``programs per SM`` x SMs programs (two: each SM keeps a second
@@ -131,58 +135,6 @@ def _batch_down_kernel(
         ht = tl.load(ht_ptr + units.to(tl.int64)[None, :] * stride_ht + rows[:, None],
                      mask=r_ok[:, None] & i_ok[None, :], other=0.0)
         acc = dot_acc(ht, gather_wdt(wdt_ptr, units, cols, i_ok, c_ok, stride_wf, stride_wd), acc, DOT_FP32)
-    if DIRECT:  # one range: this is the output
-        tl.store(dst_ptr + rows[:, None] * D + cols[None, :], round_to(acc, dst_ptr.dtype.element_ty),
-                 mask=r_ok[:, None] & c_ok[None, :])
-    else:
-        tl.store(dst_ptr + (pid_s * M + rows)[:, None].to(tl.int64) * D + cols[None, :], acc,
-                 mask=r_ok[:, None] & c_ok[None, :])
-
-
-@triton.jit
-def _batch_updown_kernel(
-    x_ptr, g_ptr, wu_ptr, wdt_ptr, dst_ptr, cnt_ptr, idx_ptr, M, D, F, R, stride_xm, stride_gm, stride_wu, stride_wf,
-    stride_wd, n_blocks,
-    BM: tl.constexpr, RC: tl.constexpr, BD: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr,
-    DOT_FP32: tl.constexpr, MATCH: tl.constexpr, K_STAGES: tl.constexpr, DIRECT: tl.constexpr,
-):
-    pid_c = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    rows = tl.arange(0, BM)
-    r_ok = rows < M
-    # 1. Which units of this program's range [lo, lo + R) fire for some token, from g; the counts once.
-    lo = pid_s * R
-    units = lo + tl.arange(0, RC)
-    in_r = (tl.arange(0, RC) < R) & (units < F)
-    g = tl.load(g_ptr + rows[:, None] * stride_gm + units[None, :], mask=r_ok[:, None] & in_r[None, :], other=0.0)
-    act = (relu_keep_nan(g.to(tl.float32)) != 0) & r_ok[:, None] & in_r[None, :]
-    if pid_c == 0:  # per (token, block of 16 units): R is a multiple of 16
-        blocks = lo // 16 + tl.arange(0, RC // 16)
-        cnt = tl.sum(tl.reshape(act.to(tl.int32), (BM, RC // 16, 16)), axis=2)
-        tl.store(cnt_ptr + rows[:, None] * n_blocks + blocks[None, :], cnt,
-                 mask=r_ok[:, None] & (blocks < n_blocks)[None, :] & (tl.arange(0, RC // 16) < R // 16)[None, :])
-    idx_row = idx_ptr + (pid_s * tl.num_programs(0) + pid_c).to(tl.int64) * RC
-    n_active = append_listed(idx_row, units, (tl.max(act.to(tl.int32), axis=0) > 0).to(tl.int32),
-                             tl.zeros((), dtype=tl.int32))
-    tl.debug_barrier()  # the CTA's stores above are visible to all its threads below
-    # 2. Per BU listed units: u = x Wu^T (the whole K), h, and h Wd^T[:, cols] into the accumulator.
-    cols = pid_c * BD + tl.arange(0, BD)
-    c_ok = cols < D
-    acc = tl.zeros((BM, BD), dtype=tl.float32)
-    for i0 in range(0, n_active, BU):
-        i = i0 + tl.arange(0, BU)
-        i_ok = i < n_active
-        lu = tl.load(idx_row + i, mask=i_ok, other=0)
-        u = up_projection(x_ptr, wu_ptr, rows, r_ok, lu.to(tl.int64), i_ok, tl.zeros((BM, BU), tl.float32), D,
-                          stride_xm, stride_wu, BK, K_STAGES, DOT_FP32)
-        gl = tl.load(g_ptr + rows[:, None] * stride_gm + lu[None, :], mask=r_ok[:, None] & i_ok[None, :], other=0.0)
-        a = relu_keep_nan(gl.to(tl.float32))
-        if MATCH:
-            h = round_to(a * round_to(u, x_ptr.dtype.element_ty).to(tl.float32), x_ptr.dtype.element_ty)
-        else:
-            h = a * u
-        h = tl.where((a != 0) & r_ok[:, None] & i_ok[None, :], h, 0.0)
-        acc = dot_acc(h, gather_wdt(wdt_ptr, lu, cols, i_ok, c_ok, stride_wf, stride_wd), acc, DOT_FP32)
     if DIRECT:  # one range: this is the output
         tl.store(dst_ptr + rows[:, None] * D + cols[None, :], round_to(acc, dst_ptr.dtype.element_ty),
                  mask=r_ok[:, None] & c_ok[None, :])
@@ -276,52 +228,3 @@ def launch_batch_ffn(
     g = torch.nn.functional.linear(x, w_gate)
     ht, fires, counts = launch_batch_up(x, g, w_up.contiguous(), match=match)
     return launch_batch_down(ht, fires, w_down_t, x.dtype), counts
-
-
-@functools.lru_cache(maxsize=1024)
-def fused_split(m: int, d: int, f: int) -> tuple[int, int, int]:
-    """``(BD, S, R)`` of the fused kernel: BD output columns per program, S unit ranges of R units (a
-    multiple of 64, S x R >= F); about _FUSED_CONFIG's program count, at most _MAX_PARTIAL_BYTES of partials."""
-    bd, _, _, _, _, programs = _FUSED_CONFIG
-    bd = min(bd, max(16, next_pow2(d)))
-    n_cols = triton.cdiv(d, bd)
-    s = max(1, min(triton.cdiv(programs, n_cols), _MAX_PARTIAL_BYTES // (m * d * 4), triton.cdiv(f, 64)))
-    r = triton.cdiv(triton.cdiv(f, s), 64) * 64
-    return bd, triton.cdiv(f, r), r
-
-
-def launch_batch_fused(
-    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down_t: torch.Tensor, *, match: bool = True,
-    splits: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out [M, d], counts [M, decode_blocks(F)])`` through cuBLAS's gate, :func:`_batch_updown_kernel`
-    and the partial sum, for 1 <= M <= FUSED_MAX_TOKENS; x [M, d], Wg and Wu [F, d], Wd^T [F, d] (any
-    strides).  ``splits`` overrides the number of unit ranges (tests, probes)."""
-    m, d = x.shape
-    f = w_gate.shape[0]
-    if not 1 <= m <= FUSED_MAX_TOKENS:
-        raise ValueError(f"the fused batch decode kernel takes 1 to {FUSED_MAX_TOKENS} tokens, got {m}")
-    x = x.contiguous()
-    w_up = w_up.contiguous()
-    g = torch.nn.functional.linear(x, w_gate)
-    _, bu, bk, warps, stages, _ = _FUSED_CONFIG
-    bd, s, r = fused_split(m, d, f)
-    if splits is not None:
-        r = triton.cdiv(triton.cdiv(f, max(1, splits)), 64) * 64
-        s = triton.cdiv(f, r)
-    n_cols, rc, n_blocks = triton.cdiv(d, bd), next_pow2(r), triton.cdiv(f, _HIDDEN_BU)
-    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
-    counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
-    dst = out if s == 1 else torch.empty((s, m, d), dtype=torch.float32, device=x.device)
-    scratch = torch.empty((s * n_cols, rc), dtype=torch.int32, device=x.device)  # per-program unit lists
-    _batch_updown_kernel[(n_cols, s)](
-        x, g, w_up, w_down_t, dst, counts, scratch, m, d, f, r, x.stride(0), g.stride(0), w_up.stride(0),
-        w_down_t.stride(0), w_down_t.stride(1), n_blocks, BM=max(16, next_pow2(m)), RC=rc, BD=bd,
-        BU=min(bu, max(16, next_pow2(f))), BK=min(bk, max(16, next_pow2(d))),
-        DOT_FP32=x.dtype == torch.float32 or interpreting(), MATCH=match, K_STAGES=stages, DIRECT=s == 1,
-        num_warps=warps,
-    )
-    if s > 1:
-        n = m * d
-        _partial_sum_kernel[(triton.cdiv(n, _SUM_BLOCK),)](dst, out, n, s, BLOCK=_SUM_BLOCK, num_warps=4)
-    return out, counts
