@@ -10,7 +10,8 @@ cold gather), hot units chosen as ``twell bench ffn`` does.  ``--target legacy``
         python3 scripts/ncu_targets.py --target hotcold
 
 (``scripts/gpu_all.sh`` stage ``ncu`` runs that and keeps the report; ``--ms 16384 131072`` profiles the
-op at both token counts, with ``NCU_COUNT=4`` for ncu's ``-c``.)  ``--device cpu --tiny`` runs the
+op at both token counts, with ``NCU_COUNT=4`` for ncu's ``-c``.)  ``--target batch --ms 2 8``: the batch
+decode kernels at 2 and 8 tokens (four launches per call, two calls per M).  ``--device cpu --tiny`` runs the
 hot/cold target small under TRITON_INTERPRET=1 and checks it against the dense reference (smoke test).
 """
 
@@ -50,6 +51,26 @@ def hot_cold(dev: torch.device, tiny: bool = False, m: int = 131072) -> None:
         print(f"M={x.shape[0]} hot/cold with the fused gate: rel {err:.1e} ok {err <= REL_TOL[out.dtype]}")
 
 
+def batch_decode(dev: torch.device, tiny: bool, m: int) -> None:
+    """The batch decode kernels (twell.ops.decode_batch_kernels: cuBLAS gate, up kernel, split down kernel,
+    partial sum) at ``m`` tokens, d=2048, F=5632, 0.5 %, with the unit-major Wd^T SparseGatedMLP passes;
+    twice (the first launch compiles).  ``tiny``: small, checked against the dense float32 reference."""
+    from twell.ops.decode_batch_kernels import launch_batch_ffn
+    from twell.reference.inference import dense_gated_ffn
+    from twell.tolerances import REL_TOL, rel_error
+
+    d, f, l0 = (64, 700, 6.0) if tiny else (2048, 5632, 28.0)
+    gen = torch.Generator(device=dev).manual_seed(m)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    wdt = wd.t().contiguous()
+    for _ in range(2):
+        out = launch_batch_ffn(x, wg, wu, wdt)[0]
+    if tiny:
+        err = rel_error(out, dense_gated_ffn(x.float(), wg.float(), wu.float(), wd.float(), precision="fp32"))
+        print(f"M={m} batch decode kernels: rel {err:.1e} ok {err <= REL_TOL[out.dtype]}")
+
+
 def legacy(dev: torch.device) -> None:
     from twell.ops.block_union_kernel import launch_block_union_ffn
     from twell.ops.gate_kernel import launch_pack_twell
@@ -66,7 +87,7 @@ def legacy(dev: torch.device) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", choices=["hotcold", "legacy"], default="hotcold")
+    ap.add_argument("--target", choices=["hotcold", "legacy", "batch"], default="hotcold")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="a small hot/cold problem (CPU interpreter smoke test)")
     ap.add_argument("--ms", type=int, nargs="+", default=[131072],
@@ -78,6 +99,9 @@ def main() -> None:
             hot_cold(dev, a.tiny, m)
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
+    elif a.target == "batch":
+        for m in a.ms:
+            batch_decode(dev, a.tiny, m)
     else:
         legacy(dev)
     if dev.type == "cuda":
