@@ -256,6 +256,8 @@ def onepass_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
 #: ``--batch-variants``: (module attribute, values) of twell.ops.decode_batch_kernels, each timed alone
 #: (the others at their defaults) through the whole batch op.
 BATCH_VARIANTS = [
+    ("PDL", [True, False]),
+    ("_SUM_BLOCK", [256, 1024]),
     ("_DOWN_CONFIG", [(128, 32, 4, 2, 2), (64, 32, 4, 2, 2), (128, 64, 4, 2, 2), (128, 32, 4, 2, 4), (128, 32, 8, 2, 2),
                       (64, 32, 4, 2, 4), (128, 32, 4, 1, 2), (256, 32, 8, 2, 2), (128, 16, 4, 3, 2)]),
     ("_MAX_PARTIAL_BYTES", [1 * 2**20, 4 * 2**20, 16 * 2**20]),

@@ -47,8 +47,9 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._runtime import interpreting, next_pow2, sm_count
+from ._runtime import interpreting, next_pow2, pdl_supported, sm_count
 from .decode_kernels import _HIDDEN_BU, append_listed, gather_wdt, up_projection
 from .gate_kernel import dot_acc, relu_keep_nan, round_to
 
@@ -70,8 +71,15 @@ _DOWN_CONFIG = (128, 32, 4, 2, 2)
 #: written and read once more (at 64 tokens, d=2048, S=16 would be 8 MB, as much as the Wd^T rows of a
 #: 2000-unit union).
 _MAX_PARTIAL_BYTES = 4 * 2**20
-#: Partial-sum kernel: elements per program.
-_SUM_BLOCK = 1024
+#: Partial-sum kernel: elements per program.  With a loop over the S partials that was not unrolled, 16
+#: programs of 1024 elements took 8.5-9.1 us at eight tokens (ncu, caches flushed: S = 15 loads one after the
+#: other; bench_results/h200/ncu_batch_decode_call4_session33.log); now S is a compile-time constant, the
+#: loop unrolled so that all S loads are in flight at once, and the programs 4x as many.
+_SUM_BLOCK = 256
+#: Up, down and partial-sum kernels launched as programmatic dependents (PDL, compute capability >= 9.0):
+#: each is launched while the kernel before it runs and waits (griddepcontrol.wait) before it reads that
+#: kernel's outputs, so its launch latency hides behind the previous kernel.
+PDL = True
 
 
 @triton.jit
@@ -79,12 +87,15 @@ def _batch_up_kernel(
     x_ptr, g_ptr, wu_ptr, ht_ptr, fires_ptr, cnt_ptr, M, D, F, stride_xm, stride_gm, stride_wu, stride_ht,
     n_blocks,
     BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr, MATCH: tl.constexpr,
-    K_STAGES: tl.constexpr,
+    K_STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
     units = tl.program_id(0) * BU + tl.arange(0, BU)
     u_ok = units < F
     rows = tl.arange(0, BM)
     r_ok = rows < M
+    if PDL:  # g comes from the gate GEMM launched just before; the down kernel may launch now
+        gdc_wait()
+        gdc_launch_dependents()
     g = tl.load(g_ptr + rows[:, None] * stride_gm + units[None, :], mask=r_ok[:, None] & u_ok[None, :], other=0.0)
     a = relu_keep_nan(g.to(tl.float32))
     act = (a != 0) & r_ok[:, None] & u_ok[None, :]
@@ -108,10 +119,13 @@ def _batch_up_kernel(
 def _batch_down_kernel(
     ht_ptr, fires_ptr, wdt_ptr, dst_ptr, idx_ptr, M, D, F, R, stride_ht, stride_wf, stride_wd,
     BM: tl.constexpr, BD: tl.constexpr, BU: tl.constexpr, BC: tl.constexpr, DOT_FP32: tl.constexpr,
-    K_STAGES: tl.constexpr, DIRECT: tl.constexpr,
+    K_STAGES: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
     pid_s = tl.program_id(1)
+    if PDL:  # the flags and h^T come from the up kernel; the partial sum may launch now
+        gdc_wait()
+        gdc_launch_dependents()
     cols = pid_c * BD + tl.arange(0, BD)
     c_ok = cols < D
     rows = tl.arange(0, BM)
@@ -144,13 +158,21 @@ def _batch_down_kernel(
 
 
 @triton.jit
-def _partial_sum_kernel(part_ptr, out_ptr, N, S, BLOCK: tl.constexpr):
+def _partial_sum_kernel(part_ptr, out_ptr, N, S: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
+    if PDL:  # the partials come from the down kernel
+        gdc_wait()
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(S):
+    for s in tl.static_range(S):
         acc += tl.load(part_ptr + s * N + offs, mask=ok, other=0.0)
     tl.store(out_ptr + offs, round_to(acc, out_ptr.dtype.element_ty), mask=ok)
+
+
+def _pdl(device: torch.device) -> dict[str, bool]:
+    """The launch arguments of a programmatic dependent: ``PDL`` for the kernel, ``launch_pdl`` for Triton."""
+    on = PDL and pdl_supported(device)
+    return {"PDL": on, "launch_pdl": True} if on else {"PDL": False}
 
 
 @functools.lru_cache(maxsize=1024)
@@ -182,7 +204,8 @@ def launch_batch_up(
     _batch_up_kernel[(n_blocks,)](
         x, g, w_up, ht, fires, counts, m, d, f, x.stride(0), g.stride(0), w_up.stride(0), ht.stride(0), n_blocks,
         BM=bm, BU=_HIDDEN_BU, BK=min(bk, max(16, next_pow2(d))),
-        DOT_FP32=x.dtype == torch.float32 or interpreting(), MATCH=match, K_STAGES=stages, num_warps=warps,
+        DOT_FP32=x.dtype == torch.float32 or interpreting(), MATCH=match, K_STAGES=stages, **_pdl(x.device),
+        num_warps=warps,
     )
     return ht, fires, counts
 
@@ -208,11 +231,13 @@ def launch_batch_down(
     _batch_down_kernel[(n_cols, s)](
         ht, fires, w_down_t, dst, scratch, m, d, f, r, ht.stride(0), w_down_t.stride(0), w_down_t.stride(1),
         BM=max(16, next_pow2(m)), BD=bd, BU=min(bu, max(16, next_pow2(f))), BC=min(1024, next_pow2(r)),
-        DOT_FP32=ht.dtype == torch.float32 or interpreting(), K_STAGES=stages, DIRECT=s == 1, num_warps=warps,
+        DOT_FP32=ht.dtype == torch.float32 or interpreting(), K_STAGES=stages, DIRECT=s == 1, **_pdl(ht.device),
+        num_warps=warps,
     )
     if s > 1:
         n = m * d
-        _partial_sum_kernel[(triton.cdiv(n, _SUM_BLOCK),)](dst, out, n, s, BLOCK=_SUM_BLOCK, num_warps=4)
+        _partial_sum_kernel[(triton.cdiv(n, _SUM_BLOCK),)](dst, out, n, S=s, BLOCK=_SUM_BLOCK, **_pdl(ht.device),
+                                                           num_warps=4)
     return out
 
 
