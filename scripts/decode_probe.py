@@ -254,14 +254,12 @@ def onepass_variants(d: int, f: int, m: int, args: argparse.Namespace) -> str:
 
 
 #: ``--batch-variants``: (module attribute, values) of twell.ops.decode_batch_kernels, each timed alone
-#: (the others at their defaults) through the whole batch op.
+#: (the others at their defaults) through the whole batch op.  Session 33's calls 1, 2 and 5 also swept
+#: _DOWN_CONFIG, _UP_CONFIG and _SUM_BLOCK (decode_probe_*_call{1,2,5}_session33.log).
 BATCH_VARIANTS = [
     ("PDL", [True, False]),
-    ("_SUM_BLOCK", [256, 1024]),
-    ("_DOWN_CONFIG", [(128, 32, 4, 2, 2), (64, 32, 4, 2, 2), (128, 64, 4, 2, 2), (128, 32, 4, 2, 4), (128, 32, 8, 2, 2),
-                      (64, 32, 4, 2, 4), (128, 32, 4, 1, 2), (256, 32, 8, 2, 2), (128, 16, 4, 3, 2)]),
-    ("_MAX_PARTIAL_BYTES", [1 * 2**20, 4 * 2**20, 16 * 2**20]),
-    ("_UP_CONFIG", [(512, 3, 4), (256, 3, 4), (128, 3, 4), (512, 2, 4), (256, 4, 8), (1024, 2, 4)]),
+    ("PDL_EARLY", [False, True]),
+    ("_MAX_PARTIAL_BYTES", [4 * 2**20, 1 * 2**20, 2**19]),
 ]
 
 

@@ -74,12 +74,19 @@ _MAX_PARTIAL_BYTES = 4 * 2**20
 #: Partial-sum kernel: elements per program.  With a loop over the S partials that was not unrolled, 16
 #: programs of 1024 elements took 8.5-9.1 us at eight tokens (ncu, caches flushed: S = 15 loads one after the
 #: other; bench_results/h200/ncu_batch_decode_call4_session33.log); now S is a compile-time constant, the
-#: loop unrolled so that all S loads are in flight at once, and the programs 4x as many.
+#: loop unrolled so that all S loads are in flight at once, and the programs 4x as many (the op at eight
+#: tokens, d=2048, CUDA-graph time: 0.0302 ms against 0.0320 with 1024 elements a program;
+#: decode_probe_pdl_call5_session33.log).
 _SUM_BLOCK = 256
 #: Up, down and partial-sum kernels launched as programmatic dependents (PDL, compute capability >= 9.0):
 #: each is launched while the kernel before it runs and waits (griddepcontrol.wait) before it reads that
 #: kernel's outputs, so its launch latency hides behind the previous kernel.
 PDL = True
+#: Where the up and down kernels let their dependents launch: True at their start (the dependents' programs then
+#: wait on SMs the kernel before them still fills: at d=4096, F=14336 and eight tokens the op took 0.1188 ms
+#: against 0.1055 without PDL, at d=2048 0.0301 against 0.0308; decode_probe_pdl_call5_session33.log), False
+#: after their last store.
+PDL_EARLY = False
 
 
 @triton.jit
@@ -87,15 +94,16 @@ def _batch_up_kernel(
     x_ptr, g_ptr, wu_ptr, ht_ptr, fires_ptr, cnt_ptr, M, D, F, stride_xm, stride_gm, stride_wu, stride_ht,
     n_blocks,
     BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr, MATCH: tl.constexpr,
-    K_STAGES: tl.constexpr, PDL: tl.constexpr,
+    K_STAGES: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
     units = tl.program_id(0) * BU + tl.arange(0, BU)
     u_ok = units < F
     rows = tl.arange(0, BM)
     r_ok = rows < M
-    if PDL:  # g comes from the gate GEMM launched just before; the down kernel may launch now
+    if PDL:  # g comes from the gate GEMM launched just before
         gdc_wait()
-        gdc_launch_dependents()
+        if EARLY:
+            gdc_launch_dependents()
     g = tl.load(g_ptr + rows[:, None] * stride_gm + units[None, :], mask=r_ok[:, None] & u_ok[None, :], other=0.0)
     a = relu_keep_nan(g.to(tl.float32))
     act = (a != 0) & r_ok[:, None] & u_ok[None, :]
@@ -113,19 +121,22 @@ def _batch_up_kernel(
         # h^T [F, M]: only the firing units' rows, which are all that the down kernel reads
         tl.store(ht_ptr + units.to(tl.int64)[None, :] * stride_ht + rows[:, None], h,
                  mask=r_ok[:, None] & unit_act[None, :])
+    if PDL and not EARLY:
+        gdc_launch_dependents()
 
 
 @triton.jit
 def _batch_down_kernel(
     ht_ptr, fires_ptr, wdt_ptr, dst_ptr, idx_ptr, M, D, F, R, stride_ht, stride_wf, stride_wd,
     BM: tl.constexpr, BD: tl.constexpr, BU: tl.constexpr, BC: tl.constexpr, DOT_FP32: tl.constexpr,
-    K_STAGES: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr,
+    K_STAGES: tl.constexpr, DIRECT: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
     pid_c = tl.program_id(0)
     pid_s = tl.program_id(1)
-    if PDL:  # the flags and h^T come from the up kernel; the partial sum may launch now
+    if PDL:  # the flags and h^T come from the up kernel
         gdc_wait()
-        gdc_launch_dependents()
+        if EARLY:
+            gdc_launch_dependents()
     cols = pid_c * BD + tl.arange(0, BD)
     c_ok = cols < D
     rows = tl.arange(0, BM)
@@ -155,6 +166,8 @@ def _batch_down_kernel(
     else:
         tl.store(dst_ptr + (pid_s * M + rows)[:, None].to(tl.int64) * D + cols[None, :], acc,
                  mask=r_ok[:, None] & c_ok[None, :])
+    if PDL and not EARLY:
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -169,10 +182,12 @@ def _partial_sum_kernel(part_ptr, out_ptr, N, S: tl.constexpr, BLOCK: tl.constex
     tl.store(out_ptr + offs, round_to(acc, out_ptr.dtype.element_ty), mask=ok)
 
 
-def _pdl(device: torch.device) -> dict[str, bool]:
-    """The launch arguments of a programmatic dependent: ``PDL`` for the kernel, ``launch_pdl`` for Triton."""
+def _pdl(device: torch.device, trigger: bool = True) -> dict[str, bool]:
+    """The launch arguments of a programmatic dependent: ``PDL`` (and, for kernels that trigger their own
+    dependents, ``EARLY``) for the kernel, ``launch_pdl`` for Triton."""
     on = PDL and pdl_supported(device)
-    return {"PDL": on, "launch_pdl": True} if on else {"PDL": False}
+    args = {"PDL": on, "launch_pdl": True} if on else {"PDL": False}
+    return {**args, "EARLY": PDL_EARLY} if trigger else args
 
 
 @functools.lru_cache(maxsize=1024)
@@ -236,7 +251,7 @@ def launch_batch_down(
     )
     if s > 1:
         n = m * d
-        _partial_sum_kernel[(triton.cdiv(n, _SUM_BLOCK),)](dst, out, n, S=s, BLOCK=_SUM_BLOCK, **_pdl(ht.device),
+        _partial_sum_kernel[(triton.cdiv(n, _SUM_BLOCK),)](dst, out, n, S=s, BLOCK=_SUM_BLOCK, **_pdl(ht.device, False),
                                                            num_warps=4)
     return out
 
