@@ -62,8 +62,9 @@ POLICIES: dict[str, DispatchPolicy] = {
     # table, only for the measured layer shape (the published presets have it, "tiny" does not)
     "decode": dataclasses.replace(DEFAULT_POLICY, decode_max_tokens=DECODE_MAX_TOKENS),
     # the small-batch kernels for one-token calls only: graphed, the one-pass kernel beats the dense chain
-    # at M=1 (1.78x at 0.5 %, 1.45x at 2 %; bench_results/h200/decode_probe_onepass_session6.log) and the
-    # two kernels lose from M=2 (0.93x) to M=8 (0.55-0.83x; decode_probe_onepass_m124/v1_session6.log)
+    # at M=1 (1.78x at 0.5 %, 1.45x at 2 %; bench_results/h200/decode_probe_onepass_session6.log); from two
+    # tokens the batch kernels (session 33) win or lose by density and token count
+    # (decode_probe_final_call6_session33.log)
     "decode-1": dataclasses.replace(DEFAULT_POLICY, decode_max_tokens=1),
 }
 

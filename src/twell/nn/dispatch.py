@@ -309,10 +309,16 @@ class DispatchPolicy:
             session6.log: the one-pass kernel's, m124 for two tokens, v1 for eight): one token per
             call (the one-pass kernel) ran 1.78x of the dense chain at 2048 x 5632 and 0.5 % density,
             1.45x at 2 %, 2.01x at 4096 x 14336 (0.5 %); two tokens 0.93x, eight 0.55-0.83x; called
-            eagerly, where the host's launches dominate, one token ran 0.60x at 2048 x 5632.  So
-            ``decode_max_tokens=1`` pays only in a graphed decode step (:class:`twell.generation.
-            GreedyDecoder` turns it on for its calls by default), and the default stays 0.  Subject to
-            ``device_types`` and ``shapes`` like the table.
+            eagerly, where the host's launches dominate, one token ran 0.60x at 2048 x 5632.  Since
+            session 33 calls of 2-64 tokens take the batch kernels (:mod:`twell.ops.decode_batch_kernels`;
+            bench_results/h200/decode_probe_final_call6_session33.log): 1.20-1.26x of dense at 2-16 tokens
+            and 0.5 % at 2048 x 5632 but 0.87x at 64 tokens and 2 %, 1.73x at two tokens and 0.68x at 64
+            tokens and 2 % at 4096 x 14336, so whether they pay depends on density and tokens, which this
+            single bound does not see; the 1.5B model's graphed decode step gained 1.009x at batch 2 and
+            1.018x at batch 8 with ``decode_max_tokens=64`` (model_decode_batch_kernels_session33.json,
+            model_decode_batch_kernels_b8_session33.json).  So ``decode_max_tokens=1`` pays only in a
+            graphed decode step (:class:`twell.generation.GreedyDecoder` turns it on for its calls by
+            default), and the default stays 0.  Subject to ``device_types`` and ``shapes`` like the table.
         shapes: the layer shapes ``(hidden_size, intermediate_size)`` the table was measured for (by
             default the twelve of :data:`H200_BF16_SHAPES`), or None for a table that holds for any shape.
             Break-even densities move with the shape, so a layer of an unmeasured shape gets the dense

@@ -31,10 +31,11 @@ __all__ = ["DECODE_MAX_TOKENS", "decode_gated_ffn"]
 #: its own reductions over the whole gate tile (6 us per token with nothing firing).
 ONEPASS_TOKENS = 1
 #: Calls of more tokens through :mod:`twell.ops.decode_batch_kernels` (cuBLAS gate, up kernel, down split over
-#: unit ranges) rather than the two kernels of :mod:`twell.ops.decode_kernels`: faster at every point measured
-#: from two tokens (H200, bf16, CUDA-graph GPU time, 2-64 tokens, 0.5 / 2 %, d=2048 F=5632 and d=4096 F=14336:
-#: 27.5 against 33.4 us at two tokens, 29.1 against 37.7 at eight, d=2048, 0.5 %;
-#: bench_results/h200/decode_probe_fused_call2_session33.log).  False: the two kernels (probes, tests).
+#: unit ranges, partial sum) rather than the two kernels of :mod:`twell.ops.decode_kernels`: faster at every point
+#: measured from two tokens (H200, bf16, CUDA-graph GPU time, 2-64 tokens, 0.5 / 2 %, d=2048 F=5632 and d=4096
+#: F=14336; with the Wd^T view that this function passes, d=2048, 0.5 %: 28.6 / 30.4 us at 2 / 8 tokens against
+#: the two kernels' 33.4 / 37.7; bench_results/h200/decode_probe_final_call6_session33.log and
+#: decode_probe_fused_call2_session33.log).  False: the two kernels (probes, tests).
 BATCH_KERNELS = True
 
 

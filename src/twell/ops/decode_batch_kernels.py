@@ -26,15 +26,23 @@ Here:
 4. :func:`_partial_sum_kernel`: out = round(sum of the S partials, in range order).  With S = 1 the down
    kernel writes out itself and this launch is skipped.
 
-Measured (H200, bf16, CUDA-graph GPU time, bench_results/h200/decode_probe_fused_call2_session33.log; d=2048,
-F=5632, 0.5 %): 27.5 / 28.3 / 29.1 / 29.0 us at 2 / 4 / 8 / 16 tokens against the decode kernels' 33.4 / 32.5 /
-37.7 / 42.2 and dense 30.9-31.8 (1.07-1.12x); at 2 % 1.01x / 1.02x / 0.92x / 0.97x; at 32-64 tokens 0.97-0.98x
-(0.5 %).  d=4096, F=14336, 0.5 %: 59.2 / 79.3 / 84.4 / 96.0 us at 2 / 4 / 8 / 16 tokens against 75.1 / 105.1 /
-119.9 / 160.0 and dense 94.2-96.9 (1.59x at two tokens).  Each launch is a short chain of dependent round trips
-(up 10.2 us, down with its partial sum 7.7-8.6 us at d=2048, 0.5 %, whatever the token count), not a stream
-of bytes.  The prediction was ~20 us at 2-16 tokens: it missed by those chains.  A single kernel for up and down over a
-(column block, unit range) grid, each program computing u for its range's firing units, was slower still
-(32.8-39.9 us at d=2048, 0.5 %, 2-16 tokens; same log) and was removed.
+Measured (H200, bf16, CUDA-graph GPU time, weights read from DRAM, unit-major Wd^T; session 33's calls 1-6,
+bench_results/h200/decode_probe_*_session33.log).  As first built (call 2), d=2048, F=5632, 0.5 %: 27.5 / 28.3 /
+29.1 / 29.0 us at 2 / 4 / 8 / 16 tokens against the two decode kernels' 33.4 / 32.5 / 37.7 / 42.2 and dense
+30.9-31.8; the prediction had been ~20 us.  Each launch was a short chain of dependent round trips (up 10.2 us,
+down with its partial sum 7.7-8.6 us whatever the token count), and ncu (call 4, caches flushed, eight tokens) put
+the partial sum at 8.5-9.1 us: 16 programs loading the 15 partials one after the other.  Unrolled on 4x the
+programs (call 5) it cut the op to 25.0 / 26.3 us at 2 / 8 tokens (predicted ~25 / ~26).  The final sweep (call 6,
+decode_probe_final_call6_session33.log), against dense:
+
+* d=2048, F=5632: 24.7 / 25.5 / 26.2 / 26.4 / 30.4 / 32.2 us at 2 / 4 / 8 / 16 / 32 / 64 tokens, 1.20-1.26x of dense
+  to 16 tokens and 1.08-1.09x at 32-64 at 0.5 %; at 2 % 1.13x to 4 tokens, 1.02-1.07x at 8-16, 0.97x / 0.87x at
+  32 / 64.
+* d=4096, F=14336, 0.5 %: 1.73x / 1.30x / 1.23x / 1.11x / 1.05x at 2-32 tokens, 0.86x at 64; at 2 % 1.27x at two
+  tokens, 1.00x at four, 0.89-0.90x at 8-32, 0.68x at 64.
+
+A single kernel for up and down over a (column block, unit range) grid, each program computing u for its range's
+firing units, was slower (32.8-39.9 us at d=2048, 0.5 %, 2-16 tokens; call 2) and was removed.
 
 Every sum runs in a fixed order (units ascending inside a range, ranges in order): bitwise reproducible.
 Rounding as the dense FFN with ``match``; without it u and h stay fp32 (h^T is then fp32).
