@@ -21,7 +21,7 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
-from ._runtime import interpreting
+from ._runtime import interpreting, next_pow2
 
 
 def _jit(fn):
@@ -294,6 +294,31 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         ptx = _compile(_decode_down_kernel, down_sig, {"BM": bm, "BD": bd, "BU": bu, "BC": bc, "DOT_FP32": False,
                                                        "K_STAGES": stages}, target, num_warps=warps)
         results[f"decode_down_bm{bm}"] = _stats(ptx, arch)
+    from . import decode_batch_kernels as dbk
+
+    ubk, ustages, uwarps = dbk._UP_CONFIG
+    _, dbu, dwarps, dstages, _ = dbk._DOWN_CONFIG
+    for bm in (16, 64):  # as launched on an H200: programmatic dependents that trigger after their last store
+        up_sig = {"x_ptr": "*bf16", "g_ptr": "*bf16", "wu_ptr": "*bf16", "ht_ptr": "*bf16", "fires_ptr": "*i8",
+                  "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "stride_xm": "i32", "stride_gm": "i32",
+                  "stride_wu": "i32", "stride_ht": "i32", "n_blocks": "i32"}
+        ptx = _compile(dbk._batch_up_kernel, up_sig,
+                       {"BM": bm, "BU": _HIDDEN_BU, "BK": ubk if bm <= 16 else dbk._UP_LARGE_M_BK, "DOT_FP32": False,
+                        "MATCH": True, "K_STAGES": ustages, "PDL": True, "EARLY": dbk.PDL_EARLY}, target,
+                       num_warps=uwarps)
+        results[f"batch_up_bm{bm}"] = {**_stats(ptx, arch), "griddepcontrol": "griddepcontrol.wait" in ptx}
+        bd, _, r = dbk.down_split(bm, 2048, 5632, 132)
+        down_sig = {"ht_ptr": "*bf16", "fires_ptr": "*i8", "wdt_ptr": "*bf16", "dst_ptr": "*fp32", "idx_ptr": "*i32",
+                    "M": "i32", "D": "i32", "F": "i32", "R": "i32", "stride_ht": "i32", "stride_wf": "i32",
+                    "stride_wd": "i32"}
+        ptx = _compile(dbk._batch_down_kernel, down_sig,
+                       {"BM": bm, "BD": bd, "BU": dbu, "BC": min(1024, next_pow2(r)), "DOT_FP32": False,
+                        "K_STAGES": dstages, "DIRECT": False, "PDL": True, "EARLY": dbk.PDL_EARLY}, target,
+                       num_warps=dwarps)
+        results[f"batch_down_bm{bm}"] = {**_stats(ptx, arch), "griddepcontrol": "griddepcontrol.wait" in ptx}
+    ptx = _compile(dbk._partial_sum_kernel, {"part_ptr": "*fp32", "out_ptr": "*bf16", "N": "i32"},
+                   {"S": 15, "BLOCK": dbk._SUM_BLOCK, "PDL": True}, target, num_warps=4)
+    results["batch_partial_sum"] = {**_stats(ptx, arch), "griddepcontrol": "griddepcontrol.wait" in ptx}
     from .decode_onepass_kernel import _decode_column_sum_kernel
     from .decode_onepass_kernel import _meta as _onepass_meta
 

@@ -58,7 +58,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._runtime import interpreting, next_pow2, pdl_supported, sm_count
-from .decode_kernels import _HIDDEN_BU, append_listed, gather_wdt, up_projection
+from .decode_kernels import _HIDDEN_BU, gather_wdt, list_firing, up_projection
 from .gate_kernel import dot_acc, relu_keep_nan, round_to
 
 #: Token counts of this path: the up kernel holds a [BM, BU] tile and the down kernel a [BM, BD]
@@ -153,12 +153,7 @@ def _batch_down_kernel(
     lo = pid_s * R
     hi = tl.minimum(lo + R, F)
     idx_row = idx_ptr + (pid_s * tl.num_programs(0) + pid_c).to(tl.int64) * R
-    n_active = tl.zeros((), dtype=tl.int32)
-    for f0 in range(lo, hi, BC):
-        units = f0 + tl.arange(0, BC)
-        v = (tl.load(fires_ptr + units, mask=units < hi, other=0) != 0).to(tl.int32)
-        n_active = append_listed(idx_row, units, v, n_active)
-    tl.debug_barrier()  # the CTA's stores above are visible to all its threads below
+    n_active = list_firing(idx_row, fires_ptr, lo, hi, BC)
     # 2. K loop over the listed units, BU at a time, in ascending order (fixed: reproducible).
     acc = tl.zeros((BM, BD), dtype=tl.float32)
     for i0 in tl.range(0, n_active, BU, num_stages=K_STAGES):

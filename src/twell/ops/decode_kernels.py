@@ -175,6 +175,19 @@ def append_listed(idx_row, units, flags, n_listed):
 
 
 @triton.jit
+def list_firing(idx_row, flags_ptr, lo, hi, BC: tl.constexpr):
+    """List the units in [lo, hi) whose int8 flag is set at ``idx_row``, ascending, BC flags a step (an exclusive
+    prefix sum gives each its slot); their number.  Ends with a CTA barrier, so every thread reads the list."""
+    n_listed = tl.zeros((), dtype=tl.int32)
+    for f0 in range(lo, hi, BC):
+        units = f0 + tl.arange(0, BC)
+        v = (tl.load(flags_ptr + units, mask=units < hi, other=0) != 0).to(tl.int32)
+        n_listed = append_listed(idx_row, units, v, n_listed)
+    tl.debug_barrier()  # the CTA's stores above are visible to all its threads below
+    return n_listed
+
+
+@triton.jit
 def gather_wdt(wdt_ptr, units, cols, i_ok, c_ok, stride_wf, stride_wd):
     """The [units, cols] tile of Wd^T [F, d] through its two strides: unit-major rows (SparseGatedMLP's
     cached copy) or the nn.Linear weight [d, F] itself, transposed as a view (no copy)."""
@@ -192,12 +205,7 @@ def _decode_down_kernel(
     cols, c_ok, rows, r_ok = program_tile(pid, BD, D, BM, M)
     # 1. Compaction: the firing units' indices, ascending, into this program's scratch row idx[pid, :].
     idx_row = idx_ptr + pid.to(tl.int64) * F
-    n_active = tl.zeros((), dtype=tl.int32)
-    for f0 in range(0, F, BC):
-        units = f0 + tl.arange(0, BC)
-        v = (tl.load(act_ptr + units, mask=units < F, other=0) != 0).to(tl.int32)
-        n_active = append_listed(idx_row, units, v, n_active)
-    tl.debug_barrier()  # the CTA's stores above are visible to all its threads below
+    n_active = list_firing(idx_row, act_ptr, 0, F, BC)
     # 2. K loop over the compacted units, BU at a time, in ascending unit order (fixed: reproducible).
     acc = tl.zeros((BM, BD), dtype=tl.float32)
     for i0 in tl.range(0, n_active, BU, num_stages=K_STAGES):
