@@ -90,10 +90,11 @@ _SUM_BLOCK = 256
 #: each is launched while the kernel before it runs and waits (griddepcontrol.wait) before it reads that
 #: kernel's outputs, so its launch latency hides behind the previous kernel.
 PDL = True
-#: Where the up and down kernels let their dependents launch: True at their start (the dependents' programs then
-#: wait on SMs the kernel before them still fills: at d=4096, F=14336 and eight tokens the op took 0.1188 ms
-#: against 0.1055 without PDL, at d=2048 0.0301 against 0.0308; decode_probe_pdl_call5_session33.log), False
-#: after their last store.
+#: Where the up and down kernels let their dependents launch: False (the default) after their last store,
+#: True at their start.  At their start the dependents' programs wait on SMs that the kernel before them still
+#: fills: at d=4096, F=14336 and eight tokens the op took 0.1188 ms against 0.1055 without PDL (at d=2048
+#: 0.0301 against 0.0308; decode_probe_pdl_call5_session33.log); after the last store 0.1056 against 0.1051
+#: (decode_probe_final_call6_session33.log).
 PDL_EARLY = False
 
 
@@ -196,7 +197,7 @@ def _pdl(device: torch.device, trigger: bool = True) -> dict[str, bool]:
 @functools.lru_cache(maxsize=1024)
 def down_split(m: int, d: int, f: int, n_sm: int) -> tuple[int, int, int]:
     """``(BD, S, R)`` of the down kernel at M tokens: BD output columns per program, S unit ranges of R
-    units each (R a multiple of the compaction chunk, S x R >= F).  Cached: decode calls are host-bound."""
+    units each (R a multiple of 64, S x R >= F, no range empty).  Cached: decode calls are host-bound."""
     bd, _, _, _, per_sm = _DOWN_CONFIG
     bd = min(bd, max(16, next_pow2(d)))
     n_cols = triton.cdiv(d, bd)
