@@ -58,7 +58,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ._runtime import interpreting, next_pow2, pdl_supported, sm_count
-from .decode_kernels import _HIDDEN_BU, gather_wdt, list_firing, up_projection
+from .decode_kernels import _HIDDEN_BU, gather_wdt, list_firing, program_tile, up_projection
 from .gate_kernel import dot_acc, relu_keep_nan, round_to
 
 #: Token counts of this path: the up kernel holds a [BM, BU] tile and the down kernel a [BM, BD]
@@ -146,10 +146,7 @@ def _batch_down_kernel(
         gdc_wait()
         if EARLY:
             gdc_launch_dependents()
-    cols = pid_c * BD + tl.arange(0, BD)
-    c_ok = cols < D
-    rows = tl.arange(0, BM)
-    r_ok = rows < M
+    cols, c_ok, rows, r_ok = program_tile(pid_c, BD, D, BM, M)
     # 1. The firing units of this program's range [lo, hi), ascending, into its own scratch row.
     lo = pid_s * R
     hi = tl.minimum(lo + R, F)
@@ -202,8 +199,13 @@ def down_split(m: int, d: int, f: int, n_sm: int) -> tuple[int, int, int]:
     bd = min(bd, max(16, next_pow2(d)))
     n_cols = triton.cdiv(d, bd)
     s = max(1, min(triton.cdiv(per_sm * n_sm, n_cols), _MAX_PARTIAL_BYTES // (m * d * 4), triton.cdiv(f, 64)))
-    r = triton.cdiv(triton.cdiv(f, s), 64) * 64
-    return bd, triton.cdiv(f, r), r
+    return (bd, *unit_ranges(f, s))
+
+
+def unit_ranges(f: int, splits: int) -> tuple[int, int]:
+    """``(S, R)``: F units cut into at most ``splits`` ranges of R units, R a multiple of 64, none empty."""
+    r = triton.cdiv(triton.cdiv(f, max(1, splits)), 64) * 64
+    return triton.cdiv(f, r), r
 
 
 def launch_batch_up(
@@ -241,8 +243,7 @@ def launch_batch_down(
     n_sm = sm_count(ht.device.index) if ht.device.type == "cuda" else 132
     bd, s, r = down_split(m, d, f, n_sm)
     if splits is not None:
-        r = triton.cdiv(triton.cdiv(f, max(1, splits)), 64) * 64
-        s = triton.cdiv(f, r)
+        s, r = unit_ranges(f, splits)
     n_cols = triton.cdiv(d, bd)
     out = torch.empty((m, d), dtype=out_dtype, device=ht.device)
     dst = out if s == 1 else torch.empty((s, m, d), dtype=torch.float32, device=ht.device)
