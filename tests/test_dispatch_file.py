@@ -28,6 +28,11 @@ def test_round_trip_keeps_every_field_and_the_provenance(tmp_path):
     assert before_envelope["other_shapes"] == "envelope"
     del before_envelope["other_shapes"]  # files written before session 32: other shapes ran dense, and still do
     assert policy_from_dict(before_envelope).other_shapes == "dense"
+    graphed = DispatchPolicy(decode_tables=(((2048, 5632), ((1, 0.1), (8, 0.02), (32, 0.0))),), decode_graphed=True)
+    assert load_policy(save_policy(graphed, tmp_path / "g.json")) == graphed
+    before_decode = policy_to_dict(graphed)
+    del before_decode["decode_tables"], before_decode["decode_graphed"]  # files written before session 34
+    assert policy_from_dict(before_decode) == DispatchPolicy()
 
 
 def test_a_loaded_policy_drives_the_layers_of_its_shape(tmp_path):
@@ -55,6 +60,14 @@ def test_a_loaded_policy_drives_the_layers_of_its_shape(tmp_path):
     (lambda d: d.update(shape_tables=[{"shape": [2048, 5632], "table": [[16384, 2.0]]}]), ValueError,
      "shape_tables entry 0 \\(2048 x 5632\\): table row 0: max_density must lie in"),
     (lambda d: d.update(other_shapes="nearest"), ValueError, "other_shapes must be one of \\('dense', 'envelope'\\)"),
+    (lambda d: d.update(decode_tables=[{"shape": [2048, 5632], "table": [[65, 0.01]]}]), ValueError,
+     "decode_tables \\(2048 x 5632\\): rows must start at 1 to 64 tokens"),
+    (lambda d: d.update(decode_tables=[{"shape": [2048, 5632], "table": [[0, 0.01]]}]), ValueError,
+     "rows must start at 1 to 64 tokens"),
+    (lambda d: d.update(decode_tables=[{"shape": [2048, 5632], "table": [[1, 1.5]]}]), ValueError,
+     "decode_tables entry 0 \\(2048 x 5632\\): table row 0: max_density must lie in"),
+    (lambda d: d.update(decode_tables={"2048x5632": []}), TypeError, "decode_tables must be a list"),
+    (lambda d: d.update(decode_graphed=1), TypeError, "decode_graphed must be a bool"),
 ])
 def test_malformed_files_are_refused_with_the_problem_named(tmp_path, edit, exc, msg):
     data = policy_to_dict(DispatchPolicy(table=((16384, 0.05),), shapes=((2048, 5632),)))

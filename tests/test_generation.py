@@ -336,14 +336,41 @@ def test_gpu_graphed_left_padded_batch_matches_generate() -> None:
     assert torch.equal(dec(ids, 9, mask), want)
 
 
-def test_one_token_kernels_lift_the_policy_for_the_call_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``one_token_kernels``: the batch-1 step takes the small-batch path during the call (counted at
+def test_small_batch_kernels_lift_the_policy_for_the_call_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``small_batch_kernels``: the batch-1 step takes the small-batch path during the call (counted at
     SparseGatedMLP's decode branch), the layers' policies are theirs again afterwards, and the tokens
     are those of the plain loop.  Off by default where the step is not graphed (the CPU)."""
     model = _model()
     policy = DispatchPolicy(table=(), force=True, shapes=None)  # always dense, decode_max_tokens 0
     tm.set_dispatch_policy(model, policy)
     layers = [m for m in model.modules() if isinstance(m, SparseGatedMLP)]
+    paths = _spy_paths(monkeypatch)
+    ids = _ids(1, 4)
+    plain = greedy_decode(model, ids, 5)
+    assert GreedyDecoder(model).small_batch_kernels is False and "decode" not in paths
+    paths.clear()
+    dec = GreedyDecoder(model, small_batch_kernels=True)
+    got = dec(ids, 5)
+    assert "decode" in paths
+    assert all(m.policy is policy for m in layers)  # restored
+    assert torch.equal(got, plain)
+    lifted = dec._graphed_policies[policy]
+    assert lifted.decode_max_tokens == 1 and lifted.decode_graphed and lifted.table == policy.table
+    dec(ids, 5)
+    assert dec._graphed_policies[policy] is lifted  # one lifted object per policy across calls
+    # the older name of the option
+    assert GreedyDecoder(model, one_token_kernels=True).small_batch_kernels is True
+    assert GreedyDecoder(model, one_token_kernels=True).one_token_kernels is True
+    with pytest.raises(TypeError, match="one_token_kernels"):
+        GreedyDecoder(model, one_token_kernels=1)
+    with pytest.raises(TypeError, match="small_batch_kernels"):
+        GreedyDecoder(model, small_batch_kernels="yes")
+    with pytest.raises(ValueError, match="disagree"):
+        GreedyDecoder(model, small_batch_kernels=True, one_token_kernels=False)
+
+
+def _spy_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths SparseGatedMLP._path answers from now on, in call order."""
     paths: list[str] = []
     original = SparseGatedMLP._path
 
@@ -353,18 +380,23 @@ def test_one_token_kernels_lift_the_policy_for_the_call_only(monkeypatch: pytest
         return chosen
 
     monkeypatch.setattr(SparseGatedMLP, "_path", path)
-    ids = _ids(1, 4)
-    plain = greedy_decode(model, ids, 5)
-    assert GreedyDecoder(model).one_token_kernels is False and "decode" not in paths
-    paths.clear()
-    dec = GreedyDecoder(model, one_token_kernels=True)
-    got = dec(ids, 5)
-    assert "decode" in paths
-    assert all(m.policy is policy for m in layers)  # restored
+    return paths
+
+
+@pytest.mark.parametrize(("limit", "want"), [(1.0, "decode"), (0.0, "dense")])
+def test_decode_tables_pick_the_batch_step_by_density(monkeypatch: pytest.MonkeyPatch, limit: float,
+                                                       want: str) -> None:
+    """Under ``small_batch_kernels`` calls of 2-64 tokens follow the decode table of the layers' shape: the
+    small-batch path where the layer's density is within the row's limit, dense above it (every layer's density
+    here is > 0, so limit 0 is dense); the tokens are the plain loop's either way."""
+    model = _model()
+    layer = next(m for m in model.modules() if isinstance(m, SparseGatedMLP))
+    shape = (layer.hidden_size, layer.intermediate_size)
+    policy = DispatchPolicy(table=(), force=True, shapes=None, decode_tables=((shape, ((1, 1.0), (2, limit))),))
+    tm.set_dispatch_policy(model, policy)
+    ids = _ids(3, 4)
+    plain = greedy_decode(model, ids, 4, small_batch_kernels=False)
+    paths = _spy_paths(monkeypatch)
+    got = GreedyDecoder(model, small_batch_kernels=True)(ids, 4)
+    assert paths and set(paths) == {want}  # the eager prompt (12 tokens) and the 3-token steps alike
     assert torch.equal(got, plain)
-    lifted = dec._one_token_policies[policy]
-    assert lifted.decode_max_tokens == 1 and lifted.table == policy.table
-    dec(ids, 5)
-    assert dec._one_token_policies[policy] is lifted  # one lifted object per policy across calls
-    with pytest.raises(TypeError, match="one_token_kernels"):
-        GreedyDecoder(model, one_token_kernels=1)

@@ -83,3 +83,35 @@ def test_default_policy_leaves_decode_off_until_measured():
     for bad in (-1, DECODE_MAX_TOKENS + 1, True, 2.0):
         with pytest.raises(ValueError, match="decode_max_tokens"):
             DispatchPolicy(decode_max_tokens=bad)
+
+
+def test_decode_tables_apply_to_graphed_calls_of_their_shape_by_density():
+    shape = (2048, 5632)
+    table = ((1, 0.1), (2, 0.02), (16, 0.005), (32, 0.0))
+    policy = DispatchPolicy(decode_tables=((shape, table),), decode_graphed=True)
+    assert policy.decode_table_for(shape) == table and policy.decode_table_for((D, FF)) is None
+    assert policy.use_decode(1, density=0.1, shape=shape) and not policy.use_decode(1, density=0.11, shape=shape)
+    assert policy.use_decode(15, density=0.02, shape=shape) and not policy.use_decode(15, density=0.03, shape=shape)
+    assert policy.use_decode(31, density=0.005, shape=shape) and not policy.use_decode(16, density=0.006, shape=shape)
+    assert not policy.use_decode(32, density=0.001, shape=shape)  # a row of 0: dense but for an all-zero layer
+    assert policy.use_decode(64, density=0.0, shape=shape)
+    assert not policy.use_decode(DECODE_MAX_TOKENS + 1, density=0.0, shape=shape)
+    assert not policy.use_decode(0, density=0.0, shape=shape)
+    assert not policy.use_decode(2, density=0.001, shape=(D, FF))  # no table for that shape
+    assert not policy.use_decode(2, density=0.001, device_type="cpu", shape=shape)  # not measured there
+    assert not policy.use_decode(2, shape=shape)  # density unknown: counts as 1
+    eager = DispatchPolicy(decode_tables=((shape, table),))  # decode_graphed False: the tables wait for a graph
+    assert not eager.use_decode(2, density=0.001, shape=shape)
+    # decode_max_tokens still lifts calls up to it whatever the density, in shapes
+    both = DispatchPolicy(decode_tables=((shape, table),), decode_graphed=True, decode_max_tokens=4)
+    assert both.use_decode(4, density=0.5, shape=shape) and not both.use_decode(5, density=0.5, shape=shape)
+
+
+def test_a_layer_follows_its_decode_table_at_its_l0_estimate():
+    policy = DispatchPolicy(table=(), force=True, decode_tables=(((D, FF), ((1, 0.5),)),), decode_graphed=True)
+    layer = make_layer(torch.float32, backend="torch", policy=policy).eval()
+    layer._l0_estimate = 0.5 * FF
+    assert layer._path(3, "cpu") == "decode"
+    layer._l0_estimate = 0.6 * FF
+    assert layer._path(3, "cpu") == "dense"
+    assert layer._path(DECODE_MAX_TOKENS + 1, "cpu") == "dense"

@@ -1,4 +1,5 @@
-"""The ``twell`` command: ``bench``, ``info``, ``demo``, ``train``, ``generate`` and ``tune-dispatch``."""
+"""The ``twell`` command: ``bench``, ``info``, ``demo``, ``train``, ``generate``, ``tune-dispatch`` and
+``tune-decode``."""
 
 from __future__ import annotations
 
@@ -104,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench.tune_dispatch import main as tune_main
 
         return tune_main(argv[1:])
+    if argv[:1] == ["tune-decode"]:  # likewise
+        from .bench.tune_decode import main as tune_decode_main
+
+        return tune_decode_main(argv[1:])
     parser = argparse.ArgumentParser(prog="twell", description="Sparse-activation FFNs on GPUs (TwELL format).")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="benchmarks: ffn, train-ffn, model (twell bench ffn --help)")
@@ -119,10 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-progress", action="store_true")
     train_p = sub.add_parser("train", help="train a ReLU-gated model with the L1 recipe (torchrun for DDP)")
     _add_train_args(train_p)
-    # listed for --help; main() hands "twell generate ..." / "twell tune-dispatch ..." on before parsing
+    # listed for --help; main() hands "twell generate ..." / "twell tune-dispatch / tune-decode ..." on before parsing
     sub.add_parser("generate", help="greedy generation from a local model directory (twell generate --help)")
     sub.add_parser("tune-dispatch", help="measure where the sparse layer beats dense on this GPU for a layer shape "
                    "and write a dispatch policy file (twell tune-dispatch --help)")
+    sub.add_parser("tune-decode", help="measure where the small-batch kernels beat dense inside a CUDA graph for a "
+                   "layer shape and write a policy file with its decode table (twell tune-decode --help)")
     args = parser.parse_args(argv)
     if args.command == "bench":
         import importlib

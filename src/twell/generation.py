@@ -18,8 +18,9 @@ every sequence has finished would take a device-to-host read per token.
 
 The recorded step runs the sparse layers under :func:`twell.nn.static_dispatch`: each layer's kernels
 are the ones its policy picks for the batch size at its current l0 estimate (refreshed by the eager
-prompt forward), fixed for the whole generation; a graphed decoder also lets one-token calls take the
-small-batch kernels (``one_token_kernels``), which win under CUDA graphs.  A :class:`GreedyDecoder`
+prompt forward), fixed for the whole generation; a graphed decoder also lets the small-batch kernels run
+(``small_batch_kernels``): at one token always, at 2-64 tokens where the policy's decode table for the layer's
+shape allows the layer's density; they win under CUDA graphs.  A :class:`GreedyDecoder`
 keeps its recorded graphs (each with its own static KV cache) for the next call of the same batch size
 and length, keyed also on the model's parameter storage and the sparse layers' decisions, so swapping
 modules, moving weights or changing a dispatch policy records a new graph instead of replaying a stale one.
@@ -151,14 +152,18 @@ class GreedyDecoder:
             were the FFN's GEMVs and ~2 ms hundreds of small elementwise kernels that compilation fuses
             (bench_results/h200/model/decode_step_profile_fused_session5.log).  The sparse layers take
             their traced path (custom ops) inside the compiled step.
-        one_token_kernels: give the sparse layers the small-batch kernels for one-token calls (a batch-1
-            step) during each call, whatever their policy's ``decode_max_tokens`` (still subject to its
-            device types and layer shapes); their policies are restored afterwards.  Default: on when the
-            step is CUDA-graphed, where they win and eagerly they lose (H200, bf16, 2048 x 5632 at 0.5 %
+        small_batch_kernels: during each call, give the sparse layers' policies ``decode_graphed=True`` (the
+            decode tables apply: a step of 2-64 tokens takes the small-batch kernels where the table of the
+            layer's shape allows its density) and ``decode_max_tokens >= 1`` (one-token calls, a batch-1 step,
+            take them whatever the density), still subject to their device types and layer shapes; their
+            policies are restored afterwards.  Default: on when the step is CUDA-graphed, where they win and
+            eagerly they lose (H200, bf16, 2048 x 5632 at 0.5 %
             density: 17.5 against 31.2 us for the dense FFN under CUDA graphs; eagerly, host time included,
             the small-batch path ran 0.60x; the 1.5B model's graphed step 2.751 vs 3.105 ms, and its
             compiled and graphed decode 1.160x at batch 1; bench_results/h200/decode_probe_onepass_session6.log,
             model/decode_step_*_session6.log, model/model_1.5b_decode_compiled_onepass_session6.json).
+        one_token_kernels: the name ``small_batch_kernels`` had before session 34 (when it lifted one-token calls
+            only); either may be given, not both with different values.
     """
 
     def __init__(
@@ -170,6 +175,7 @@ class GreedyDecoder:
         cuda_graph: bool | None = None,
         max_graphs: int = DEFAULT_MAX_GRAPHS,
         compile: bool | str = False,  # noqa: A002 - the torch.compile option's name
+        small_batch_kernels: bool | None = None,
         one_token_kernels: bool | None = None,
     ) -> None:
         if not isinstance(model, nn.Module) or not hasattr(model, "config"):
@@ -193,11 +199,17 @@ class GreedyDecoder:
             raise ValueError(f"compile must be False, True or a torch.compile backend name, got {compile!r}")
         self.compile_backend: str | None = compile or None
         self.max_graphs = _check_count(max_graphs, "max_graphs")
-        if one_token_kernels is not None and not isinstance(one_token_kernels, bool):
-            raise TypeError(f"one_token_kernels must be None or a bool, got {type(one_token_kernels).__name__}")
-        self.one_token_kernels = self.cuda_graph if one_token_kernels is None else one_token_kernels
-        # policy -> the same policy with decode_max_tokens >= 1, one object per policy (stable identity)
-        self._one_token_policies: dict[DispatchPolicy, DispatchPolicy] = {}
+        for name, value in (("small_batch_kernels", small_batch_kernels), ("one_token_kernels", one_token_kernels)):
+            if value is not None and not isinstance(value, bool):
+                raise TypeError(f"{name} must be None or a bool, got {type(value).__name__}")
+        if None not in (small_batch_kernels, one_token_kernels) and small_batch_kernels != one_token_kernels:
+            raise ValueError(f"small_batch_kernels={small_batch_kernels} and one_token_kernels={one_token_kernels} "
+                             "disagree; one_token_kernels is the older name of the same option: give one")
+        chosen = small_batch_kernels if small_batch_kernels is not None else one_token_kernels
+        self.small_batch_kernels = self.cuda_graph if chosen is None else chosen
+        # policy -> the same policy with decode_graphed and decode_max_tokens >= 1, one object per policy (stable
+        # identity)
+        self._graphed_policies: dict[DispatchPolicy, DispatchPolicy] = {}
         self._recorded: collections.OrderedDict[tuple, _Recorded] = collections.OrderedDict()
         params = inspect.signature(model.forward).parameters
         self._logits_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
@@ -227,21 +239,27 @@ class GreedyDecoder:
         if n == 0:
             return ids.clone()
         layers = self._sparse_layers()
-        with self._one_token_policy(layers):
+        with self._small_batch_policy(layers):
             return self._generate(ids, n, mask, layers, device)
 
     # ------------------------------------------------------------------------------------ internals
+    @property
+    def one_token_kernels(self) -> bool:
+        """The older name of :attr:`small_batch_kernels`."""
+        return self.small_batch_kernels
+
     @contextlib.contextmanager
-    def _one_token_policy(self, layers: list[SparseGatedMLP]) -> Iterator[None]:
-        """With ``one_token_kernels``, each sparse layer's policy lets one-token calls take the small-batch
-        kernels for the duration; the layers' own policies are put back afterwards."""
-        saved = [(m, m.policy) for m in layers] if self.one_token_kernels else []
+    def _small_batch_policy(self, layers: list[SparseGatedMLP]) -> Iterator[None]:
+        """With ``small_batch_kernels``, each sparse layer's policy is lifted for the duration (decode tables on,
+        one-token calls to the small-batch kernels); the layers' own policies are put back afterwards."""
+        saved = [(m, m.policy) for m in layers] if self.small_batch_kernels else []
         try:
             for m, policy in saved:
-                if policy.decode_max_tokens < 1:
-                    if policy not in self._one_token_policies:
-                        self._one_token_policies[policy] = dataclasses.replace(policy, decode_max_tokens=1)
-                    m.policy = self._one_token_policies[policy]
+                if policy.decode_max_tokens < 1 or not policy.decode_graphed:
+                    if policy not in self._graphed_policies:
+                        self._graphed_policies[policy] = dataclasses.replace(
+                            policy, decode_max_tokens=max(1, policy.decode_max_tokens), decode_graphed=True)
+                    m.policy = self._graphed_policies[policy]
             yield
         finally:
             for m, policy in saved:
@@ -405,9 +423,11 @@ def greedy_decode(
     cuda_graph: bool | None = None,
     compile: bool | str = False,  # noqa: A002 - the torch.compile option's name
     attention_mask: torch.Tensor | None = None,
+    small_batch_kernels: bool | None = None,
     one_token_kernels: bool | None = None,
 ) -> torch.Tensor:
     """One greedy generation (a :class:`GreedyDecoder` that keeps nothing); ``[B, P + n]`` token ids."""
     decoder = GreedyDecoder(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id, cuda_graph=cuda_graph,
-                            max_graphs=0, compile=compile, one_token_kernels=one_token_kernels)
+                            max_graphs=0, compile=compile, small_batch_kernels=small_batch_kernels,
+                            one_token_kernels=one_token_kernels)
     return decoder(input_ids, max_new_tokens, attention_mask)

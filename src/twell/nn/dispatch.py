@@ -29,7 +29,8 @@ __all__ = ["DEFAULT_POLICY", "H200_BF16_896X4864_TABLE", "H200_BF16_1024X3072_TA
            "H200_BF16_2048X5632_TABLE", "H200_BF16_2048X8192_TABLE", "H200_BF16_2304X9216_TABLE",
            "H200_BF16_2560X9728_TABLE", "H200_BF16_3072X8192_TABLE", "H200_BF16_3584X18944_TABLE",
            "H200_BF16_4096X11008_TABLE", "H200_BF16_4096X14336_TABLE", "H200_BF16_5120X13824_TABLE",
-           "H200_BF16_SHAPES", "H200_BF16_SHAPE_TABLES", "H200_BF16_TABLE", "OTHER_SHAPES_RULES", "DispatchPolicy",
+           "H200_BF16_DECODE_TABLES", "H200_BF16_SHAPES", "H200_BF16_SHAPE_TABLES", "H200_BF16_TABLE",
+           "OTHER_SHAPES_RULES", "DispatchPolicy",
            "DispatchTable", "bracketing_shapes", "density_of", "envelope_table"]
 
 #: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
@@ -335,6 +336,15 @@ class DispatchPolicy:
             ``shapes``) bracket it (:func:`bracketing_shapes`), it follows :func:`envelope_table` of the
             bracketing shapes' tables, sparse only at token counts and densities where every one of them is;
             where none do, dense.  :data:`DEFAULT_POLICY` uses ``"envelope"``.
+        decode_tables: ``((hidden_size, intermediate_size), table)`` pairs whose rows ``(min_tokens, max_density)``
+            (``min_tokens`` from 1 to :data:`twell.ops.DECODE_MAX_TOKENS`) say where a layer of that shape takes
+            the small-batch kernels when ``decode_graphed`` is set: a call of up to ``DECODE_MAX_TOKENS`` tokens
+            whose density is at most the limit of the row that applies (``twell tune-decode`` measures them under
+            CUDA graphs).  :data:`DEFAULT_POLICY` holds the H200 ones (:data:`H200_BF16_DECODE_TABLES`).
+        decode_graphed: the calls run inside a recorded CUDA graph, where the small-batch kernels' launches cost
+            no host time, so ``decode_tables`` apply; eagerly those launches cost more host time than the dense
+            chain's (0.60x at one token, 2048 x 5632), so the default is False and
+            :class:`twell.generation.GreedyDecoder` sets it for its calls.  Subject to ``device_types``.
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
@@ -347,6 +357,8 @@ class DispatchPolicy:
     decode_max_tokens: int = 0
     shape_tables: tuple[tuple[tuple[int, int], DispatchTable], ...] = ()
     other_shapes: str = "dense"
+    decode_tables: tuple[tuple[tuple[int, int], DispatchTable], ...] = ()
+    decode_graphed: bool = False
     # Derived in __post_init__ from shape_tables, shapes and other_shapes (so not compared or hashed on its own): the
     # measured (shape, table) pairs an envelope is made of; empty where other_shapes is "dense".
     _measured: tuple[tuple[tuple[int, int], DispatchTable], ...] = field(init=False, repr=False, compare=False,
@@ -377,6 +389,13 @@ class DispatchPolicy:
         dm = self.decode_max_tokens
         if isinstance(dm, bool) or not isinstance(dm, int) or not 0 <= dm <= DECODE_MAX_TOKENS:
             raise ValueError(f"decode_max_tokens must be an int in [0, {DECODE_MAX_TOKENS}], got {dm!r}")
+        object.__setattr__(self, "decode_tables", _check_shape_tables(self.decode_tables, "decode_tables"))
+        for (h, f), table in self.decode_tables:
+            if table and not (1 <= table[0][0] and table[-1][0] <= DECODE_MAX_TOKENS):
+                raise ValueError(f"decode_tables ({h} x {f}): rows must start at 1 to {DECODE_MAX_TOKENS} tokens "
+                                 f"(the small-batch kernels' range), got min_tokens {[m for m, _ in table]}")
+        if not isinstance(self.decode_graphed, bool):
+            raise TypeError(f"decode_graphed must be a bool, got {type(self.decode_graphed).__name__}")
         if self.other_shapes not in OTHER_SHAPES_RULES:
             raise ValueError(f"other_shapes must be one of {OTHER_SHAPES_RULES}, got {self.other_shapes!r}")
         if self.other_shapes == "envelope" and self.shapes is not None:
@@ -464,13 +483,32 @@ class DispatchPolicy:
         return limit is not None and density <= limit
 
 
-    def use_decode(self, n_tokens: int, *, device_type: str = "cuda", shape: tuple[int, int] | None = None) -> bool:
-        """True iff a call of ``n_tokens`` tokens takes the small-batch kernels (``decode_max_tokens``)."""
-        if not 1 <= n_tokens <= self.decode_max_tokens:
+    def decode_table_for(self, shape: tuple[int, int] | None) -> DispatchTable | None:
+        """The decode table of a layer shape ``(hidden_size, intermediate_size)`` in ``decode_tables``, or None."""
+        if shape is not None:
+            key = tuple(shape)
+            for s, table in self.decode_tables:
+                if s == key:
+                    return table
+        return None
+
+    def use_decode(self, n_tokens: int, *, density: float = 1.0, device_type: str = "cuda",
+                   shape: tuple[int, int] | None = None) -> bool:
+        """True iff a call of ``n_tokens`` tokens at activation ``density`` (l0 / F) takes the small-batch kernels:
+        up to ``decode_max_tokens`` tokens whatever the density (in ``shapes``), else with ``decode_graphed`` where
+        the layer shape's decode table says (``decode_tables``)."""
+        from ..ops.decode_kernels import DECODE_MAX_TOKENS
+
+        if not 1 <= n_tokens <= DECODE_MAX_TOKENS:
             return False
         if not self.force and device_type not in self.device_types:
             return False
-        return self.force or self.shapes is None or (shape is not None and tuple(shape) in self.shapes)
+        if n_tokens <= self.decode_max_tokens:
+            return self.force or self.shapes is None or (shape is not None and tuple(shape) in self.shapes)
+        if not self.decode_graphed:
+            return False
+        limit = _limit_at(self.decode_table_for(shape) or (), n_tokens)
+        return limit is not None and density <= limit
 
 
 def envelope_table(tables: Iterable[DispatchTable]) -> DispatchTable:
@@ -563,10 +601,12 @@ def density_of(l0: float | None, n_units: int) -> float:
     return 1.0 if l0 is None or n_units == 0 else min(1.0, max(0.0, l0 / n_units))
 
 
-def _check_shape_tables(shape_tables: object) -> tuple[tuple[tuple[int, int], DispatchTable], ...]:
-    """Normalise ``shape_tables`` to ``((hidden_size, intermediate_size), table)`` pairs; raise naming the bad entry."""
+def _check_shape_tables(shape_tables: object, name: str = "shape_tables"
+                        ) -> tuple[tuple[tuple[int, int], DispatchTable], ...]:
+    """Normalise ``shape_tables`` (the field ``name``) to ``((hidden_size, intermediate_size), table)`` pairs; raise
+    naming the bad entry."""
     if isinstance(shape_tables, (str, bytes, dict)) or not hasattr(shape_tables, "__iter__"):
-        raise TypeError("shape_tables must be a sequence of ((hidden_size, intermediate_size), table) pairs, got "
+        raise TypeError(f"{name} must be a sequence of ((hidden_size, intermediate_size), table) pairs, got "
                         f"{type(shape_tables).__name__}")
     out: list[tuple[tuple[int, int], DispatchTable]] = []
     for i, entry in enumerate(shape_tables):  # type: ignore[union-attr]
@@ -574,16 +614,16 @@ def _check_shape_tables(shape_tables: object) -> tuple[tuple[tuple[int, int], Di
             shape, table = entry
             h, f = shape
         except (TypeError, ValueError):
-            raise ValueError(f"shape_tables entry {i} must be ((hidden_size, intermediate_size), table), "
+            raise ValueError(f"{name} entry {i} must be ((hidden_size, intermediate_size), table), "
                              f"got {entry!r}") from None
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, f)):
-            raise TypeError(f"shape_tables entry {i}: the shape must be two positive ints, got {shape!r}")
+            raise TypeError(f"{name} entry {i}: the shape must be two positive ints, got {shape!r}")
         if any(s == (h, f) for s, _ in out):
-            raise ValueError(f"shape_tables entry {i}: shape {(h, f)} appears twice")
+            raise ValueError(f"{name} entry {i}: shape {(h, f)} appears twice")
         try:
             out.append(((h, f), _check_table(table)))
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"shape_tables entry {i} ({h} x {f}): {exc}") from None
+            raise type(exc)(f"{name} entry {i} ({h} x {f}): {exc}") from None
     return tuple(out)
 
 
@@ -594,7 +634,12 @@ def _check_tokens(n_tokens: object) -> None:
         raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
 
 
+#: Where a layer's graphed calls of 1-64 tokens take the small-batch kernels (``DispatchPolicy.decode_tables``, applied
+#: with ``decode_graphed``), from ``twell tune-decode`` on the H200 (bf16): rows ``(min_tokens, max_density)`` by shape.
+H200_BF16_DECODE_TABLES: tuple[tuple[tuple[int, int], DispatchTable], ...] = ()
+
 #: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables of the twelve
 #: measured layer shapes (:data:`H200_BF16_SHAPE_TABLES`, all from ``twell tune-dispatch``); a shape between them
 #: follows the envelope of those that bracket it (:func:`bracketing_shapes`), any other runs dense.
-DEFAULT_POLICY = DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES, other_shapes="envelope")
+DEFAULT_POLICY = DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES, other_shapes="envelope",
+                                decode_tables=H200_BF16_DECODE_TABLES)

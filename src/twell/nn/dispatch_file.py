@@ -23,7 +23,8 @@ __all__ = ["POLICY_FORMAT", "POLICY_VERSION", "load_policy", "policy_from_dict",
 
 POLICY_FORMAT = "twell.dispatch_policy"
 POLICY_VERSION = 1
-_POLICY_KEYS = ("table", "device_types", "force", "shapes", "decode_max_tokens", "shape_tables", "other_shapes")
+_POLICY_KEYS = ("table", "device_types", "force", "shapes", "decode_max_tokens", "shape_tables", "other_shapes",
+                "decode_tables", "decode_graphed")
 _FILE_KEYS = ("format", "version", *_POLICY_KEYS, "measured")
 
 
@@ -42,6 +43,9 @@ def policy_to_dict(policy: DispatchPolicy, *, measured: dict[str, Any] | None = 
         "shape_tables": [{"shape": [h, f], "table": [[m, dens] for m, dens in table]}
                          for (h, f), table in policy.shape_tables],
         "other_shapes": policy.other_shapes,
+        "decode_tables": [{"shape": [h, f], "table": [[m, dens] for m, dens in table]}
+                          for (h, f), table in policy.decode_tables],
+        "decode_graphed": policy.decode_graphed,
         "measured": measured if measured is not None else {},
     }
 
@@ -73,11 +77,9 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
             if not (isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
                                                                  for v in s)):
                 raise TypeError(f"{source}: each shape must be [hidden_size, intermediate_size] (ints), got {s!r}")
-    shape_tables = data.get("shape_tables", [])
-    if not isinstance(shape_tables, list) or not all(
-            isinstance(e, dict) and sorted(e) == ["shape", "table"] for e in shape_tables):
-        raise TypeError(f"{source}: shape_tables must be a list of {{'shape': [hidden_size, intermediate_size], "
-                        f"'table': [[min_tokens, max_density], ...]}} objects, got {shape_tables!r}")
+    shape_tables = _shape_table_list(data, "shape_tables", source)
+    # files written before session 34 have no decode tables: their graphed calls followed decode_max_tokens only
+    decode_tables = _shape_table_list(data, "decode_tables", source)
     try:
         return DispatchPolicy(
             table=tuple(tuple(row) if isinstance(row, list) else row for row in data["table"]),
@@ -88,9 +90,21 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
             shape_tables=tuple((e["shape"], e["table"]) for e in shape_tables),  # lists: normalised there
             # files written before session 32 have no such key: their other shapes ran dense
             other_shapes=data.get("other_shapes", "dense"),
+            decode_tables=tuple((e["shape"], e["table"]) for e in decode_tables),
+            decode_graphed=data.get("decode_graphed", False),
         )
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{source}: {exc}") from None
+
+
+def _shape_table_list(data: dict, key: str, source: str) -> list:
+    """``data[key]`` (default empty) checked to be a list of ``{"shape": [h, f], "table": rows}`` objects."""
+    entries = data.get(key, [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and sorted(e) == ["shape", "table"]
+                                                for e in entries):
+        raise TypeError(f"{source}: {key} must be a list of {{'shape': [hidden_size, intermediate_size], "
+                        f"'table': [[min_tokens, max_density], ...]}} objects, got {entries!r}")
+    return entries
 
 
 def save_policy(policy: DispatchPolicy, path: str | Path, *, measured: dict[str, Any] | None = None) -> Path:

@@ -530,14 +530,15 @@ class SparseGatedMLP(nn.Module):
         if m == 0 or self._needs_grad(x):
             return _dense_ffn(x, *weights, residual)[0]
         x2 = x.reshape(m, self.hidden_size)
-        if policy.use_decode(m, device_type=device_type, shape=shape):
+        density = density_of(estimate, self.intermediate_size)
+        if policy.use_decode(m, density=density, device_type=device_type, shape=shape):
             w_down_t = w_down.t()
             if _STATIC_DISPATCH.unit_major_down and self._buffers["_wd_unit_major"] is not None:
                 w_down_t = self._buffers["_wd_unit_major"]  # refreshed by the caller (see static_dispatch)
             out, _ = torch.ops.twell.decode_gated_ffn_unchecked(x2, w_gate, w_up, w_down_t, self.precision,
                                                                 backend)
             return out.view(x.shape) if residual is None else residual + out.view(x.shape)
-        if policy.use_sparse(m, density_of(estimate, self.intermediate_size), device_type=device_type, shape=shape):
+        if policy.use_sparse(m, density, device_type=device_type, shape=shape):
             capacity = self.capacity or default_capacity(self.tile)
             plan = self._hot_cold._plan
             if self.hot_cold and self.precision == "match" and backend == "triton" and plan is not None:
@@ -722,10 +723,10 @@ class SparseGatedMLP(nn.Module):
         path = state.decisions.get(key)
         if path is None:
             shape = (self.hidden_size, self.intermediate_size)
-            if policy.use_decode(n_tokens, device_type=device_type, shape=shape):
+            density = density_of(estimate, self.intermediate_size)
+            if policy.use_decode(n_tokens, density=density, device_type=device_type, shape=shape):
                 path = "decode"
-            elif policy.use_sparse(n_tokens, density_of(estimate, self.intermediate_size), device_type=device_type,
-                                   shape=shape):
+            elif policy.use_sparse(n_tokens, density, device_type=device_type, shape=shape):
                 path = "sparse"
             else:
                 path = "dense"
