@@ -219,6 +219,10 @@ def test_graphed_decode_loop_matches_generate(tmp_path: Path) -> None:
             assert "error" not in v, (name, v.get("error"))
             assert v["tokens_per_s"] > 0 and v["identical_fraction"] == 1.0, (b, name)
             assert runs["generate"]["batches"][b][name]["identical_fraction"] == 1.0
+            if name != "dense":  # the recorded step's choices, under the decoder's policies, with the estimates
+                paths = v["decode_step_paths"]
+                assert len(paths) == len(v["l0_estimates"]) > 0
+                assert v["sparse_layers_decode_step"] == sum(p != "dense" for p in paths)
         for loop in ("generate", "graphed"):  # each loop's diagnostic sees the tokens that loop could pick
             entries = runs[loop]["batches"][b]
             assert entries["dense"]["dense_forced_mismatches"] == 0 and entries["dense"]["dense_top2_gap"]["min"] > 0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from twell.bench.tune_decode import points_of
 from twell.nn import (
     DEFAULT_POLICY,
     H200_BF16_896X4864_TABLE,
@@ -26,8 +27,11 @@ from twell.nn import (
     H200_BF16_4096X11008_TABLE,
     H200_BF16_4096X14336_TABLE,
     H200_BF16_5120X13824_TABLE,
+    H200_BF16_DECODE_TABLES,
     H200_BF16_SHAPE_TABLES,
 )
+from twell.nn.dispatch_tuning import derive_decode_table
+from twell.ops.decode_kernels import DECODE_MAX_TOKENS
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench_results" / "h200"
 
@@ -76,3 +80,16 @@ def test_the_default_policy_applies_every_shipped_table_to_its_shape():
     # unmeasured between measured shapes: their envelope (tests/test_dispatch_envelope.py); elsewhere dense
     assert DEFAULT_POLICY.follows_envelope((4096, 11264))
     assert not DEFAULT_POLICY.use_sparse(131072, 0.005, shape=(6144, 16384))
+
+
+def test_shipped_decode_tables_follow_the_committed_tune_decode_runs():
+    """Each decode table is ``derive_decode_table`` of its shape's run, limits rounded up in the 7th decimal."""
+    assert DEFAULT_POLICY.decode_tables == H200_BF16_DECODE_TABLES and H200_BF16_DECODE_TABLES
+    for (d, f), shipped in H200_BF16_DECODE_TABLES:
+        run = json.loads((RESULTS / f"decode_{d}x{f}_session34_a.json").read_text())
+        assert run["meta"]["shape"] == [d, f]
+        derived = derive_decode_table(points_of(run["rows"]), min_speedup=run["meta"]["min_speedup"],
+                                      max_tokens=DECODE_MAX_TOKENS)
+        assert [m for m, _ in shipped] == [m for m, _ in derived]
+        for (m, limit), (_, want) in zip(shipped, derived, strict=True):
+            assert limit == pytest.approx(math.ceil(want * 1e7) / 1e7, abs=1e-12), f"{d}x{f}, {m} tokens"

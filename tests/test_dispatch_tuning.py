@@ -1,11 +1,12 @@
-"""``derive_table``: the dispatch rows a set of timed points supports, by the conservative rules of its module."""
+"""``derive_table`` and ``derive_decode_table``: the dispatch rows a set of timed points supports, by the
+conservative rules of its module."""
 
 from __future__ import annotations
 
 import pytest
 
 from twell.nn import DispatchPolicy
-from twell.nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_table
+from twell.nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_decode_table, derive_table
 
 
 def _pt(tokens: int, density: float, speedup: float, ok: bool = True) -> TuningPoint:
@@ -56,3 +57,26 @@ def test_nothing_won_gives_an_empty_table_and_bad_input_is_refused():
             TuningPoint(**args)
     with pytest.raises(TypeError, match="ok must be a bool"):
         TuningPoint(tokens=16, density=0.01, dense_ms=1.0, sparse_ms=1.0, ok=1)  # type: ignore[arg-type]
+
+
+def test_a_decode_table_gives_calls_between_measured_counts_the_larger_counts_limit():
+    pts = [_pt(1, 0.02, 2.0), _pt(1, 0.1, 1.7),
+           _pt(2, 0.02, 1.3), _pt(2, 0.1, 1.0),
+           _pt(8, 0.02, 1.2), _pt(8, 0.1, 1.0),
+           _pt(32, 0.02, 1.0)]
+    # 1 token: to 10 %; 2 tokens: to 2 %; 3-8 tokens (8's limit): 2 % (merged with 2's row); 9-32: dense; above 32:
+    # dense (not measured)
+    assert derive_decode_table(pts) == ((1, 0.1), (2, 0.02), (9, 0.0))
+    assert derive_decode_table(pts, max_tokens=64) == ((1, 0.1), (2, 0.02), (9, 0.0))
+    # the largest measured count won: the calls above it, unmeasured, are dense when max_tokens is given
+    won = [_pt(1, 0.05, 1.5), _pt(4, 0.05, 1.2)]
+    assert derive_decode_table(won) == ((1, 0.05),)
+    assert derive_decode_table(won, max_tokens=64) == ((1, 0.05), (5, 0.0))
+    # nothing won at the smallest count: no leading dense row; a wrong output counts as a loss
+    assert derive_decode_table([_pt(1, 0.01, 1.0), _pt(2, 0.01, 1.5)]) == ((2, 0.01),)
+    assert derive_decode_table([_pt(1, 0.01, 1.5, ok=False)], max_tokens=64) == ()
+    assert derive_decode_table([_pt(2, 0.01, 1.5)], min_speedup=1.6) == ()
+    with pytest.raises(ValueError, match="no points"):
+        derive_decode_table([])
+    with pytest.raises(ValueError, match="min_speedup"):
+        derive_decode_table(won, min_speedup=0.9)

@@ -14,6 +14,7 @@ from twell.nn import (
     DEFAULT_POLICY,
     H200_BF16_2048X5632_TABLE,
     H200_BF16_4096X14336_TABLE,
+    H200_BF16_DECODE_TABLES,
     H200_BF16_SHAPE_TABLES,
     H200_BF16_TABLE,
     DenseReluGatedMLP,
@@ -371,7 +372,8 @@ def test_policy_device_types_and_constructors():
     assert not DEFAULT_POLICY.use_sparse(10**9, 0.001)
     with pytest.raises(TypeError, match="shapes"):
         DispatchPolicy(shapes=("2048x5632",))
-    assert hash(DEFAULT_POLICY) == hash(DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES, other_shapes="envelope"))
+    assert hash(DEFAULT_POLICY) == hash(DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES, other_shapes="envelope",
+                                                       decode_tables=H200_BF16_DECODE_TABLES))
     # the constructors and an explicit table ignore the default's per-shape tables
     assert not DispatchPolicy.always_dense().use_sparse(10**9, 0.0, shape=shape)
     assert DispatchPolicy(table=((0, 0.5),), shapes=None).table_for(shape) == ((0, 0.5),)

@@ -12,7 +12,7 @@ import torch
 from twell import cli
 from twell.bench.tune_decode import copies_for, decode_policy, points_of, table_text
 from twell.nn import DEFAULT_POLICY, load_policy
-from twell.nn.dispatch_tuning import derive_table
+from twell.nn.dispatch_tuning import derive_decode_table
 
 
 def test_tuning_a_tiny_layer_writes_checked_points_and_a_loadable_policy(tmp_path, capsys):
@@ -29,7 +29,7 @@ def test_tuning_a_tiny_layer_writes_checked_points_and_a_loadable_policy(tmp_pat
         assert r["density"] == pytest.approx(r["l0"] / 256) and r["l0"] > 0
         assert r["l0"] <= r["union"] <= r["m"] * 256
     policy = load_policy(tmp_path / "decode_64x256_policy.json")
-    table = derive_table(points_of(run["rows"]))
+    table = derive_decode_table(points_of(run["rows"]), max_tokens=64)
     assert policy.decode_table_for((64, 256)) == table
     # the shipped policy otherwise: its inference tables and the other shapes' decode tables kept
     assert policy.shape_tables == DEFAULT_POLICY.shape_tables and not policy.decode_graphed

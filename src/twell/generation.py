@@ -248,6 +248,14 @@ class GreedyDecoder:
         """The older name of :attr:`small_batch_kernels`."""
         return self.small_batch_kernels
 
+    def step_paths(self, batch: int) -> list[str]:
+        """Each sparse layer's kernel choice (``"decode"``, ``"sparse"`` or ``"dense"``) for a decode step of ``batch``
+        sequences at its current l0 estimate, under the policies this decoder gives them during a call."""
+        layers = self._sparse_layers()
+        device = next(self.model.parameters()).device
+        with self._small_batch_policy(layers):
+            return list(self._decisions(_check_count(batch, "batch"), device, layers))
+
     @contextlib.contextmanager
     def _small_batch_policy(self, layers: list[SparseGatedMLP]) -> Iterator[None]:
         """With ``small_batch_kernels``, each sparse layer's policy is lifted for the duration (decode tables on,

@@ -9,8 +9,8 @@ graph the calls of :class:`~twell.nn.SparseGatedMLP` held on its small-batch pat
 (~200 MB in all, 4x an H200's L2, so every call reads its weights from DRAM as a step through the model's layers
 does), and in another the same calls of the dense module, and times the two replays interleaved after an L2 flush
 (:func:`twell.bench.timing.time_ms_interleaved`).  Every sparse output is checked against an fp32 reference.  The
-points become a decode table (:func:`twell.nn.dispatch_tuning.derive_table`, the same conservative rules as
-``twell tune-dispatch``: a win needs ``--min-speedup``, and a row holds up to the next measured token count), written
+points become a decode table (:func:`twell.nn.dispatch_tuning.derive_decode_table`: a win needs ``--min-speedup``, as
+in ``twell tune-dispatch``, and a call between two measured token counts takes the larger one's limit), written
 with the points as ``<out>/decode_<shape>.json`` / ``.csv`` and as a policy file ``decode_<shape>_policy.json``:
 :data:`twell.nn.DEFAULT_POLICY` with this shape's decode table replaced, which :func:`twell.nn.load_policy` reads::
 
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, static_dispatch
 from ..nn.dispatch_file import save_policy
-from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_table
+from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_decode_table
 from ..ops.active_count import mean_active_per_token
 from ..ops.decode_kernels import DECODE_MAX_TOKENS
 from ..reference.inference import dense_gated_ffn
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                  "timing": "cuda graph" if device.type == "cuda" else "eager"})
     stem = a.stem or f"decode_{d}x{f}"
     rows = run_tuning(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, stem))
-    table = derive_table(points_of(rows), min_speedup=a.min_speedup)
+    table = derive_decode_table(points_of(rows), min_speedup=a.min_speedup, max_tokens=DECODE_MAX_TOKENS)
     paths = write_results(rows, meta, a.out, stem)
     measured = {k: meta.get(k) for k in ("device", "torch", "triton", "commit", "date_utc", "dtype", "min_speedup",
                                          "timing")}

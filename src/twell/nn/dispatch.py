@@ -635,8 +635,26 @@ def _check_tokens(n_tokens: object) -> None:
 
 
 #: Where a layer's graphed calls of 1-64 tokens take the small-batch kernels (``DispatchPolicy.decode_tables``, applied
-#: with ``decode_graphed``), from ``twell tune-decode`` on the H200 (bf16): rows ``(min_tokens, max_density)`` by shape.
-H200_BF16_DECODE_TABLES: tuple[tuple[tuple[int, int], DispatchTable], ...] = ()
+#: with ``decode_graphed``): rows ``(min_tokens, max_density)`` by shape, from ``twell tune-decode`` on the H200 (bf16,
+#: session 34, bench_results/h200/decode_<shape>_session34_a.json; ``scripts/decode_tables_from_runs.py`` prints them).
+#: A call between two measured token counts (1, 2, 4, ..., 64) takes the larger one's limit.  The synthetic activations
+#: of a point come at random positions, so a point's density is what its tokens drew (at a 10 % target, 5.6-10 %);
+#: a limit is the highest density up to which every point of its token count won by >= 1.05x.  2048 x 5632: one token
+#: 1.74-2.09x of dense at every density drawn, two tokens 1.19-1.42x, 64 tokens 1.16x at 0.26 % and 0.99x at 2.03 %.
+H200_BF16_DECODE_TABLES: tuple[tuple[tuple[int, int], DispatchTable], ...] = (
+    ((2048, 5632), ((1, 0.0559304), (2, 0.0561080), (3, 0.0827415), (5, 0.0490057), (9, 0.0934615), (17, 0.0201860),
+                    (33, 0.0103316))),
+    ((4096, 14336), ((1, 0.1436245), (2, 0.0731376), (3, 0.0353830), (5, 0.0299247), (9, 0.0243008),
+                     (17, 0.0173994), (33, 0.0025374))),
+    ((4096, 11008), ((1, 0.1483467), (2, 0.0818496), (3, 0.0601836), (5, 0.0393237), (9, 0.0406012),
+                     (17, 0.0055102), (33, 0.0024855))),
+    ((2048, 8192), ((1, 0.0944825), (2, 0.0328980), (3, 0.0370179), (5, 0.0217743), (9, 0.0191117), (17, 0.0217743),
+                    (33, 0.0025025))),
+    ((1536, 8960), ((1, 0.0540179), (2, 0.0914063), (3, 0.0743304), (5, 0.0424108), (9, 0.0272113), (17, 0.0182653),
+                    (33, 0.0022374))),
+    ((896, 4864), ((1, 0.1032073), (2, 0.0987871), (3, 0.1317332), (5, 0.0856035), (9, 0.1102874), (17, 0.0500617),
+                   (33, 0.0158017))),
+)
 
 #: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables of the twelve
 #: measured layer shapes (:data:`H200_BF16_SHAPE_TABLES`, all from ``twell tune-dispatch``); a shape between them

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from .dispatch import DispatchTable
 
-__all__ = ["DEFAULT_MIN_SPEEDUP", "TuningPoint", "derive_table"]
+__all__ = ["DEFAULT_MIN_SPEEDUP", "TuningPoint", "derive_decode_table", "derive_table"]
 
 #: Sparse must be at least this many times faster than dense at a point to count as a win.
 DEFAULT_MIN_SPEEDUP = 1.05
@@ -70,9 +70,8 @@ def _limit_at(points: list[TuningPoint], min_speedup: float) -> float | None:
     return limit
 
 
-def derive_table(points: Iterable[TuningPoint], *, min_speedup: float = DEFAULT_MIN_SPEEDUP) -> DispatchTable:
-    """Rows ``(min_tokens, max_density)`` for a :class:`~twell.nn.DispatchPolicy` from timed points (see the
-    module docstring for the rules).  An empty table (dense everywhere) when sparse never won."""
+def _limits_by_tokens(points: Iterable[TuningPoint], min_speedup: float) -> dict[int, float | None]:
+    """Each measured token count's limit (:func:`_limit_at`), checked arguments."""
     if isinstance(min_speedup, bool) or not isinstance(min_speedup, (int, float)) or not min_speedup >= 1.0:
         raise ValueError(f"min_speedup must be a number >= 1 (sparse never chosen where it is slower), "
                          f"got {min_speedup!r}")
@@ -85,11 +84,17 @@ def derive_table(points: Iterable[TuningPoint], *, min_speedup: float = DEFAULT_
     by_tokens: dict[int, list[TuningPoint]] = {}
     for p in pts:
         by_tokens.setdefault(p.tokens, []).append(p)
+    # by density; at equal densities (repeated runs) a loss first, so that the worse run decides
+    return {tokens: _limit_at(sorted(group, key=lambda p: (p.density, p.ok and p.speedup >= min_speedup)),
+                              min_speedup)
+            for tokens, group in sorted(by_tokens.items())}
+
+
+def derive_table(points: Iterable[TuningPoint], *, min_speedup: float = DEFAULT_MIN_SPEEDUP) -> DispatchTable:
+    """Rows ``(min_tokens, max_density)`` for a :class:`~twell.nn.DispatchPolicy` from timed points (see the
+    module docstring for the rules).  An empty table (dense everywhere) when sparse never won."""
     rows: list[tuple[int, float]] = []
-    for tokens in sorted(by_tokens):
-        # by density; at equal densities (repeated runs) a loss first, so that the worse run decides
-        group = sorted(by_tokens[tokens], key=lambda p: (p.density, p.ok and p.speedup >= min_speedup))
-        limit = _limit_at(group, min_speedup)
+    for tokens, limit in _limits_by_tokens(points, min_speedup).items():
         if limit is None:
             if rows and rows[-1][1] > 0.0:
                 rows.append((tokens, 0.0))
@@ -97,4 +102,29 @@ def derive_table(points: Iterable[TuningPoint], *, min_speedup: float = DEFAULT_
         if rows and rows[-1][1] == limit:
             continue
         rows.append((tokens, float(limit)))
+    return tuple(rows)
+
+
+def derive_decode_table(points: Iterable[TuningPoint], *, min_speedup: float = DEFAULT_MIN_SPEEDUP,
+                        max_tokens: int | None = None) -> DispatchTable:
+    """A decode table (``DispatchPolicy.decode_tables``) from timed points of the small-batch kernels.
+
+    The per-count limits follow :func:`derive_table`'s rules, but a call between two measured token counts takes
+    the *larger* count's limit: the small-batch kernels' speedup falls as the token count grows (the tokens' union
+    of firing units grows; ``twell tune-decode`` on the H200, session 34: 2048 x 5632 at 1 % density 2.04x at one
+    token, 1.24x at 8, 1.07x at 64), the opposite of the large calls ``derive_table`` serves.  So the rows start one
+    past each measured count, and calls above the largest measured one (up to ``max_tokens``, when given) get a
+    row of density 0: dense."""
+    limits = _limits_by_tokens(points, min_speedup)
+    rows: list[tuple[int, float]] = []
+    start = 1
+    for tokens, limit in limits.items():
+        value = 0.0 if limit is None else float(limit)
+        if not rows or rows[-1][1] != value:
+            rows.append((start, value))
+        start = tokens + 1
+    if max_tokens is not None and start <= max_tokens and rows[-1][1] != 0.0:
+        rows.append((start, 0.0))
+    while rows and rows[0][1] == 0.0:  # dense below a first row is what no row says
+        rows.pop(0)
     return tuple(rows)
