@@ -11,7 +11,7 @@ import torch
 
 from twell import cli
 from twell.bench.tune_decode import copies_for, decode_policy, points_of, table_text
-from twell.nn import DEFAULT_POLICY, load_policy
+from twell.nn import DEFAULT_POLICY, DispatchPolicy, load_policy
 from twell.nn.dispatch_tuning import derive_decode_table
 
 
@@ -37,7 +37,7 @@ def test_tuning_a_tiny_layer_writes_checked_points_and_a_loadable_policy(tmp_pat
 
 
 def test_decode_policy_replaces_only_its_shape_and_table_text_reads_the_rows():
-    base = decode_policy(((1, 0.1),), d=2048, f=5632)
+    base = decode_policy(((1, 0.1),), d=2048, f=5632, base=DispatchPolicy())
     both = decode_policy(((2, 0.02), (16, 0.0)), d=4096, f=14336, base=base)
     assert both.decode_table_for((2048, 5632)) == ((1, 0.1),)
     assert both.decode_table_for((4096, 14336)) == ((2, 0.02), (16, 0.0))
@@ -46,6 +46,9 @@ def test_decode_policy_replaces_only_its_shape_and_table_text_reads_the_rows():
     text = table_text(((2, 0.02), (16, 0.0)))
     assert "2 <= M < 16: small-batch kernels when density <= 2 %" in text and "16 <= M < 65: dense" in text
     assert "never won" in table_text(()) and "never won" in table_text(((1, 0.0),))
+    shipped = decode_policy(((1, 0.05),), d=2048, f=5632)  # from the default policy: the other shapes' tables kept
+    assert len(shipped.decode_tables) == len(DEFAULT_POLICY.decode_tables)
+    assert shipped.decode_table_for((4096, 14336)) == DEFAULT_POLICY.decode_table_for((4096, 14336))
     assert copies_for(70 * 2**20, torch.device("cpu")) == 1
 
 
