@@ -102,6 +102,11 @@ def test_decode_tables_apply_to_graphed_calls_of_their_shape_by_density():
     assert not policy.use_decode(2, shape=shape)  # density unknown: counts as 1
     eager = DispatchPolicy(decode_tables=((shape, table),))  # decode_graphed False: the tables wait for a graph
     assert not eager.use_decode(2, density=0.001, shape=shape)
+    # graphed, the shape's calls of up to 64 tokens are the decode table's: never the inference table's TwELL path
+    table_sparse = DispatchPolicy(table=((1, 0.2),), decode_tables=((shape, table),), decode_graphed=True)
+    assert not table_sparse.use_sparse(8, 0.05, shape=shape) and table_sparse.use_sparse(65, 0.05, shape=shape)
+    assert DispatchPolicy(table=((1, 0.2),), decode_tables=((shape, table),)).use_sparse(8, 0.05, shape=shape)
+    assert DispatchPolicy(table=((1, 0.2),), shapes=None, decode_graphed=True).use_sparse(8, 0.05, shape=shape)
     # decode_max_tokens still lifts calls up to it whatever the density, in shapes
     both = DispatchPolicy(decode_tables=((shape, table),), decode_graphed=True, decode_max_tokens=4)
     assert both.use_decode(4, density=0.5, shape=shape) and not both.use_decode(5, density=0.5, shape=shape)

@@ -342,9 +342,11 @@ class DispatchPolicy:
             whose density is at most the limit of the row that applies (``twell tune-decode`` measures them under
             CUDA graphs).  :data:`DEFAULT_POLICY` holds the H200 ones (:data:`H200_BF16_DECODE_TABLES`).
         decode_graphed: the calls run inside a recorded CUDA graph, where the small-batch kernels' launches cost
-            no host time, so ``decode_tables`` apply; eagerly those launches cost more host time than the dense
-            chain's (0.60x at one token, 2048 x 5632), so the default is False and
-            :class:`twell.generation.GreedyDecoder` sets it for its calls.  Subject to ``device_types``.
+            no host time, so ``decode_tables`` apply, and a layer whose shape has a decode table runs its calls of up
+            to ``DECODE_MAX_TOKENS`` tokens on the small-batch kernels or dense, never the table's TwELL path; eagerly
+            those launches cost more host time than the dense chain's (0.60x at one token, 2048 x 5632), so the
+            default is False and :class:`twell.generation.GreedyDecoder` sets it for its calls.  Subject to
+            ``device_types``.
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
@@ -479,6 +481,15 @@ class DispatchPolicy:
         if (not self.force and self.shapes is not None and (shape is None or tuple(shape) not in self.shapes)
                 and not self.follows_envelope(shape)):
             return False
+        if self.decode_graphed and self.decode_table_for(shape) is not None:
+            from ..ops.decode_kernels import DECODE_MAX_TOKENS
+
+            # In a recorded step the shape's decode table decides its calls of up to DECODE_MAX_TOKENS tokens:
+            # the small-batch kernels (use_decode) or dense.  The table's rows below 16 tokens hold the TwELL op's
+            # one-token measurement, which 2-15 tokens were never timed against: the 1.5B model's graphed batch-2
+            # decode ran 0.799x of dense with them (policy decode-1, model_decode_batch_kernels_session33.json).
+            if n_tokens <= DECODE_MAX_TOKENS:
+                return False
         limit = self.max_density(n_tokens, shape)
         return limit is not None and density <= limit
 
