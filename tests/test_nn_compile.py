@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_nn_mlp import D, make_layer, make_x
+from test_nn_mlp import FF, D, make_layer, make_x
 from torch._dynamo.utils import counters
 
 from twell.nn import DispatchPolicy
@@ -19,6 +19,8 @@ POLICIES = {
     "sparse": DispatchPolicy.always_sparse(),
     "decode": DispatchPolicy(table=(), decode_max_tokens=8, force=True),
     # the layer's 32 x 128 unmeasured, between two measured shapes whose tables both run 4 tokens sparse: the envelope
+    # a decode table for the layer's D x FF, applied as in a recorded step (what GreedyDecoder sets)
+    "decode-table": DispatchPolicy(table=(), force=True, decode_tables=(((D, FF), ((1, 1.0),)),), decode_graphed=True),
     "envelope": DispatchPolicy(shape_tables=(((16, 64), ((1, 1.0),)), ((64, 256), ((1, 1.0),))),
                                shapes=((16, 64), (64, 256)), device_types=("cpu",), other_shapes="envelope"),
 }
@@ -32,6 +34,8 @@ def test_compiled_layer_is_one_graph_with_eager_outputs(name):
     x = make_x((4, D), seed=0, dtype=torch.float32)
     with torch.no_grad():
         want = layer(x)  # eager: sets the l0 estimate the traced path reads
+        if name == "decode-table":
+            assert layer._path(4, "cpu") == "decode"
         if name == "envelope":
             assert layer.policy.envelope_shapes((D, 128)) == ((16, 64), (64, 256))
             assert layer._path(4, "cpu") == "sparse"  # the envelope's table, not the dense default for other shapes

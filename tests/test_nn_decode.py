@@ -100,6 +100,9 @@ def test_decode_tables_apply_to_graphed_calls_of_their_shape_by_density():
     assert not policy.use_decode(2, density=0.001, shape=(D, FF))  # no table for that shape
     assert not policy.use_decode(2, density=0.001, device_type="cpu", shape=shape)  # not measured there
     assert not policy.use_decode(2, shape=shape)  # density unknown: counts as 1
+    for bad in (-0.1, 1.5, float("nan"), True, "0.01"):
+        with pytest.raises(ValueError, match="density must be a float in \\[0, 1\\]"):
+            policy.use_decode(2, density=bad, shape=shape)
     eager = DispatchPolicy(decode_tables=((shape, table),))  # decode_graphed False: the tables wait for a graph
     assert not eager.use_decode(2, density=0.001, shape=shape)
     # graphed, the shape's calls of up to 64 tokens are the decode table's: never the inference table's TwELL path

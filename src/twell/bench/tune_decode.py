@@ -53,8 +53,9 @@ FLUSH_BYTES = 200 * 2**20
 #: At most this many weight copies (a small shape's 16 copies already exceed FLUSH_BYTES).
 MAX_COPIES = 16
 #: The device's wait before each timed replay (time_ms_interleaved's ``hold_ms``): a replay is one launch from the
-#: host, queued long before 0.1 ms pass, where the default 2 ms covers eager calls' many launches; with it ~1000
-#: cycles of two ~0.1 ms replays would take ~4.6 s a point instead of ~0.6 s.
+#: host, queued well within 0.1 ms, where the default 2 ms covers an eager call's many launches and would add ~2 ms to
+#: each of up to 2 x 1000 timed replays a point.  With it a shape's 56 points took 29-39 s on the H200
+#: (bench_results/h200/session34_runs.md, call 1).
 REPLAY_HOLD_MS = 0.1
 
 

@@ -369,6 +369,9 @@ class DispatchPolicy:
     # afresh, use_sparse took 75 us per call on this project's CPU for a shape between the twelve H200 tables; cached
     # 6.6 us, against 2.7 us for a measured shape.
     _envelopes: dict = field(init=False, repr=False, compare=False, default_factory=dict)
+    # twell.ops.DECODE_MAX_TOKENS, read once in __post_init__ so that the per-call decisions (which torch.compile
+    # traces) import nothing.
+    _decode_max: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "table", _check_table(self.table))
@@ -388,6 +391,7 @@ class DispatchPolicy:
         object.__setattr__(self, "shape_tables", _check_shape_tables(self.shape_tables))
         from ..ops.decode_kernels import DECODE_MAX_TOKENS
 
+        object.__setattr__(self, "_decode_max", DECODE_MAX_TOKENS)
         dm = self.decode_max_tokens
         if isinstance(dm, bool) or not isinstance(dm, int) or not 0 <= dm <= DECODE_MAX_TOKENS:
             raise ValueError(f"decode_max_tokens must be an int in [0, {DECODE_MAX_TOKENS}], got {dm!r}")
@@ -482,13 +486,11 @@ class DispatchPolicy:
                 and not self.follows_envelope(shape)):
             return False
         if self.decode_graphed and self.decode_table_for(shape) is not None:
-            from ..ops.decode_kernels import DECODE_MAX_TOKENS
-
             # In a recorded step the shape's decode table decides its calls of up to DECODE_MAX_TOKENS tokens:
             # the small-batch kernels (use_decode) or dense.  The table's rows below 16 tokens hold the TwELL op's
             # one-token measurement, which 2-15 tokens were never timed against: the 1.5B model's graphed batch-2
             # decode ran 0.799x of dense with them (policy decode-1, model_decode_batch_kernels_session33.json).
-            if n_tokens <= DECODE_MAX_TOKENS:
+            if n_tokens <= self._decode_max:
                 return False
         limit = self.max_density(n_tokens, shape)
         return limit is not None and density <= limit
@@ -508,9 +510,9 @@ class DispatchPolicy:
         """True iff a call of ``n_tokens`` tokens at activation ``density`` (l0 / F) takes the small-batch kernels:
         up to ``decode_max_tokens`` tokens whatever the density (in ``shapes``), else with ``decode_graphed`` where
         the layer shape's decode table says (``decode_tables``)."""
-        from ..ops.decode_kernels import DECODE_MAX_TOKENS
-
-        if not 1 <= n_tokens <= DECODE_MAX_TOKENS:
+        if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0.0 <= density <= 1.0:
+            raise ValueError(f"density must be a float in [0, 1] (l0 / intermediate_size), got {density!r}")
+        if not 1 <= n_tokens <= self._decode_max:
             return False
         if not self.force and device_type not in self.device_types:
             return False
