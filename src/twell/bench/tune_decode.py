@@ -38,11 +38,10 @@ from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_decode
 from ..ops.active_count import mean_active_per_token
 from ..ops.decode_kernels import DECODE_MAX_TOKENS
 from ..reference.inference import dense_gated_ffn
-from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from ..tolerances import rel_error, within_tolerance
+from . import tune_dispatch
 from .environment import environment
-from .ffn import _rows_for
-from .results import record_row, write_results
+from .results import write_results
 from .shape_arg import parse_shape
 from .timing import cuda_graph_replay, time_ms_interleaved
 
@@ -60,14 +59,12 @@ REPLAY_HOLD_MS = 0.1
 
 
 @dataclass
-class DecodeTuneConfig:
-    d: int
-    f: int
+class DecodeTuneConfig(tune_dispatch.TuneConfig):
+    """``twell tune-dispatch``'s configuration with the decode sweep's token counts and densities (``backend`` is
+    not used: the small-batch path runs on the layer's own)."""
+
     ms: tuple[int, ...] = DEFAULT_MS
     densities: tuple[float, ...] = DEFAULT_DENSITIES
-    dtype: torch.dtype = torch.bfloat16
-    rep_ms: float = 100.0
-    seed: int = 0
 
 
 def _small_batch_policy() -> DispatchPolicy:
@@ -131,25 +128,10 @@ def measure_point(problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct
 
 
 def run_tuning(cfg: DecodeTuneConfig, device: torch.device, log=print, on_row=None) -> list[dict]:
-    """Every (token count, density) point of ``cfg``; rows as :func:`measure_point` returns them."""
-    rows: list[dict] = []
-    for dens in cfg.densities:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(cfg.seed)
-        profile = SparsityProfile(mean_l0=dens / 100 * cfg.f)
-        # a whole sequence, from which each point draws its tokens at random positions (a decode step's tokens
-        # come from different sequences, none of them at the first, densest positions)
-        problem = synthetic_ffn_problem(max(max(cfg.ms), profile.seq_len), cfg.d, cfg.f, profile, generator=gen,
-                                        dtype=cfg.dtype, device=device)
-        for m in cfg.ms:
-            try:
-                x = _rows_for(problem["x"], m, profile.seq_len, gen)
-                row = measure_point(problem, x, dens, cfg, device)
-            except torch.OutOfMemoryError:
-                row = {"d": cfg.d, "f": cfg.f, "m": m, "density_pct": dens, "error": "out of memory"}
-            record_row(rows, row, format_row(row), log=log, on_row=on_row, device=device)
-        del problem
-    return rows
+    """Every (token count, density) point of ``cfg``, drawn as ``twell tune-dispatch`` draws them (a whole synthetic
+    sequence per density, each point's tokens at random positions of it: a decode step's tokens come from different
+    sequences, none of them at the first, densest positions); rows as :func:`measure_point` returns them."""
+    return tune_dispatch.run_tuning(cfg, device, log, on_row, measure=measure_point, fmt=format_row)
 
 
 def format_row(r: dict) -> str:

@@ -97,8 +97,10 @@ def measure_point(problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct
     return row
 
 
-def run_tuning(cfg: TuneConfig, device: torch.device, log=print, on_row=None) -> list[dict]:
-    """Every (token count, density) point of ``cfg``; rows as :func:`measure_point` returns them."""
+def run_tuning(cfg: TuneConfig, device: torch.device, log=print, on_row=None, *, measure=None, fmt=None) -> list[dict]:
+    """Every (token count, density) point of ``cfg``; rows as ``measure`` (default :func:`measure_point`) returns
+    them, each logged as ``fmt`` (default :func:`format_row`) writes it.  ``twell tune-decode`` runs its own."""
+    measure, fmt = measure or measure_point, fmt or format_row
     rows: list[dict] = []
     for dens in cfg.densities:
         gen = torch.Generator(device=device)
@@ -111,10 +113,10 @@ def run_tuning(cfg: TuneConfig, device: torch.device, log=print, on_row=None) ->
         for m in cfg.ms:
             try:
                 x = _rows_for(problem["x"], m, profile.seq_len, gen)  # random positions below a sequence
-                row = measure_point(problem, x, dens, cfg, device)
+                row = measure(problem, x, dens, cfg, device)
             except torch.OutOfMemoryError:
                 row = {"d": cfg.d, "f": cfg.f, "m": m, "density_pct": dens, "error": "out of memory"}
-            record_row(rows, row, format_row(row), log=log, on_row=on_row, device=device)
+            record_row(rows, row, fmt(row), log=log, on_row=on_row, device=device)
         del problem
     return rows
 
