@@ -319,7 +319,8 @@ class DispatchPolicy:
             1.018x at batch 8 with ``decode_max_tokens=64`` (model_decode_batch_kernels_session33.json,
             model_decode_batch_kernels_b8_session33.json).  So ``decode_max_tokens=1`` pays only in a
             graphed decode step (:class:`twell.generation.GreedyDecoder` turns it on for its calls by
-            default), and the default stays 0.  Subject to ``device_types`` and ``shapes`` like the table.
+            default), and the default stays 0; since session 34 graphed calls of 2-64 tokens follow
+            ``decode_tables``, which see the density too.  Subject to ``device_types`` and ``shapes`` like the table.
         shapes: the layer shapes ``(hidden_size, intermediate_size)`` the table was measured for (by
             default the twelve of :data:`H200_BF16_SHAPES`), or None for a table that holds for any shape.
             Break-even densities move with the shape, so a layer of an unmeasured shape gets the dense
