@@ -27,14 +27,13 @@ import argparse
 import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, static_dispatch
 from ..nn.dispatch_file import save_policy
-from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_decode_table
+from ..nn.dispatch_tuning import TuningPoint, derive_decode_table
 from ..ops.active_count import mean_active_per_token
 from ..ops.decode_kernels import DECODE_MAX_TOKENS
 from ..reference.inference import dense_gated_ffn
@@ -172,13 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ms", type=int, nargs="+", default=list(DEFAULT_MS),
                    help=f"tokens per call (1 to {DECODE_MAX_TOKENS})")
     p.add_argument("--densities", type=float, nargs="+", default=list(DEFAULT_DENSITIES), help="percent active")
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    p.add_argument("--rep-ms", type=float, default=100.0, help="timed ms per path and point")
-    p.add_argument("--min-speedup", type=float, default=DEFAULT_MIN_SPEEDUP,
-                   help="a point counts as a win from this speedup over dense (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("twell-tuning"))
-    p.add_argument("--stem", default=None, help="file name stem (default: decode_<shape>)")
+    tune_dispatch.add_run_args(p, "decode")
     a = p.parse_args(argv)
     if any(not 1 <= m <= DECODE_MAX_TOKENS for m in a.ms):
         p.error(f"--ms must lie in [1, {DECODE_MAX_TOKENS}] (the small-batch kernels' range), got {a.ms}")

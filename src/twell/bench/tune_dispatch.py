@@ -239,20 +239,25 @@ def _load_runs(paths: list[Path], parser: argparse.ArgumentParser) -> tuple[list
     return rows, meta, first[0], first[1]
 
 
+def add_run_args(p: argparse.ArgumentParser, stem: str) -> None:
+    """The options ``twell tune-dispatch`` and ``twell tune-decode`` share: dtype, timing, margin, seed, output."""
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--rep-ms", type=float, default=100.0, help="timed ms per path and point")
+    p.add_argument("--min-speedup", type=float, default=DEFAULT_MIN_SPEEDUP,
+                   help="a point counts as a win from this speedup over dense (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("twell-tuning"))
+    p.add_argument("--stem", default=None, help=f"file name stem (default: {stem}_<shape>)")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="twell tune-dispatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", type=parse_shape, default=None, help="HIDDENxFFN of the layer, e.g. 5120x13824")
     p.add_argument("--ms", type=int, nargs="+", default=list(DEFAULT_MS), help="token counts per call")
     p.add_argument("--densities", type=float, nargs="+", default=list(DEFAULT_DENSITIES), help="percent active")
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
-    p.add_argument("--rep-ms", type=float, default=100.0, help="timed ms per path and point")
-    p.add_argument("--min-speedup", type=float, default=DEFAULT_MIN_SPEEDUP,
-                   help="a point counts as a sparse win from this speedup over dense (default %(default)s)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("twell-tuning"))
-    p.add_argument("--stem", default=None, help="file name stem (default: dispatch_<shape>)")
+    add_run_args(p, "dispatch")
     p.add_argument("--from", dest="from_json", type=Path, nargs="+", default=None,
                    help="derive the policy from these earlier runs' JSON instead of timing (several runs of one "
                         "shape: a point counts only where every run that measured it won)")
