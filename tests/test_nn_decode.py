@@ -133,7 +133,7 @@ def test_gpu_recorded_calls_follow_the_shipped_decode_table(density, want):
     tokens allows 4.9 %) and the dense path at 50 %; the replayed output matches the fp32 reference either way."""
     import dataclasses
 
-    from twell.bench.timing import cuda_graph_replay
+    from twell.generation import record_cuda_graph
     from twell.nn import DEFAULT_POLICY, SparseGatedMLP, static_dispatch
     from twell.reference.inference import dense_gated_ffn
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
@@ -153,7 +153,7 @@ def test_gpu_recorded_calls_follow_the_shipped_decode_table(density, want):
             out.copy_(layer(x))
 
     with torch.no_grad():
-        replay = cuda_graph_replay(step)
+        replay = record_cuda_graph(step)
         out.fill_(float("nan"))
         replay()
     torch.cuda.synchronize()

@@ -41,13 +41,31 @@ from torch import nn
 
 from .nn import DispatchPolicy, SparseGatedMLP, static_dispatch
 
-__all__ = ["GreedyDecoder", "greedy_decode"]
+__all__ = ["GreedyDecoder", "greedy_decode", "record_cuda_graph"]
 
 #: Recorded graphs a decoder keeps (least recently used dropped first).  Each holds a static KV cache:
 #: 3.7 GB at batch 64 x 256 positions for the 1.5B shape, so a handful at most.
 DEFAULT_MAX_GRAPHS = 2
 #: Eager runs of the step on a side stream before recording (allocator and autotuning warm-up).
 _WARMUP_STEPS = 2
+
+
+def record_cuda_graph(fn: Callable[[], object], *, device: torch.device | None = None,
+                      warmup_calls: int = _WARMUP_STEPS) -> Callable[[], None]:
+    """``fn``'s kernels recorded once in a CUDA graph on ``device`` (default: the current one), after
+    ``warmup_calls`` runs on a side stream (compilation, autotuning, allocations); returns the graph's replay, which
+    re-runs them with no host work per kernel.  ``fn`` must be capturable (no host synchronisation): how
+    :class:`GreedyDecoder` records its step, and ``twell tune-decode`` a layer's calls."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup_calls):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def _check_ids(input_ids: object, device: torch.device) -> torch.Tensor:
@@ -377,16 +395,13 @@ class GreedyDecoder:
         # layer an l0 estimate; then warm-up runs on a side stream and the recording, both with the
         # sparse layers' kernel choices frozen (static_dispatch).
         self.model(input_ids=tok, cache_position=pos, use_cache=True, **{self._cache_arg: cache}, **self._logits_kw)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side), static_dispatch(unit_major_down=True):
-            for _ in range(_WARMUP_STEPS):
+
+        def frozen_step() -> None:
+            with static_dispatch(unit_major_down=True):
                 step()
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with static_dispatch(unit_major_down=True), torch.cuda.graph(graph):
-            step()
-        return _Recorded(cache, tok, pos, done, graph.replay, self._decisions(batch, device), mask, posid)
+
+        replay = record_cuda_graph(frozen_step, device=device)
+        return _Recorded(cache, tok, pos, done, replay, self._decisions(batch, device), mask, posid)
 
     def _step_fn(self, cache: Any, tok: torch.Tensor, pos: torch.Tensor, done: torch.Tensor,
                  mask: torch.Tensor | None, posid: torch.Tensor | None, device: torch.device) -> Callable[[], None]:

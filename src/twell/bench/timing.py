@@ -180,18 +180,3 @@ def back_to_back_ms(fn: Callable[[], object], *, device: torch.device, calls: in
     return statistics.median(samples)
 
 
-
-def cuda_graph_replay(fn: Callable[[], object], *, warmup_calls: int = 2) -> Callable[[], None]:
-    """``fn``'s kernels recorded once in a CUDA graph (after ``warmup_calls`` runs on a side stream, which compile
-    and allocate); returns the graph's replay, which re-runs them with no host work per kernel.  What a recorded
-    decode step runs (:class:`twell.generation.GreedyDecoder`); ``fn`` must be capturable (no host synchronisation)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(warmup_calls):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..generation import record_cuda_graph
 from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, static_dispatch
 from ..nn.dispatch_file import save_policy
 from ..nn.dispatch_tuning import TuningPoint, derive_decode_table
@@ -42,7 +43,7 @@ from . import tune_dispatch
 from .environment import environment
 from .results import write_results
 from .shape_arg import parse_shape
-from .timing import cuda_graph_replay, time_ms_interleaved
+from .timing import time_ms_interleaved
 
 DEFAULT_MS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_DENSITIES = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
@@ -90,9 +91,10 @@ def measure_point(problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct
         layer.w_down_unit_major()  # the copy a recorded step reads (static_dispatch(unit_major_down=True))
     row: dict = {"d": cfg.d, "f": cfg.f, "m": m, "density_pct": density_pct, "copies": n}
     with torch.no_grad():
-        row["l0"] = float(mean_active_per_token(torch.relu(F.linear(x, wg))))
+        act = torch.relu(F.linear(x, wg))
+        row["l0"] = float(mean_active_per_token(act))
         row["density"] = row["l0"] / cfg.f
-        row["union"] = int((F.linear(x, wg) > 0).any(dim=0).sum())  # units the step's tokens fire together
+        row["union"] = int((act > 0).any(dim=0).sum())  # units the step's tokens fire together
         ref = dense_gated_ffn(x.float(), wg.float(), wu.float(), wd.float(), precision="fp32")
         with static_dispatch(unit_major_down=True):
             out = sparse[0](x)
@@ -112,7 +114,7 @@ def measure_point(problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct
                 layer(x)
 
         if device.type == "cuda":
-            fns = {"dense": cuda_graph_replay(run_dense), "sparse": cuda_graph_replay(run_sparse)}
+            fns = {"dense": record_cuda_graph(run_dense), "sparse": record_cuda_graph(run_sparse)}
             row["timing"] = "cuda graph"
         else:
             fns = {"dense": run_dense, "sparse": run_sparse}
@@ -177,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--ms must lie in [1, {DECODE_MAX_TOKENS}] (the small-batch kernels' range), got {a.ms}")
     if any(not 0 < x <= 100 for x in a.densities):
         p.error(f"--densities must lie in (0, 100] percent, got {a.densities}")
-    if a.min_speedup < 1.0:
-        p.error(f"--min-speedup must be >= 1 (got {a.min_speedup}): the kernels are never chosen where they are slower")
+    tune_dispatch.check_run_args(p, a)
     d, f = a.shape
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = DecodeTuneConfig(d=d, f=f, ms=tuple(sorted(set(a.ms))), densities=tuple(sorted(set(a.densities))),

@@ -250,6 +250,12 @@ def add_run_args(p: argparse.ArgumentParser, stem: str) -> None:
     p.add_argument("--stem", default=None, help=f"file name stem (default: {stem}_<shape>)")
 
 
+def check_run_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """End the command with the reason where :func:`add_run_args`' options are out of range."""
+    if a.min_speedup < 1.0:
+        p.error(f"--min-speedup must be >= 1 (got {a.min_speedup}): a path is never chosen where it is slower")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="twell tune-dispatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -262,8 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="derive the policy from these earlier runs' JSON instead of timing (several runs of one "
                         "shape: a point counts only where every run that measured it won)")
     a = p.parse_args(argv)
-    if a.min_speedup < 1.0:
-        p.error(f"--min-speedup must be >= 1 (got {a.min_speedup}): sparse is never chosen where it is slower")
+    check_run_args(p, a)
     if a.from_json is not None:
         rows, meta, (d, f), device_type = _load_runs(a.from_json, p)
     else:
