@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from twell.bench.tune_decode import points_of
+from twell.bench.tune_dispatch import points_of as dispatch_points_of
 from twell.nn import (
     DEFAULT_POLICY,
     H200_BF16_896X4864_TABLE,
@@ -30,7 +31,7 @@ from twell.nn import (
     H200_BF16_DECODE_TABLES,
     H200_BF16_SHAPE_TABLES,
 )
-from twell.nn.dispatch_tuning import derive_decode_table
+from twell.nn.dispatch_tuning import derive_decode_table, derive_table
 from twell.ops.decode_kernels import DECODE_MAX_TOKENS
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench_results" / "h200"
@@ -64,6 +65,18 @@ def test_shipped_rows_follow_the_committed_runs(policy_file, shipped, below):
     assert [m for m, _ in rows] == [m for m, _ in derived]
     for (m, limit), (_, want) in zip(rows, derived, strict=True):
         assert limit == pytest.approx(want, abs=1e-12), f"{m} tokens: shipped {limit}, the runs give {want}"
+
+
+@pytest.mark.parametrize("policy_file", sorted(p.name for p in RESULTS.glob("dispatch_*_merged_policy.json")))
+def test_each_merged_policy_file_is_what_derive_table_gives_its_runs(policy_file):
+    """The committed merged policy files hold the table today's rules (``derive_table``) derive from the runs they
+    name, so a change of the rules cannot leave a stale file behind the shipped rows above."""
+    data = json.loads((RESULTS / policy_file).read_text())
+    runs = data["measured"]["runs"]
+    assert len(runs) >= 2, f"{policy_file}: a shipped row needs two runs that agree"
+    rows = [r for run in runs for r in json.loads((RESULTS / Path(run["file"]).name).read_text())["rows"]]
+    derived = derive_table(dispatch_points_of(rows), min_speedup=data["measured"]["min_speedup"])
+    assert [(int(m), float(x)) for m, x in data["table"]] == list(derived)
 
 
 def test_the_default_policy_applies_every_shipped_table_to_its_shape():

@@ -27,11 +27,29 @@ def test_rows_follow_the_winning_prefix_of_each_token_count():
 
 def test_a_wrong_output_is_a_loss_and_a_later_loss_turns_sparse_off():
     pts = [_pt(4096, 0.005, 1.3), _pt(16384, 0.005, 1.5, ok=False), _pt(65536, 0.005, 1.6)]
-    assert derive_table(pts) == ((4096, 0.005), (16384, 0.0), (65536, 0.005))
+    # 16384 lost inside 4096's row, so the calls between take its answer (dense) from 4097 tokens
+    assert derive_table(pts) == ((4096, 0.005), (4097, 0.0), (65536, 0.005))
     policy = DispatchPolicy(table=derive_table(pts), shapes=None)
-    assert policy.use_sparse(8192, 0.004) and not policy.use_sparse(16384, 0.004)
+    assert policy.use_sparse(4096, 0.004) and not policy.use_sparse(8192, 0.004)
+    assert policy.use_sparse(65536, 0.004) and not policy.use_sparse(65535, 0.004)
     assert not policy.use_sparse(2048, 0.001)  # below the first row: dense
     assert policy.use_sparse(16384, 0.0)  # an all-zero activation only (documented)
+
+
+def test_calls_between_counts_take_the_larger_counts_limit_where_it_lost_inside_the_smaller_ones_row():
+    pts = [_pt(1, 0.01, 1.2), _pt(1, 0.1, 1.15),     # one token: to 10 %
+           _pt(16, 0.01, 1.1), _pt(16, 0.1, 0.9),    # 16 lost at 10 %, inside 1's row: 2-15 tokens get 16's 1 %
+           _pt(64, 0.01, 1.1), _pt(64, 0.1, 1.1),    # 64 won everything 16 allows: 17-63 keep 16's 1 %
+           _pt(256, 0.01, 1.0),                      # nothing won: 65-255 dense too
+           _pt(1024, 0.01, 1.3), _pt(1024, 0.1, 1.3),
+           _pt(2048, 0.01, 1.4), _pt(2048, 0.05, 1.0)]  # lost at 5 % inside 1024's 10 %: 1025-2047 to 1 %
+    assert derive_table(pts) == ((1, 0.1), (2, 0.01), (64, 0.1), (65, 0.0), (1024, 0.1), (1025, 0.01))
+    # consecutive counts (no call between them) and a larger count that lost only above the smaller one's limit
+    assert derive_table([_pt(1, 0.1, 1.2), _pt(2, 0.01, 1.2), _pt(2, 0.1, 0.9)]) == ((1, 0.1), (2, 0.01))
+    assert derive_table([_pt(16, 0.01, 1.2), _pt(16, 0.02, 0.9),
+                         _pt(64, 0.01, 1.2), _pt(64, 0.05, 0.9)]) == ((16, 0.01),)
+    # nothing won at the smaller count: no leading dense row, whatever the larger one did
+    assert derive_table([_pt(1, 0.01, 0.9), _pt(16, 0.01, 1.2), _pt(16, 0.05, 0.9)]) == ((16, 0.01),)
 
 
 def test_repeated_runs_the_worse_decides_and_order_does_not_matter():

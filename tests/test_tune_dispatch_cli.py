@@ -59,23 +59,25 @@ def _run_file(path, shape, points, device_type="cuda", commit="abc1234"):
 
 def test_from_several_runs_keeps_a_point_only_where_every_run_won(tmp_path, capsys):
     """Two runs of one shape: 16 tokens won at 0.5 % in the first run and lost in the second, so it stays dense; 512
-    tokens won at 0.5-1 % in both, at 2 % only in the first; one token won in both runs at the densities each drew."""
+    tokens won at 0.5-1 % in both, at 2 % only in the first; one token won in both runs at the densities each drew.
+    The calls between one and 16 tokens, not timed, take 16's answer, dense."""
     a = _run_file(tmp_path / "a.json", (2048, 5632), ((1, 0.02, 1.15), (16, 0.005, 1.2), (512, 0.005, 1.2),
                                                        (512, 0.01, 1.15), (512, 0.02, 1.06)), commit="aaaaaaa")
     b = _run_file(tmp_path / "b.json", (2048, 5632), ((1, 0.03, 1.17), (16, 0.005, 0.97), (512, 0.005, 1.25),
                                                        (512, 0.01, 1.16), (512, 0.02, 0.91)), commit="bbbbbbb")
     assert cli.main(["tune-dispatch", "--from", str(a), str(b), "--out", str(tmp_path), "--stem", "both"]) == 0
     policy_file = tmp_path / "both_policy.json"
-    assert load_policy(policy_file).table == ((1, 0.03), (16, 0.0), (512, 0.01))
+    # 16 tokens lost inside one token's row, so 2-15 tokens (not timed) take its answer: dense
+    assert load_policy(policy_file).table == ((1, 0.03), (2, 0.0), (512, 0.01))
     measured = json.loads(policy_file.read_text())["measured"]
     assert [r["commit"] for r in measured["runs"]] == ["aaaaaaa", "bbbbbbb"]
     assert len(measured["points"]) == 10
-    assert "16 <= M < 512: dense" in capsys.readouterr().out
+    assert "2 <= M < 512: dense" in capsys.readouterr().out
     # either run alone gives another table: the merge is not the first or the last run's
     assert cli.main(["tune-dispatch", "--from", str(a), "--out", str(tmp_path), "--stem", "one"]) == 0
     assert load_policy(tmp_path / "one_policy.json").table == ((1, 0.02), (16, 0.005), (512, 0.02))
     assert cli.main(["tune-dispatch", "--from", str(b), "--out", str(tmp_path), "--stem", "two"]) == 0
-    assert load_policy(tmp_path / "two_policy.json").table == ((1, 0.03), (16, 0.0), (512, 0.01))
+    assert load_policy(tmp_path / "two_policy.json").table == ((1, 0.03), (2, 0.0), (512, 0.01))
 
 
 def test_from_several_runs_pairs_points_by_their_target_density(tmp_path, capsys):

@@ -101,11 +101,12 @@ H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 #: nowhere (0.91-1.02x), so 16-511 tokens stay dense (a row of limit 0); 512 tokens won to 1 % in both (1.16-1.26x;
 #: 1.5 %: 0.91x / 0.92x).  ``twell tune-dispatch --from`` both runs derives these rows
 #: (dispatch_2048x5632_session30_below1024_merged_policy.json).  The sweep at the shipped table
-#: (ffn_sweep_session30.json): one token 1.13-1.17x.
+#: (ffn_sweep_session30.json): one token 1.13-1.17x.  Since session 35 the dense row starts at 2 tokens, not 16:
+#: 2-15 tokens were never timed, and a count between a winning and a losing one takes the losing one's limit
+#: (:mod:`twell.nn.dispatch_tuning`; the one 2-token run on the old row, session 33's decode, read 0.799x).
 H200_BF16_2048X5632_TABLE: DispatchTable = (
-    (1, 0.0559304), (16, 0.0), (512, 0.0099516), (1024, 0.0097263), (2048, 0.0982466), (4096, 0.0987608),
-    (8192, 0.0993416), (16384, 0.0996582),
-    (32768, 0.0998528), (65536, 0.0997857), (131072, 0.0998256),
+    (1, 0.0559304), (2, 0.0), (512, 0.0099516), (1024, 0.0097263), (2048, 0.0982466), (4096, 0.0987608),
+    (8192, 0.0993416), (16384, 0.0996582), (32768, 0.0998528), (65536, 0.0997857), (131072, 0.0998256),
 )
 
 
@@ -126,11 +127,12 @@ H200_BF16_2048X5632_TABLE: DispatchTable = (
 #: at 256 tokens only to 0.5 % (1.50x, 1.08x; 0.94-1.03x from 1 %).  Each limit is the last winning point's own
 #: density, as above (the one-token row's 14.4 % is that token's 2059 of 14336 units at the 10 % target);
 #: ``twell tune-dispatch --from`` the five runs derives the whole table (dispatch_4096x14336_session30_merged_policy
-#: .json).  Above those: not measured, dense.
+#: .json).  Since session 35, 65-255 tokens take 256 tokens' limit (0.5 %), not 64 tokens' 10 %: 256 tokens lost
+#: above 0.5 %, and the counts between were not timed (:mod:`twell.nn.dispatch_tuning`).
 H200_BF16_4096X14336_TABLE: DispatchTable = (
-    (1, 0.1436245), (16, 0.1010961), (64, 0.0978209), (256, 0.0047750), (512, 0.0970267), (1024, 0.0994713),
-    (2048, 0.0991786), (4096, 0.1001101), (8192, 0.0996234), (16384, 0.1000298), (32768, 0.1000031),
-    (65536, 0.1001733), (131072, 0.1001610),
+    (1, 0.1436245), (16, 0.1010961), (64, 0.0978209), (65, 0.0047750), (512, 0.0970267), (1024, 0.0994713),
+    (2048, 0.0991786), (4096, 0.1001101), (8192, 0.0996234), (16384, 0.1000298), (32768, 0.1000031), (65536, 0.1001733),
+    (131072, 0.1001610),
 )
 
 
@@ -141,7 +143,9 @@ H200_BF16_4096X14336_TABLE: DispatchTable = (
 #: higher of the two runs' drawn densities at the last such point, rounded up in its 7th decimal
 #: (``twell tune-dispatch --from``, dispatch_<shape>_session31_merged_policy.json; tests/test_dispatch_table_provenance
 #: .py holds the rows to those files).  Token counts between two measured ones follow the lower: 65,536 tokens was not
-#: measured (the tables' row from 32,768 covers it), nor anything between the powers of two listed.
+#: measured (the tables' row from 32,768 covers it), nor anything between the powers of two listed.  Since session 35 a
+#: count between two measured ones takes the larger one's limit where that one lost inside the smaller one's row
+#: (:mod:`twell.nn.dispatch_tuning`): hence the rows from 2, 17 and 65 tokens, where the smaller count won more.
 #:
 #: Below, "to x %" names the last density target that won in both runs, "a-b" the range of both runs' speedups over
 #: the targets a row covers, and "t %: p / q" the two runs' speedups at the first target that did not win in both.
@@ -150,7 +154,7 @@ H200_BF16_4096X14336_TABLE: DispatchTable = (
 #: 10 %: 1.08 / 1.05x, the second under the margin), 256 tokens to 0.5 % (1.06-1.36x; 1 %: 1.14 / 1.02x), 512 tokens to
 #: 1 % (1.08-1.30x; 2 %: 0.98 / 0.92x), from 1024 tokens to 10 % (1.14-1.47x at 1024, 1.26-2.31x from 2048).
 H200_BF16_4096X11008_TABLE: DispatchTable = (
-    (1, 0.1105560), (16, 0.1087164), (64, 0.0500943), (256, 0.0054261), (512, 0.0099718), (1024, 0.1005939),
+    (1, 0.1105560), (16, 0.1087164), (17, 0.0500943), (65, 0.0054261), (512, 0.0099718), (1024, 0.1005939),
     (2048, 0.1008304), (4096, 0.0999277), (8192, 0.1000245), (16384, 0.1000916), (32768, 0.1002504),
     (131072, 0.0999534),
 )
@@ -159,7 +163,7 @@ H200_BF16_4096X11008_TABLE: DispatchTable = (
 #: 64 tokens to 1 % (1.09-1.17x; 2 %: 0.99 / 1.06x), dense at 256-1023 tokens (0.25 %: 1.00 / 1.12x at 256, 0.93 / 1.15x
 #: at 512), from 1024 tokens to 10 % (1.06-1.46x at 1024, 1.27-2.31x from 2048).
 H200_BF16_2048X8192_TABLE: DispatchTable = (
-    (1, 0.0797120), (16, 0.0209351), (64, 0.0109463), (256, 0.0), (1024, 0.0991935), (2048, 0.1002816),
+    (1, 0.0797120), (2, 0.0209351), (64, 0.0109463), (65, 0.0), (1024, 0.0991935), (2048, 0.1002816),
     (4096, 0.0996992), (8192, 0.1002152), (16384, 0.1002475), (32768, 0.0998980), (131072, 0.1000183),
 )
 
@@ -167,7 +171,7 @@ H200_BF16_2048X8192_TABLE: DispatchTable = (
 #: 0.98 / 1.07x and 1.03 / 0.99x), dense at 256 tokens (0.25 %: 0.91 / 1.00x), 512 tokens at 0.25 % only (1.05 / 1.18x;
 #: 0.5 %: 1.00 / 1.19x), from 1024 tokens to 10 % (1.20-1.64x at 1024, 1.25-2.26x from 2048).
 H200_BF16_1536X8960_TABLE: DispatchTable = (
-    (1, 0.1021206), (16, 0.0182966), (64, 0.0218227), (256, 0.0), (512, 0.0025243), (1024, 0.1013057),
+    (1, 0.1021206), (2, 0.0182966), (64, 0.0218227), (65, 0.0), (512, 0.0025243), (1024, 0.1013057),
     (2048, 0.1001734), (4096, 0.1005238), (8192, 0.1003812), (16384, 0.1001218), (32768, 0.1001298),
     (131072, 0.1000652),
 )
@@ -178,7 +182,7 @@ H200_BF16_1536X8960_TABLE: DispatchTable = (
 #: 4096).  The second run's one-token point at 0.25 % read a relative error of 6.0e-3, the dense bf16 module's own on
 #: that token (``twell.tolerances.DENSE_ERROR_FACTOR``); call 3 repeated that run with the dense error recorded.
 H200_BF16_896X4864_TABLE: DispatchTable = (
-    (1, 0.1124589), (16, 0.0025957), (64, 0.0), (2048, 0.0991320), (4096, 0.1000616), (8192, 0.1004460),
+    (1, 0.1124589), (2, 0.0025957), (64, 0.0), (2048, 0.0991320), (4096, 0.1000616), (8192, 0.1004460),
     (16384, 0.1003094), (32768, 0.1001757), (131072, 0.1003189),
 )
 
@@ -188,21 +192,21 @@ H200_BF16_896X4864_TABLE: DispatchTable = (
 #: check the envelope rule on shapes it had not seen: the envelope of all six tables sent 33-36 of each one's 72 points
 #: sparse, and every one of them won in both runs, by 1.17x or more.  The other three extend the measured sizes.  (The
 #: rule as shipped, and its check with each measured shape left out in turn: ``ENVELOPE_BRACKET_MIN_TOKENS``.)  Same
-#: notation as above.
+#: notation, and the same rule between measured counts, as above.
 #:
 #: 3072 x 8192 (Llama-3.2-3B's FFN): one token to 10 % (1.21-1.27x), 16 tokens dense (0.25 %: 0.94 / 1.21x; 10 %:
 #: 0.36 / 0.90x), 64 tokens to 2 % (1.06-1.22x; 5 %: 0.95 / 0.99x), dense at 256-1023 tokens (0.25 %: 1.04 / 1.11x at
 #: 256, 0.88 / 0.91x at 512), from 1024 tokens to 10 % (1.05-1.35x at 1024, 1.17-2.08x from 2048).
 H200_BF16_3072X8192_TABLE: DispatchTable = (
-    (1, 0.0876465), (16, 0.0), (64, 0.0193406), (256, 0.0), (1024, 0.0999796), (2048, 0.1004988), (4096, 0.1001206),
-    (8192, 0.1003620), (16384, 0.1000374), (32768, 0.1000772), (131072, 0.1001666),
+    (1, 0.0876465), (2, 0.0), (64, 0.0193406), (65, 0.0), (1024, 0.0999796), (2048, 0.1004988),
+    (4096, 0.1001206), (8192, 0.1003620), (16384, 0.1000374), (32768, 0.1000772), (131072, 0.1001666),
 )
 
 #: 2304 x 9216 (Gemma-2-2B's FFN): one token to 10 % (1.26-1.35x), 16 tokens to 1 % (1.05-1.34x; 2 %: 1.25 / 1.01x), 64
 #: tokens to 2 % (1.08-1.26x; 5 %: 1.02 / 0.96x), dense at 256-1023 tokens (0.25 %: 1.05 / 0.93x at 256 and 1.05 / 0.85x
 #: at 512), from 1024 tokens to 10 % (1.06-1.28x at 1024, 1.21-2.01x from 2048).
 H200_BF16_2304X9216_TABLE: DispatchTable = (
-    (1, 0.0837674), (16, 0.0107558), (64, 0.0188955), (256, 0.0), (1024, 0.1033604), (2048, 0.1007242),
+    (1, 0.0837674), (2, 0.0107558), (64, 0.0188955), (65, 0.0), (1024, 0.1033604), (2048, 0.1007242),
     (4096, 0.1005392), (8192, 0.1001825), (16384, 0.0999489), (32768, 0.1003522), (131072, 0.1000810),
 )
 
@@ -211,7 +215,7 @@ H200_BF16_2304X9216_TABLE: DispatchTable = (
 #: 256-1023 tokens (0.25 %: 0.74 / 1.15x at 256, 1.19 / 1.02x at 512), from 1024 tokens to 10 % (1.26-1.52x at 1024,
 #: 1.27-2.04x from 2048).
 H200_BF16_2560X9728_TABLE: DispatchTable = (
-    (1, 0.2712788), (16, 0.0133443), (64, 0.0206348), (256, 0.0), (1024, 0.1009091), (2048, 0.1000367),
+    (1, 0.2712788), (2, 0.0133443), (64, 0.0206348), (65, 0.0), (1024, 0.1009091), (2048, 0.1000367),
     (4096, 0.1004718), (8192, 0.1004184), (16384, 0.1004614), (32768, 0.0999921), (131072, 0.1000048),
 )
 
@@ -226,15 +230,15 @@ H200_BF16_2560X9728_TABLE: DispatchTable = (
 #: at 2048 x 5632 (16,384 tokens / 0.5 %: 1.71x against 2.00x) and 896 x 4864 (16,384 / 32,768 tokens at 1 %: 1.59x /
 #: 1.57x against 1.74x / 1.74x), so it is not shipped.
 H200_BF16_1024X3072_TABLE: DispatchTable = (
-    (1, 0.0507813), (16, 0.0020142), (64, 0.0), (1024, 0.0100009), (2048, 0.0051078), (4096, 0.1009508),
-    (8192, 0.0050447), (16384, 0.0100350), (32768, 0.1002127), (131072, 0.0999843),
+    (1, 0.0507813), (2, 0.0020142), (64, 0.0), (1024, 0.0100009), (2048, 0.0051078), (4096, 0.1009508),
+    (4097, 0.0050447), (16384, 0.0100350), (32768, 0.1002127), (131072, 0.0999843),
 )
 
 #: 5120 x 13824 (Llama-2-13B's and Qwen2.5-14B's FFN): 1-64 tokens to 10 % (1.48-1.70x, 1.11-1.68x, 1.10-1.61x), 256 and
 #: 512 tokens at 0.25 % only (1.52-1.53x, 1.29-1.39x; 0.5 %: 1.05 / 1.05x and 0.98 / 1.09x), from 1024 tokens to 10 %
 #: (1.10-1.36x at 1024, 1.20-2.00x from 2048).
 H200_BF16_5120X13824_TABLE: DispatchTable = (
-    (1, 0.1447483), (16, 0.0854583), (64, 0.1024340), (256, 0.0025666), (512, 0.0025531), (1024, 0.1012810),
+    (1, 0.1447483), (16, 0.0854583), (64, 0.1024340), (65, 0.0025666), (512, 0.0025531), (1024, 0.1012810),
     (2048, 0.1003916), (4096, 0.1003197), (8192, 0.1000236), (16384, 0.1002228), (32768, 0.1001727),
     (131072, 0.1000622),
 )
@@ -243,7 +247,7 @@ H200_BF16_5120X13824_TABLE: DispatchTable = (
 #: (1.09-1.23x; 2 %: 1.047 / 1.074x), from 512 tokens to 10 % (1.06-1.43x at 512, 1.11-1.65x at 1024, 1.25-2.26x from
 #: 2048).
 H200_BF16_3584X18944_TABLE: DispatchTable = (
-    (1, 0.1241027), (16, 0.1181674), (64, 0.1030901), (256, 0.0098964), (512, 0.0992873), (1024, 0.0999708),
+    (1, 0.1241027), (16, 0.1181674), (64, 0.1030901), (65, 0.0098964), (512, 0.0992873), (1024, 0.0999708),
     (2048, 0.0997803), (4096, 0.1000783), (8192, 0.0997739), (16384, 0.1002495), (32768, 0.1002530),
     (131072, 0.1000201),
 )
@@ -557,7 +561,7 @@ def bracketing_shapes(shape: tuple[int, int], measured: Iterable[tuple[int, int]
 
 
 #: From this many tokens an unmeasured shape follows the envelope of the shapes that bracket it; below, that of every
-#: measured shape.  Below 1024 tokens the H200 tables do not order by shape: 2048 x 5632 runs 16-511 tokens dense,
+#: measured shape.  Below 1024 tokens the H200 tables do not order by shape: 2048 x 5632 runs 2-511 tokens dense,
 #: 2048 x 8192 runs 16 tokens sparse to 2 %, and 3072 x 8192, bracketed by 2048 x 8192, 4096 x 11008 and 3584 x 18944
 #: (all three sparse at 16 tokens to 2 % or more in both of their runs), lost at 16 tokens in one of its two runs
 #: (0.85x at 0.85 %, session 32).  From 1024 tokens the tables order by size: every shape of intermediate size 8192 or

@@ -11,8 +11,15 @@ rows ``(min_tokens, max_density)`` of a :class:`~twell.nn.DispatchPolicy`.  The 
   which *every* measured density won (one loss ends the run: no islands of sparse above a dense point);
 * a row applies from its token count up to the next measured one (the table's semantics), so a call
   between two measured counts gets the lower count's answer; sparse speedups grow with the token count
-  in every sweep so far (bench_results/h200/ffn_sweep_session8.json: 1.53x at 16384 and 1.63x at
-  131072 tokens, 0.5 %), which makes the lower answer the safe one;
+  in every sweep of large calls so far (bench_results/h200/ffn_sweep_session8.json: 1.53x at 16384 and
+  1.63x at 131072 tokens, 0.5 %), which makes the lower answer the safe one there;
+* except where the next measured count *lost* at a density the lower count's row allows: then the calls
+  between the two get the larger count's limit, from one token past the lower count.  Below a few hundred
+  tokens the speedup can fall with the token count (2048 x 5632: one token won at every density to 10 %,
+  16 tokens at none, bench_results/h200/dispatch_2048x5632_session30_tiny{,_b}.json), and the calls
+  between were never timed: the only 2-token calls that ran on that one-token row, in session 33's
+  decode (policy ``decode-1`` at batch 2, model_decode_batch_call4_session33.log), ran 0.799x of dense.  Where
+  the larger count won everything the lower one allows, the lower count's answer stands;
 * a token count where nothing won after one where something did gets a row of density 0, which turns
   the sparse path off there (only an all-zero activation, whose sparse path is trivially exact and
   fast, still takes it).
@@ -60,18 +67,20 @@ class TuningPoint:
         return self.dense_ms / self.sparse_ms
 
 
-def _limit_at(points: list[TuningPoint], min_speedup: float) -> float | None:
-    """The highest density up to which every point (sorted by density) won, or None if the lowest lost."""
+def _limit_at(points: list[TuningPoint], min_speedup: float) -> tuple[float | None, float | None]:
+    """The highest density up to which every point (sorted by density) won, or None if the lowest lost; and the
+    density of the first point that did not win, or None if every point won."""
     limit = None
     for p in points:
         if not (p.ok and p.speedup >= min_speedup):
-            break
+            return limit, p.density
         limit = p.density
-    return limit
+    return limit, None
 
 
-def _limits_by_tokens(points: Iterable[TuningPoint], min_speedup: float) -> dict[int, float | None]:
-    """Each measured token count's limit (:func:`_limit_at`), checked arguments."""
+def _limits_by_tokens(points: Iterable[TuningPoint],
+                      min_speedup: float) -> dict[int, tuple[float | None, float | None]]:
+    """Each measured token count's limit and first losing density (:func:`_limit_at`), checked arguments."""
     if isinstance(min_speedup, bool) or not isinstance(min_speedup, (int, float)) or not min_speedup >= 1.0:
         raise ValueError(f"min_speedup must be a number >= 1 (sparse never chosen where it is slower), "
                          f"got {min_speedup!r}")
@@ -94,14 +103,21 @@ def derive_table(points: Iterable[TuningPoint], *, min_speedup: float = DEFAULT_
     """Rows ``(min_tokens, max_density)`` for a :class:`~twell.nn.DispatchPolicy` from timed points (see the
     module docstring for the rules).  An empty table (dense everywhere) when sparse never won."""
     rows: list[tuple[int, float]] = []
-    for tokens, limit in _limits_by_tokens(points, min_speedup).items():
-        if limit is None:
-            if rows and rows[-1][1] > 0.0:
-                rows.append((tokens, 0.0))
-            continue
+
+    def add(tokens: int, limit: float) -> None:
         if rows and rows[-1][1] == limit:
-            continue
-        rows.append((tokens, float(limit)))
+            return
+        if rows or limit > 0.0:  # dense below a first row is what no row says
+            rows.append((tokens, limit))
+
+    counts = list(_limits_by_tokens(points, min_speedup).items())
+    for i, (tokens, (limit, _)) in enumerate(counts):
+        value = 0.0 if limit is None else float(limit)
+        add(tokens, value)
+        if i + 1 < len(counts) and counts[i + 1][0] > tokens + 1:
+            next_limit, next_loss = counts[i + 1][1]
+            if next_loss is not None and next_loss <= value:  # the larger count lost inside this row
+                add(tokens + 1, 0.0 if next_limit is None else float(next_limit))
     return tuple(rows)
 
 
@@ -118,7 +134,7 @@ def derive_decode_table(points: Iterable[TuningPoint], *, min_speedup: float = D
     limits = _limits_by_tokens(points, min_speedup)
     rows: list[tuple[int, float]] = []
     start = 1
-    for tokens, limit in limits.items():
+    for tokens, (limit, _) in limits.items():
         value = 0.0 if limit is None else float(limit)
         if not rows or rows[-1][1] != value:
             rows.append((start, value))
