@@ -46,10 +46,12 @@ from .shape_arg import parse_shape
 from .timing import time_ms_interleaved
 
 #: From one token: every shipped table starts there, since small calls win at some shapes and lose at others (session
-#: 31: 16-64 tokens sparse to 1-2 % at 2048 x 8192 and 1536 x 8960, dense at 2048 x 5632).  Session 31's runs of these
-#: 13 token counts at 6 densities took 65-107 s each on the H200 (the largest shape, 4096 x 11008, 86 / 97 s), so the
-#: default 9 densities should take about half as long again.
-DEFAULT_MS = (1, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+#: 31: 16-64 tokens sparse to 1-2 % at 2048 x 8192 and 1536 x 8960, dense at 2048 x 5632).  Session 31's runs of 13
+#: token counts (these without 2, 4 and 8) at 6 densities took 65-107 s each on the H200 (the largest shape,
+#: 4096 x 11008, 86 / 97 s), so the default 9 densities should take about half as long again.  2, 4 and 8 tokens since
+#: session 35: where one token wins and 16 lose, the calls between take 16's answer (dispatch_tuning's rule) unless
+#: they were timed, and their points are the cheapest of the run.
+DEFAULT_MS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 DEFAULT_DENSITIES = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0)
 #: Tokens of a point whose outputs are checked against the fp32 reference (its fp32 hidden state for all
 #: 131072 tokens at 4096 x 14336 alone would take 7.5 GB).

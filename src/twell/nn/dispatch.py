@@ -492,9 +492,10 @@ class DispatchPolicy:
             return False
         if self.decode_graphed and self.decode_table_for(shape) is not None:
             # In a recorded step the shape's decode table decides its calls of up to DECODE_MAX_TOKENS tokens:
-            # the small-batch kernels (use_decode) or dense.  The table's rows below 16 tokens hold the TwELL op's
-            # one-token measurement, which 2-15 tokens were never timed against: the 1.5B model's graphed batch-2
-            # decode ran 0.799x of dense with them (policy decode-1, model_decode_batch_kernels_session33.json).
+            # the small-batch kernels (use_decode) or dense.  The inference table was timed eagerly, at 1, 16 and 64
+            # tokens, and until session 35 its one-token rows held for 2-15 tokens: the 1.5B model's graphed batch-2
+            # decode ran 0.799x of dense on them (policy decode-1, model_decode_batch_kernels_session33.json); the
+            # decode table was timed in CUDA graphs at 1-64 tokens.
             if n_tokens <= self._decode_max:
                 return False
         limit = self.max_density(n_tokens, shape)
