@@ -15,8 +15,8 @@ rows ``(min_tokens, max_density)`` of a :class:`~twell.nn.DispatchPolicy`.  The 
   1.63x at 131072 tokens, 0.5 %), which makes the lower answer the safe one there;
 * except where the next measured count *lost* at a density the lower count's row allows: then the calls
   between the two get the larger count's limit, from one token past the lower count.  Below a few hundred
-  tokens the speedup can fall with the token count (2048 x 5632: one token won at every density to 10 %,
-  16 tokens at none, bench_results/h200/dispatch_2048x5632_session30_tiny{,_b}.json), and the calls
+  tokens the speedup can fall with the token count (2048 x 5632: one token won at every target density to
+  10 %, 16 tokens at none, bench_results/h200/dispatch_2048x5632_session30_tiny{,_b}.json), and the calls
   between were never timed: the only 2-token calls that ran on that one-token row, in session 33's
   decode (policy ``decode-1`` at batch 2, model_decode_batch_call4_session33.log), ran 0.799x of dense.  Where
   the larger count won everything the lower one allows, the lower count's answer stands;
