@@ -1,7 +1,7 @@
 """Print ``H200_BF16_DECODE_TABLES`` entries (``twell.nn.dispatch``) from committed ``twell tune-decode`` runs.
 
 Each limit is rounded up in its 7th decimal, as the inference tables' are, so that the measured point stays inside.
-Usage: ``PYTHONPATH=src python3 scripts/decode_tables_from_runs.py bench_results/h200/decode_*_session34_a.json``;
+Usage: ``PYTHONPATH=src python3 scripts/decode_tables_from_runs.py bench_results/h200/decode_*_session3[45]_a.json``;
 with ``--markdown``, each run's speedups (dense / small-batch) as a table of target density by token count instead
 (the README's decode section).
 """

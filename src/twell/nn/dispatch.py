@@ -101,12 +101,17 @@ H200_BF16_TABLE: DispatchTable = ((16384, 0.05),)
 #: nowhere (0.91-1.02x), so 16-511 tokens stay dense (a row of limit 0); 512 tokens won to 1 % in both (1.16-1.26x;
 #: 1.5 %: 0.91x / 0.92x).  ``twell tune-dispatch --from`` both runs derives these rows
 #: (dispatch_2048x5632_session30_below1024_merged_policy.json).  The sweep at the shipped table
-#: (ffn_sweep_session30.json): one token 1.13-1.17x.  Since session 35 the dense row starts at 2 tokens, not 16:
-#: 2-15 tokens were never timed, and a count between a winning and a losing one takes the losing one's limit
-#: (:mod:`twell.nn.dispatch_tuning`; the one 2-token run on the old row, session 33's decode, read 0.799x).
+#: (ffn_sweep_session30.json): one token 1.13-1.17x.  Session 35 timed 1, 2, 4, 8 and 16 tokens in two more runs
+#: (commit 48084c8, dispatch_2048x5632_session35_below16_s{0,1}.json): 2 tokens won at every density in both
+#: (1.07-1.18x), 4 tokens to 1.5 % (1.10-1.18x; 2 %: 1.03 / 1.13x), 8 tokens to 1.5 % (1.11-1.16x; 2 %: 0.98 / 0.98x),
+#: 16 tokens again nowhere; one token again everywhere, and its row now runs to the highest density drawn there in
+#: the four runs (7.95 %).  3 tokens take 4 tokens' limit, 9-15 tokens 16's (dense): the rule between measured
+#: counts (:mod:`twell.nn.dispatch_tuning`).  ``twell tune-dispatch --from`` the four runs derives these rows
+#: (dispatch_2048x5632_session35_below1024_merged_policy.json).
 H200_BF16_2048X5632_TABLE: DispatchTable = (
-    (1, 0.0559304), (2, 0.0), (512, 0.0099516), (1024, 0.0097263), (2048, 0.0982466), (4096, 0.0987608),
-    (8192, 0.0993416), (16384, 0.0996582), (32768, 0.0998528), (65536, 0.0997857), (131072, 0.0998256),
+    (1, 0.0795455), (2, 0.0602806), (3, 0.0128729), (8, 0.0192650), (9, 0.0), (512, 0.0099516), (1024, 0.0097263),
+    (2048, 0.0982466), (4096, 0.0987608), (8192, 0.0993416), (16384, 0.0996582), (32768, 0.0998528),
+    (65536, 0.0997857), (131072, 0.0998256),
 )
 
 
@@ -655,7 +660,8 @@ def _check_tokens(n_tokens: object) -> None:
 
 #: Where a layer's graphed calls of 1-64 tokens take the small-batch kernels (``DispatchPolicy.decode_tables``, applied
 #: with ``decode_graphed``): rows ``(min_tokens, max_density)`` by shape, from ``twell tune-decode`` on the H200 (bf16,
-#: session 34, bench_results/h200/decode_<shape>_session34_a.json; ``scripts/decode_tables_from_runs.py`` prints them).
+#: session 34 for the first six shapes, session 35 for the other six: bench_results/h200/decode_<shape>_session3{4,5}_a
+#: .json; ``scripts/decode_tables_from_runs.py`` prints them).
 #: A call between two measured token counts (1, 2, 4, ..., 64) takes the larger one's limit.  The synthetic activations
 #: of a point come at random positions, so a point's density is what its tokens drew (at a 10 % target, 5.6-10 %);
 #: a limit is the highest density up to which every point of its token count won by >= 1.05x.  2048 x 5632: one token
@@ -673,6 +679,19 @@ H200_BF16_DECODE_TABLES: tuple[tuple[tuple[int, int], DispatchTable], ...] = (
                     (33, 0.0022374))),
     ((896, 4864), ((1, 0.1032073), (2, 0.0987871), (3, 0.1317332), (5, 0.0856035), (9, 0.1102874), (17, 0.0500617),
                    (33, 0.0158017))),
+    # session 35
+    ((3072, 8192), ((1, 0.0415040), (2, 0.0727540), (3, 0.0328064), (5, 0.0231019), (9, 0.0224991), (17, 0.0183754),
+                    (33, 0.0025521))),
+    ((2304, 9216), ((1, 0.1049263), (2, 0.0473091), (3, 0.0361329), (5, 0.0240208), (9, 0.0199314), (17, 0.0146654),
+                    (33, 0.0022109))),
+    ((2560, 9728), ((1, 0.1263364), (2, 0.0561781), (3, 0.0528115), (5, 0.0261873), (9, 0.0296567), (17, 0.0154002),
+                    (33, 0.0025651))),
+    ((1024, 3072), ((1, 0.1578777), (2, 0.1199545), (3, 0.1018067), (5, 0.0737305), (9, 0.0988567), (17, 0.1073304),
+                    (33, 0.0482687))),
+    ((5120, 13824), ((1, 0.0790654), (2, 0.0659361), (3, 0.0454464), (5, 0.0310692), (9, 0.0259468),
+                     (17, 0.0157155), (33, 0.0044556))),
+    ((3584, 18944), ((1, 0.0879435), (2, 0.0676996), (3, 0.0839052), (5, 0.0531633), (9, 0.0571718),
+                     (17, 0.0197375), (33, 0.0022691))),
 )
 
 #: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables of the twelve
