@@ -497,10 +497,10 @@ class DispatchPolicy:
             return False
         if self.decode_graphed and self.decode_table_for(shape) is not None:
             # In a recorded step the shape's decode table decides its calls of up to DECODE_MAX_TOKENS tokens:
-            # the small-batch kernels (use_decode) or dense.  The inference table was timed eagerly, at 1, 16 and 64
-            # tokens, and until session 35 its one-token rows held for 2-15 tokens: the 1.5B model's graphed batch-2
-            # decode ran 0.799x of dense on them (policy decode-1, model_decode_batch_kernels_session33.json); the
-            # decode table was timed in CUDA graphs at 1-64 tokens.
+            # the small-batch kernels (use_decode) or dense.  The inference table was timed eagerly, at most shapes at
+            # 1, 16 and 64 tokens, and until session 35 its one-token rows held for 2-15 tokens: the 1.5B model's
+            # graphed batch-2 decode ran 0.799x of dense on them (policy decode-1,
+            # model_decode_batch_kernels_session33.json); the decode table was timed in CUDA graphs at 1-64 tokens.
             if n_tokens <= self._decode_max:
                 return False
         limit = self.max_density(n_tokens, shape)
@@ -567,7 +567,7 @@ def bracketing_shapes(shape: tuple[int, int], measured: Iterable[tuple[int, int]
 
 
 #: From this many tokens an unmeasured shape follows the envelope of the shapes that bracket it; below, that of every
-#: measured shape.  Below 1024 tokens the H200 tables do not order by shape: 2048 x 5632 runs 2-511 tokens dense,
+#: measured shape.  Below 1024 tokens the H200 tables do not order by shape: 2048 x 5632 runs 9-511 tokens dense,
 #: 2048 x 8192 runs 16 tokens sparse to 2 %, and 3072 x 8192, bracketed by 2048 x 8192, 4096 x 11008 and 3584 x 18944
 #: (all three sparse at 16 tokens to 2 % or more in both of their runs), lost at 16 tokens in one of its two runs
 #: (0.85x at 0.85 %, session 32).  From 1024 tokens the tables order by size: every shape of intermediate size 8192 or
