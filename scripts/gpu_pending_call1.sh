@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
-# The next GPU call, prepared in session 35 (no machine was lent after session 34's first call); run it as
+# Session 36, call 1; run it as
 #   TWELL_SESSION=session36 TWELL_COMMIT=<sha> bash scripts/gpu_pending_call1.sh
-# 1. The whole GPU suite: sessions 34-35's GPU tests (a recorded 2048x5632 call following the shipped decode table at
-#    1 % and 50 % l0 estimates; GreedyDecoder's CUDA graph recorded by twell.generation.record_cuda_graph) have not run.
-# 2. The untimed small calls at 2048x5632: `twell tune-dispatch` at 1, 2, 4, 8 and 16 tokens, eagerly, two runs on
-#    their own draws.  Session 30 timed 1 and 16 tokens only (one token 1.13-1.18x at every density; 16 tokens won in
-#    both runs at no density); since session 35 the calls between run dense (dispatch_tuning's rule between measured
-#    counts).  Predicted: 2-4 tokens near one token's 1.13-1.18x at <= 1 %, since the op at one token is bound by its
-#    launches, not its rows (ffn_sweep_session30.json, one token / 0.25 %: hot/cold 0.037 ms, dense 0.043 ms),
-#    falling towards 16 tokens' 0.86-1.17x.  `twell tune-dispatch --from` these two runs and session 30's tiny runs
-#    then gives the rows below 16.
+# 1. Where the batch decode up kernel's ~10 us go (scripts/batch_up_probe.py): with nothing firing, with the synthetic
+#    problem's units, with every unit, an empty kernel on the same grid, four K-loop configurations, and the down kernel
+#    with nothing firing.  Predicted: if "none" is within ~2 us of "real", the up projection is not what costs, and the
+#    launch plus the g pass are.
+# 2. The untimed small calls at 1536x8960 and 2048x8192 (the 1.5B benchmark model's and Llama-3.2-1B's FFN):
+#    `twell tune-dispatch --ms 1 2 4 8 16`, two runs each.  Since session 35 the calls between one and 16 tokens take
+#    16 tokens' limit there; 2048x5632's 2-8 tokens won to 1.3-6.0 % (session35_runs.md).  Predicted: 2-8 tokens near
+#    one token's 1.05-1.50x at <= 1 %.
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session36}" 1
-stage pytest_gpu_all "$(left 420)" "FAILED|passed|failed" python3 -m pytest -q -m gpu -p no:cacheprovider tests
-for seed in 0 1; do
-  stage "tune_2048_below16_s$seed" "$(left 560)" "<= M|DEFAULT_POLICY|WRONG|ERROR|Error" \
-    python3 -m twell.cli tune-dispatch --shape 2048x5632 --ms 1 2 4 8 16 --seed "$seed" --out "$R" \
-    --stem "dispatch_2048x5632_${S}_below16_s$seed"
+stage batch_up_probe "$(left 200)" "d=|FAILED|Error" python3 scripts/batch_up_probe.py
+for shape in 1536x8960 2048x8192; do
+  for seed in 0 1; do
+    stage "tune_${shape}_below16_s$seed" "$(left 560)" "<= M|DEFAULT_POLICY|WRONG|ERROR|Error" \
+      python3 -m twell.cli tune-dispatch --shape "$shape" --ms 1 2 4 8 16 --seed "$seed" --out "$R" \
+      --stem "dispatch_${shape}_${S}_below16_s$seed"
+  done
 done
 call_end

@@ -1,0 +1,103 @@
+"""Where the batch decode up kernel's ~10 us go: its GPU time with no unit firing, with the synthetic problem's
+units firing, with every unit firing, and an empty kernel on the same grid, all CUDA-graph timed.
+
+Why: at d=2048, F=5632 the up kernel (twell.ops.decode_batch_kernels._batch_up_kernel) took 10.0-10.1 us at
+2-16 tokens whether 0.5 % or 2 % of the units fire (decode_probe_final_call6_session33.log), while the rows
+it reads (~220 Wu rows of 4 KB at eight tokens and 0.5 %) take well under a microsecond at the H200's
+bandwidth, and no K-loop configuration moved it (decode_probe_pdl_call5_session33.log).  If the time with
+nothing firing is most of it, the cost is the launch and the g pass, not the up projection.
+
+Columns per (d, F, M): ``empty`` (a kernel that only returns, same grid and warps), ``none`` (g < 0
+everywhere: the g pass, flags and counts, no up projection), ``real`` (the synthetic problem's g at 0.5 %),
+``all`` (g > 0 everywhere: every block runs the up projection), then ``real`` under each _UP_CONFIG of
+UP_VARIANTS; the down kernel (with its partial sum) with no unit firing and with the real flags.
+
+    PYTHONPATH=src:scripts python3 scripts/batch_up_probe.py            # GPU machine
+    TRITON_INTERPRET=1 PYTHONPATH=src:scripts python3 scripts/batch_up_probe.py --device cpu --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+import triton
+import triton.language as tl
+from decode_probe import FLUSH_BYTES, eager_ms, graph_ms
+
+from twell.ops import decode_batch_kernels as dbk
+from twell.ops.decode_kernels import _HIDDEN_BU
+from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+#: (BK, stages, warps) of the up kernel timed on the real g besides the shipped one.
+UP_VARIANTS = [(512, 1, 4), (2048, 1, 4), (256, 2, 2), (512, 2, 8)]
+
+
+@triton.jit
+def _empty_kernel(p_ptr):
+    if tl.program_id(0) < 0:  # never true: keeps the pointer argument, does nothing
+        tl.store(p_ptr, 0)
+
+
+def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float) -> str:
+    gen = torch.Generator(device=device).manual_seed(31 * m + f)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=0.005 * f), generator=gen, device=device)
+    x, wg, wu = p["x"], p["w_gate"], p["w_up"]
+    n_sets = max(1, min(16, math.ceil(FLUSH_BYTES / (wu.numel() * wu.element_size())))) if device.type == "cuda" else 1
+    wus = [wu] + [wu.clone() for _ in range(n_sets - 1)]
+    g = torch.nn.functional.linear(x, wg)
+    gs = {"none": -(g.abs() + 1), "real": g, "all": g.abs() + 1}
+    wdt = p["w_down"].t().contiguous()
+    flags = {k: dbk.launch_batch_up(x, v, wu, match=True) for k, v in gs.items()}
+    scratch = torch.empty(1, device=device)
+    n_blocks = triton.cdiv(f, _HIDDEN_BU)
+
+    def timed(fns: list) -> float:
+        fns = fns * max(1, 16 // len(fns))
+        return graph_ms(fns, reps) if device.type == "cuda" else eager_ms(fns, device, rep_ms)
+
+    cols = {"empty": timed([lambda: _empty_kernel[(n_blocks,)](scratch, num_warps=dbk._UP_CONFIG[2])])}
+    for k, gk in gs.items():
+        cols[k] = timed([lambda w=w, gk=gk: dbk.launch_batch_up(x, gk, w, match=True) for w in wus])
+    default = dbk._UP_CONFIG
+    try:
+        for cfg in UP_VARIANTS:
+            dbk._UP_CONFIG = cfg
+            try:
+                cols[f"real{cfg}"] = timed([lambda w=w: dbk.launch_batch_up(x, g, w, match=True) for w in wus])
+            except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
+                cols[f"real{cfg}"] = f"FAILED {type(exc).__name__}: {str(exc)[:60]}"
+    finally:
+        dbk._UP_CONFIG = default
+    for k in ("none", "real"):
+        ht, fires, _ = flags[k]
+        cols[f"down_{k}"] = timed([lambda: dbk.launch_batch_down(ht, fires, wdt, x.dtype)])
+    fired = {k: int(v[1].sum()) for k, v in flags.items()}
+    body = " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in cols.items())
+    return (f"d={d:5d} F={f:6d} M={m:3d} | ms: {body} | firing units none/real/all {fired['none']}/{fired['real']}/"
+            f"{fired['all']} | weight sets {n_sets}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="one small shape (CPU interpreter smoke test)")
+    ap.add_argument("--reps", type=int, default=50, help="graph replays per point")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    shapes, ms_, rep_ms = [(2048, 5632), (1536, 8960), (4096, 14336)], (2, 8, 32), 100.0
+    if args.tiny:
+        shapes, ms_, rep_ms = [(64, 160)], (2,), 1.0
+    if device.type == "cuda":
+        print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
+    for d, f in shapes:
+        for m in ms_:
+            try:
+                print(probe(d, f, m, device, args.reps, rep_ms), flush=True)
+            except Exception as exc:  # noqa: BLE001 - report every point, keep going
+                print(f"d={d} F={f} M={m}: FAILED {type(exc).__name__}: {exc}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
