@@ -30,8 +30,11 @@ from twell.ops import decode_batch_kernels as dbk
 from twell.ops.decode_kernels import _HIDDEN_BU
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
-#: (BK, stages, warps) of the up kernel timed on the real g besides the shipped one.
-UP_VARIANTS = [(512, 1, 4), (2048, 1, 4), (256, 2, 2), (512, 2, 8)]
+#: (BK, stages, warps) of the up kernel timed on the real g besides the shipped one.  Fewer warps: with BM = BU = 16
+#: the four warps of the shipped configuration hold copies of the same dot operands, each loading them from shared
+#: memory (session 35's ncu: L1/TEX 77 % busy while 4 % of DRAM's bandwidth was used,
+#: ncu_batch_up_call3_session35.log); one or two warps load them once or twice.
+UP_VARIANTS = [(512, 3, 2), (512, 3, 1), (256, 3, 1), (1024, 2, 1), (512, 1, 4), (2048, 1, 4)]
 
 
 @triton.jit
