@@ -13,6 +13,7 @@ everywhere: the g pass, flags and counts, no up projection), ``real`` (the synth
 UP_VARIANTS; the down kernel (with its partial sum) with no unit firing and with the real flags.
 
     PYTHONPATH=src:scripts python3 scripts/batch_up_probe.py            # GPU machine
+    PYTHONPATH=src:scripts python3 scripts/batch_up_probe.py --ptx      # no GPU: per-warp PTX counts, sm_90a
     TRITON_INTERPRET=1 PYTHONPATH=src:scripts python3 scripts/batch_up_probe.py --device cpu --tiny
 """
 
@@ -31,10 +32,11 @@ from twell.ops.decode_kernels import _HIDDEN_BU
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 #: (BK, stages, warps) of the up kernel timed on the real g besides the shipped one.  Fewer warps: with BM = BU = 16
-#: the four warps of the shipped configuration hold copies of the same dot operands, each loading them from shared
-#: memory (session 35's ncu: L1/TEX 77 % busy while 4 % of DRAM's bandwidth was used,
-#: ncu_batch_up_call3_session35.log); one or two warps load them once or twice.
-UP_VARIANTS = [(512, 3, 2), (512, 3, 1), (256, 3, 1), (1024, 2, 1), (512, 1, 4), (2048, 1, 4)]
+#: the dot has two m16n8 tiles, and the shipped four warps each load operands from shared memory: 192 ldmatrix per
+#: K step against 64 for one warp, 96 for two (``--ptx``, bench_results/sm90_offline/batch_up_ptx_session36.log);
+#: session 35's ncu had L1/TEX 77 % busy while 4 % of DRAM's bandwidth was used (ncu_batch_up_call3_session35.log).
+#: BK = 256 halves the shared memory (32 KB: seven programs per SM instead of three).
+UP_VARIANTS = [(512, 3, 2), (256, 3, 2), (512, 3, 1), (256, 3, 1), (1024, 2, 1), (512, 1, 4), (2048, 1, 4)]
 
 
 @triton.jit
@@ -82,12 +84,50 @@ def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float
             f"{fired['all']} | weight sets {n_sets}")
 
 
+def ptx_counts(configs: list[tuple[int, int, int]], bm: int = 16) -> list[str]:
+    """Per (BK, stages, warps): ptxas's registers, the shared memory Triton allots, and the PTX's per-thread
+    ldmatrix / mma.sync / cp.async counts of one K step (the loop body is emitted once) for BM = ``bm``, sm_90a,
+    compiled as a launch at d = 2048 specialises it.  A warp executes each instruction once, so ldmatrix x warps is
+    what a program reads of its operands from shared memory per K step, duplicates included."""
+    from triton.backends.compiler import GPUTarget
+
+    from twell.ops import compile_check as cc
+
+    sig = {"x_ptr": "*bf16", "g_ptr": "*bf16", "wu_ptr": "*bf16", "ht_ptr": "*bf16", "fires_ptr": "*i8",
+           "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "stride_xm": "i32", "stride_gm": "i32",
+           "stride_wu": "i32", "stride_ht": "i32", "n_blocks": "i32"}
+    divisible = ("D", "stride_xm", "stride_wu")
+    jit = cc._jit(dbk._batch_up_kernel)
+    attrs = {(jit.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+             if t.startswith("*") or n in divisible}
+    out = []
+    for bk, stages, warps in configs:
+        cons = {"BM": bm, "BU": _HIDDEN_BU, "BK": bk, "DOT_FP32": False, "MATCH": True, "K_STAGES": stages,
+                "PDL": True, "EARLY": False}
+        src = triton.compiler.ASTSource(fn=jit, signature={**sig, **{k: "constexpr" for k in cons}},
+                                        constexprs=cons, attrs=attrs)
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        ptx = kernel.asm["ptx"]
+        use = cc._usage(ptx, 90)
+        ldm = ptx.count("ldmatrix")
+        out.append(f"({bk}, {stages}, {warps}) BM={bm}: {use.get('registers')} registers, spill "
+                   f"{use.get('spill_bytes')} B, shared {kernel.metadata.shared} B; per thread: ldmatrix {ldm}, "
+                   f"mma.sync {ptx.count('mma.sync')}, cp.async {ptx.count('cp.async.cg') + ptx.count('cp.async.ca')}"
+                   f"; ldmatrix x warps {ldm * warps}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="one small shape (CPU interpreter smoke test)")
     ap.add_argument("--reps", type=int, default=50, help="graph replays per point")
+    ap.add_argument("--ptx", action="store_true", help="only print ptx_counts per configuration (no GPU), then exit")
     args = ap.parse_args()
+    if args.ptx:
+        for line in ptx_counts([dbk._UP_CONFIG, *UP_VARIANTS]):
+            print(line, flush=True)
+        return
     device = torch.device(args.device)
     shapes, ms_, rep_ms = [(2048, 5632), (1536, 8960), (4096, 14336)], (2, 8, 32), 100.0
     if args.tiny:
