@@ -8,7 +8,7 @@ bandwidth, and no K-loop configuration moved it (decode_probe_pdl_call5_session3
 nothing firing is most of it, the cost is the launch and the g pass, not the up projection.
 
 Columns per (d, F, M): ``empty`` (a kernel that only returns, same grid and warps), ``none`` (g < 0
-everywhere: the g pass, flags and counts, no up projection), ``real`` (the synthetic problem's g at 0.5 %),
+everywhere: the g pass, flags and counts, no up projection), ``real`` (the synthetic problem's g at 0.5 %; 5 % with ``--tiny``),
 ``all`` (g > 0 everywhere: every block runs the up projection), then ``real`` under each _UP_CONFIG of
 UP_VARIANTS; the down kernel (with its partial sum) with no unit firing and with the real flags.
 
@@ -45,9 +45,9 @@ def _empty_kernel(p_ptr):
         tl.store(p_ptr, 0)
 
 
-def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float) -> str:
+def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float, dens: float = 0.5) -> str:
     gen = torch.Generator(device=device).manual_seed(31 * m + f)
-    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=0.005 * f), generator=gen, device=device)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=dens / 100 * f), generator=gen, device=device)
     x, wg, wu = p["x"], p["w_gate"], p["w_up"]
     n_sets = max(1, min(16, math.ceil(FLUSH_BYTES / (wu.numel() * wu.element_size())))) if device.type == "cuda" else 1
     wus = [wu] + [wu.clone() for _ in range(n_sets - 1)]
@@ -129,15 +129,15 @@ def main() -> None:
             print(line, flush=True)
         return
     device = torch.device(args.device)
-    shapes, ms_, rep_ms = [(2048, 5632), (1536, 8960), (4096, 14336)], (2, 8, 32), 100.0
-    if args.tiny:
-        shapes, ms_, rep_ms = [(64, 160)], (2,), 1.0
+    shapes, ms_, rep_ms, dens = [(2048, 5632), (1536, 8960), (4096, 14336)], (2, 8, 32), 100.0, 0.5
+    if args.tiny:  # 5 %: some of the 160 units fire
+        shapes, ms_, rep_ms, dens = [(64, 160)], (2,), 1.0, 5.0
     if device.type == "cuda":
         print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     for d, f in shapes:
         for m in ms_:
             try:
-                print(probe(d, f, m, device, args.reps, rep_ms), flush=True)
+                print(probe(d, f, m, device, args.reps, rep_ms, dens), flush=True)
             except Exception as exc:  # noqa: BLE001 - report every point, keep going
                 print(f"d={d} F={f} M={m}: FAILED {type(exc).__name__}: {exc}", flush=True)
 
