@@ -8,9 +8,10 @@ bandwidth, and no K-loop configuration moved it (decode_probe_pdl_call5_session3
 nothing firing is most of it, the cost is the launch and the g pass, not the up projection.
 
 Columns per (d, F, M): ``empty`` (a kernel that only returns, same grid and warps), ``none`` (g < 0
-everywhere: the g pass, flags and counts, no up projection), ``real`` (the synthetic problem's g at 0.5 %; 5 % with ``--tiny``),
-``all`` (g > 0 everywhere: every block runs the up projection), then ``real`` under each _UP_CONFIG of
-UP_VARIANTS; the down kernel (with its partial sum) with no unit firing and with the real flags.
+everywhere: the g pass, flags and counts, no up projection), ``real`` (the synthetic problem's g at 0.5 %;
+5 % with ``--tiny``), ``all`` (g > 0 everywhere: every block runs the up projection), then ``real`` under
+each _UP_CONFIG of UP_VARIANTS; the down kernel (with its partial sum) with no unit firing and with the
+real flags.
 
     PYTHONPATH=src:scripts python3 scripts/batch_up_probe.py            # GPU machine
     PYTHONPATH=src:scripts python3 scripts/batch_up_probe.py --ptx      # no GPU: per-warp PTX counts, sm_90a
