@@ -3,9 +3,10 @@ units firing, with every unit firing, and an empty kernel on the same grid, all 
 
 Why: at d=2048, F=5632 the up kernel (twell.ops.decode_batch_kernels._batch_up_kernel) took 10.0-10.1 us at
 2-16 tokens whether 0.5 % or 2 % of the units fire (decode_probe_final_call6_session33.log), while the rows
-it reads (~220 Wu rows of 4 KB at eight tokens and 0.5 %) take well under a microsecond at the H200's
-bandwidth, and no K-loop configuration moved it (decode_probe_pdl_call5_session33.log).  If the time with
-nothing firing is most of it, the cost is the launch and the g pass, not the up projection.
+it reads (~470 Wu rows of 4 KB: the synthetic union at eight tokens and 0.5 %) take well under a
+microsecond at the H200's bandwidth, and no K-loop configuration moved it
+(decode_probe_pdl_call5_session33.log).  If the time with nothing firing is most of it, the cost is the
+launch and the g pass, not the up projection.
 
 Columns per (d, F, M): ``empty`` (a kernel that only returns, same grid and warps), ``none`` (g < 0
 everywhere: the g pass, flags and counts, no up projection), ``real`` (the synthetic problem's g at 0.5 %;
@@ -88,8 +89,8 @@ def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float
 def ptx_counts(configs: list[tuple[int, int, int]], bm: int = 16) -> list[str]:
     """Per (BK, stages, warps): ptxas's registers, the shared memory Triton allots, and the PTX's per-thread
     ldmatrix / mma.sync / cp.async counts of one K step (the loop body is emitted once) for BM = ``bm``, sm_90a,
-    compiled as a launch at d = 2048 specialises it.  A warp executes each instruction once, so ldmatrix x warps is
-    what a program reads of its operands from shared memory per K step, duplicates included."""
+    compiled as a launch at d = 2048 specialises it.  Every warp of a program runs this code, so ldmatrix x warps is how
+    many ldmatrix a program issues per K step to read its dot operands from shared memory, duplicates included."""
     from triton.backends.compiler import GPUTarget
 
     from twell.ops import compile_check as cc
