@@ -3,7 +3,7 @@
 #   TWELL_SESSION=session37 TWELL_COMMIT=<sha> bash scripts/gpu_pending_call1.sh
 # 1. Where the batch decode up kernel's ~10 us go (scripts/batch_up_probe.py): with nothing firing, with the synthetic
 #    problem's units, with every unit, an empty kernel on the same grid, seven K-loop configurations, and the down kernel
-#    with nothing firing.  Predicted: if "none" is within ~2 us of "real", the up projection is not what costs, and the
+#    with nothing and with the real units firing.  Predicted: if "none" is within ~2 us of "real", the up projection is not what costs, and the
 #    launch plus the g pass are.  Session 35's ncu (ncu_batch_up_call3_session35.log) had L1/TEX 77 % busy at 4 % of
 #    DRAM's bandwidth and ~1.38 M shared wavefronts, ~5,200 per firing program if ~265 of the 352 blocks fire (the
 #    synthetic union of ~470 units at eight tokens), against ~1,000 for its operands read once.  Offline
@@ -16,7 +16,7 @@
 #    16 tokens' limit there; 2048x5632's 2-8 tokens won to 1.3-6.0 % (session35_runs.md).  Predicted: 2-8 tokens near
 #    one token's 1.05-1.50x at <= 1 %.
 . "$(dirname "$0")/gpu_call_lib.sh"
-call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session36}" 1
+call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session37}" 1
 stage batch_up_probe "$(left 200)" "d=|FAILED|Error" python3 scripts/batch_up_probe.py
 for shape in 1536x8960; do
   for seed in 0 1; do
