@@ -3,8 +3,8 @@
 #   TWELL_SESSION=session37 TWELL_COMMIT=<sha> bash scripts/gpu_pending_call1.sh
 # 1. Where the batch decode up kernel's ~10 us go (scripts/batch_up_probe.py): with nothing firing, with the synthetic
 #    problem's units, with every unit, an empty kernel on the same grid, seven K-loop configurations, and the down kernel
-#    with nothing and with the real units firing.  Predicted: if "none" is within ~2 us of "real", the up projection is not what costs, and the
-#    launch plus the g pass are.  Session 35's ncu (ncu_batch_up_call3_session35.log) had L1/TEX 77 % busy at 4 % of
+#    with nothing and with the real units firing.  Predicted: if "none" is within ~2 us of "real", the up projection
+#    is not what costs, and the launch plus the g pass are.  Session 35's ncu (ncu_batch_up_call3_session35.log) had L1/TEX 77 % busy at 4 % of
 #    DRAM's bandwidth and ~1.38 M shared wavefronts, ~5,200 per firing program if ~265 of the 352 blocks fire (the
 #    synthetic union of ~470 units at eight tokens), against ~1,000 for its operands read once.  Offline
 #    (`batch_up_probe.py --ptx`, bench_results/sm90_offline/batch_up_ptx_session36.log): the four warps of a
