@@ -95,20 +95,12 @@ def ptx_counts(configs: list[tuple[int, int, int]], bm: int = 16) -> list[str]:
 
     from twell.ops import compile_check as cc
 
-    sig = {"x_ptr": "*bf16", "g_ptr": "*bf16", "wu_ptr": "*bf16", "ht_ptr": "*bf16", "fires_ptr": "*i8",
-           "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "stride_xm": "i32", "stride_gm": "i32",
-           "stride_wu": "i32", "stride_ht": "i32", "n_blocks": "i32"}
-    divisible = ("D", "stride_xm", "stride_wu")
-    jit = cc._jit(dbk._batch_up_kernel)
-    attrs = {(jit.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
-             if t.startswith("*") or n in divisible}
     out = []
     for bk, stages, warps in configs:
         cons = {"BM": bm, "BU": _HIDDEN_BU, "BK": bk, "DOT_FP32": False, "MATCH": True, "K_STAGES": stages,
                 "PDL": True, "EARLY": False}
-        src = triton.compiler.ASTSource(fn=jit, signature={**sig, **{k: "constexpr" for k in cons}},
-                                        constexprs=cons, attrs=attrs)
-        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        kernel = cc._compiled(dbk._batch_up_kernel, cc.BATCH_UP_SIGNATURE, cons, GPUTarget("cuda", 90, 32),
+                              divisible=("D", "stride_xm", "stride_wu"), num_warps=warps)
         ptx = kernel.asm["ptx"]
         use = cc._usage(ptx, 90)
         ldm = ptx.count("ldmatrix")

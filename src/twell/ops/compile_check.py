@@ -31,21 +31,33 @@ def _jit(fn):
     return fn
 
 
-def _compile(fn, signature: dict, constexprs: dict, target: GPUTarget, *, divisible: tuple[str, ...] = (),
-             **options) -> str:
-    """PTX of ``fn``, specialised as a launch specialises it: pointers 16-byte aligned (PyTorch allocations
-    are), which changes layouts and once let a scan-lowering assertion through that the unaligned
-    build did not hit (the bitmap FFN kernel, first H200 run); the integer arguments named in
-    ``divisible`` multiples of 16, as Triton specialises them at a launch where they are (d = 2048 and
-    its row strides: without it the block tensor-core kernel's gathered weight tiles are not vectorised
-    and ptxas spills 2,020 B at 255 registers, with it 234 registers and none)."""
+def _compiled(fn, signature: dict, constexprs: dict, target: GPUTarget, *, divisible: tuple[str, ...] = (),
+              **options):
+    """The compiled kernel of ``fn`` (PTX, metadata such as its shared memory), specialised as a launch specialises
+    it: pointers 16-byte aligned (PyTorch allocations are), which changes layouts and once let a scan-lowering
+    assertion through that the unaligned build did not hit (the bitmap FFN kernel, first H200 run); the integer
+    arguments named in ``divisible`` multiples of 16, as Triton specialises them at a launch where they are (d = 2048
+    and its row strides: without it the block tensor-core kernel's gathered weight tiles are not vectorised and
+    ptxas spills 2,020 B at 255 registers, with it 234 registers and none)."""
     sig = dict(signature)
     sig.update({k: "constexpr" for k in constexprs})
     jit = _jit(fn)
     attrs = {(jit.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items()
              if t.startswith("*") or n in divisible}
     src = triton.compiler.ASTSource(fn=jit, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=target, options=options).asm["ptx"]
+    return triton.compile(src, target=target, options=options)
+
+
+def _compile(fn, signature: dict, constexprs: dict, target: GPUTarget, *, divisible: tuple[str, ...] = (),
+             **options) -> str:
+    """PTX of ``fn``, specialised as :func:`_compiled` says."""
+    return _compiled(fn, signature, constexprs, target, divisible=divisible, **options).asm["ptx"]
+
+
+#: The batch decode up kernel's (``decode_batch_kernels._batch_up_kernel``) runtime arguments, bf16.
+BATCH_UP_SIGNATURE = {"x_ptr": "*bf16", "g_ptr": "*bf16", "wu_ptr": "*bf16", "ht_ptr": "*bf16", "fires_ptr": "*i8",
+                      "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "stride_xm": "i32", "stride_gm": "i32",
+                      "stride_wu": "i32", "stride_ht": "i32", "n_blocks": "i32"}
 
 
 def _ptxas() -> str | None:
@@ -299,10 +311,7 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
     ubk, ustages, uwarps = dbk._UP_CONFIG
     _, dbu, dwarps, dstages, _ = dbk._DOWN_CONFIG
     for bm in (16, 64):  # as launched on an H200: programmatic dependents that trigger after their last store
-        up_sig = {"x_ptr": "*bf16", "g_ptr": "*bf16", "wu_ptr": "*bf16", "ht_ptr": "*bf16", "fires_ptr": "*i8",
-                  "cnt_ptr": "*i32", "M": "i32", "D": "i32", "F": "i32", "stride_xm": "i32", "stride_gm": "i32",
-                  "stride_wu": "i32", "stride_ht": "i32", "n_blocks": "i32"}
-        ptx = _compile(dbk._batch_up_kernel, up_sig,
+        ptx = _compile(dbk._batch_up_kernel, BATCH_UP_SIGNATURE,
                        {"BM": bm, "BU": _HIDDEN_BU, "BK": ubk if bm <= 16 else dbk._UP_LARGE_M_BK, "DOT_FP32": False,
                         "MATCH": True, "K_STAGES": ustages, "PDL": True, "EARLY": dbk.PDL_EARLY}, target,
                        num_warps=uwarps)
