@@ -228,8 +228,8 @@ def onepass_registers(d: int, f: int, m: int) -> str:
         for cfg in ONEPASS_VARIANTS:
             decode_onepass_kernel._ONEPASS_CONFIG = cfg
             decode_onepass_kernel._meta.cache_clear()
-            ptx, warps, n_blocks = compile_check.onepass_ptx(m, d, f, GPUTarget("cuda", 90, 32))
-            use = compile_check._usage(ptx, 90)
+            kernel, warps, n_blocks = compile_check.onepass_kernel(m, d, f, GPUTarget("cuda", 90, 32))
+            use = compile_check._usage(kernel.asm["ptx"], 90)
             regs = (use["registers"] + 7) // 8 * 8
             per_sm = min(65536 // (regs * 32 * warps), 64 // warps)
             parts.append(f"{cfg}: {use['registers']} regs, spill {use['spill_bytes']} B, {per_sm} programs/SM "

@@ -15,14 +15,21 @@ import sys
 
 import pytest
 
+from twell.ops.compile_check import SHARED_MEMORY_LIMIT_BYTES
+
+
+def compile_check_entries(arch: int) -> dict:
+    """``python -m twell.ops.compile_check ARCH``'s entries, run without the interpreter."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-m", "twell.ops.compile_check", str(arch)], env=env, capture_output=True,
+                          text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-m", "twell.ops.compile_check", "90"], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return compile_check_entries(90)
 
 
 def test_tensor_core_kernels_use_wgmma(compiled):
@@ -87,22 +94,33 @@ def test_register_spills_within_budget(compiled):
     assert all(0 < r["registers"] <= 255 for r in compiled.values())
 
 
+#: The entries of the sm_90 build (``compile_check.check(90)``).
+SM90_KERNELS = frozenset({
+    "gate_epilogue0", "gate_epilogue2", "pack", "pack_ids", "ffn_gated1_spill0_split0",
+    "ffn_gated0_spill1_split0", "ffn_gated1_spill0_split1", "ffn_gated1_spill0_split1_ids",
+    "ffn_gated1_spill0_split1_ids_preload", "ffn_gated1_spill0_split1_ids_preload_prefetch_sb2",
+    "ffn_gated1_spill0_split1_ids_skip_tc", "ffn_gated1_spill0_split1_ids_together",
+    "ffn_gated1_spill0_split1_ids_listed", "list_rows", "list_rows_heavy_first",
+    "ffn_gated1_spill0_split1_ids_listed_heavy_first", "list_rows_heavy_first_pdl",
+    "ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl", "list_rows_heavy_first_beside_gate",
+    "hot_cold_gate_t128_counted", "ffn_tc_block", "hot_hidden",
+    "pack_bitmap", "bitmap_ffn", "block_union", "union_up", "union_down", "train_pack_rows",
+    "train_forward_rows", "train_backward_rows", "train_unit_grads", "decode_hidden_bm16",
+    "decode_hidden_bm16_gate_in", "decode_down_bm16", "decode_hidden_bm64", "decode_hidden_bm64_gate_in",
+    "decode_down_bm64", "decode_onepass_bm1", "decode_onepass_bm8", "decode_column_sum", "hot_cold_gate_t128",
+    "hot_cold_gate_t64", "down_cold", "cold_list", "rope", "rope_backward", "batch_up_bm16", "batch_up_bm64",
+    "batch_down_bm16", "batch_down_bm64", "batch_partial_sum",
+})
+
+
 def test_no_kernel_uses_local_memory(compiled):
-    assert set(compiled) == {
-        "gate_epilogue0", "gate_epilogue2", "pack", "pack_ids", "ffn_gated1_spill0_split0",
-        "ffn_gated0_spill1_split0", "ffn_gated1_spill0_split1", "ffn_gated1_spill0_split1_ids",
-        "ffn_gated1_spill0_split1_ids_preload", "ffn_gated1_spill0_split1_ids_preload_prefetch_sb2",
-        "ffn_gated1_spill0_split1_ids_skip_tc", "ffn_gated1_spill0_split1_ids_together",
-        "ffn_gated1_spill0_split1_ids_listed", "list_rows", "list_rows_heavy_first",
-        "ffn_gated1_spill0_split1_ids_listed_heavy_first", "list_rows_heavy_first_pdl",
-        "ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl", "list_rows_heavy_first_beside_gate",
-        "hot_cold_gate_t128_counted", "ffn_tc_block", "hot_hidden",
-        "pack_bitmap", "bitmap_ffn", "block_union", "union_up", "union_down", "train_pack_rows",
-        "train_forward_rows", "train_backward_rows", "train_unit_grads", "decode_hidden_bm16",
-        "decode_hidden_bm16_gate_in", "decode_down_bm16", "decode_hidden_bm64", "decode_hidden_bm64_gate_in",
-        "decode_down_bm64", "decode_onepass_bm1", "decode_onepass_bm8", "decode_column_sum", "hot_cold_gate_t128",
-        "hot_cold_gate_t64", "down_cold", "cold_list", "rope", "rope_backward", "batch_up_bm16", "batch_up_bm64",
-        "batch_down_bm16", "batch_down_bm64", "batch_partial_sum",
-    }
+    assert set(compiled) == SM90_KERNELS
     spilled = [name for name, r in compiled.items() if r["local_memory"]]
     assert spilled == []
+
+
+def test_shared_memory_fits_hopper(compiled):
+    """Every build within the 227 KB a program may take on an H100 / H200 (Triton refuses the launch above it)."""
+    limit = SHARED_MEMORY_LIMIT_BYTES[90]
+    assert {name: r["shared_bytes"] for name, r in compiled.items() if r["shared_bytes"] > limit} == {}
+    assert all(r["shared_bytes"] >= 0 for r in compiled.values())

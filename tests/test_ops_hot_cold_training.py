@@ -27,6 +27,7 @@ from test_ops_training import (
 )
 
 from twell.bench import train_ffn
+from twell.ops.compile_check import SHARED_MEMORY_LIMIT_BYTES
 from twell.ops.hot_cold_plan import build_hot_cold_plan
 from twell.ops.hot_cold_train_kernels import launch_overflow_layout
 from twell.ops.hot_cold_training import (
@@ -299,12 +300,14 @@ def test_bench_train_ffn_compiled_columns(tmp_path, capsys):
     assert "| compiled speedup |" in capsys.readouterr().out
 
 
-# Tier 3 (docs/design section 5): build the kernels for sm_90 without a GPU, in a subprocess because this
-# session interprets Triton.  Catches compile errors the interpreter cannot see and register spills.
-_SM90_SCRIPT = r'''
+# Tier 3 (docs/design section 5): build the kernels for sm_90 and sm_80 without a GPU, in a subprocess because this
+# session interprets Triton.  Catches compile errors the interpreter cannot see, local memory in the PTX and
+# programs that take more shared memory than the card gives.
+_COMPILE_SCRIPT = r'''
 import json
+import sys
 from triton.backends.compiler import GPUTarget
-from twell.ops.compile_check import _compile
+from twell.ops.compile_check import _compiled
 from twell.ops import hot_cold_train_kernels as k
 
 def sig(text):
@@ -336,21 +339,28 @@ KERNELS = {
                    "hwd_ptr:*bf16 dwg_ptr:*bf16 dwu_ptr:*bf16 dwdt_ptr:*bf16 M:i32 F:i32 D:i32 W:i32 H:i32 "
                    "stride_xm:i32 stride_gm:i32", ROWS),
 }
-target = GPUTarget("cuda", 90, 32)
-out = {name: ".local" in _compile(fn, sig(s), c, target, num_warps=4) for name, (fn, s, c) in KERNELS.items()}
+arch = int(sys.argv[1])
+out = {}
+for name, (fn, s, c) in KERNELS.items():
+    kernel = _compiled(fn, sig(s), c, GPUTarget("cuda", arch, 32), num_warps=4)
+    out[name] = {"local_memory": ".local" in kernel.asm["ptx"], "shared_bytes": kernel.metadata.shared}
 print(json.dumps(out))
 '''
 
 
-def test_kernels_compile_for_sm90_without_register_spills():
+@pytest.mark.parametrize("arch", [90, 80])
+def test_kernels_compile_without_local_memory_within_shared_memory(arch):
+    """Hopper, and sm_80 (A100) held to the 99 KB a program gets on the 8.6 / 8.9 cards that share its lowering."""
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", _SM90_SCRIPT], env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT, str(arch)], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    spills = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(spills) == {"hot_pack", "cold_pack", "overflow_layout", "pack_cont", "forward_rows", "hot_backward",
-                           "backward_rows", "unit_grads"}
-    assert not any(spills.values()), spills
+    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(built) == {"hot_pack", "cold_pack", "overflow_layout", "pack_cont", "forward_rows", "hot_backward",
+                          "backward_rows", "unit_grads"}
+    assert [name for name, r in built.items() if r["local_memory"]] == []
+    limit = SHARED_MEMORY_LIMIT_BYTES[90 if arch == 90 else 86]
+    assert {name: r["shared_bytes"] for name, r in built.items() if r["shared_bytes"] > limit} == {}
 
 
 @pytest.mark.gpu
