@@ -376,7 +376,7 @@ def test_policy_device_types_and_constructors():
     with pytest.raises(TypeError, match="shapes"):
         DispatchPolicy(shapes=("2048x5632",))
     assert hash(DEFAULT_POLICY) == hash(DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES, other_shapes="envelope",
-                                                       decode_tables=H200_BF16_DECODE_TABLES))
+                                                       decode_tables=H200_BF16_DECODE_TABLES, capabilities=((9, 0),)))
     # the constructors and an explicit table ignore the default's per-shape tables
     assert not DispatchPolicy.always_dense().use_sparse(10**9, 0.0, shape=shape)
     assert DispatchPolicy(table=((0, 0.5),), shapes=None).table_for(shape) == ((0, 0.5),)

@@ -17,7 +17,9 @@ both sizes, one no smaller in both) follows the envelope of the nearest of them 
 one of them won); any other runs dense until it is measured.  On devices
 the table was not measured for (by default everything but CUDA: on the CPU the pure-PyTorch sparse
 reference is slower than dense matmuls) the policy answers dense, unless ``force`` is set, which applies
-the table everywhere (tests, the Triton interpreter, benchmarks).
+the table everywhere (tests, the Triton interpreter, benchmarks).  :data:`DEFAULT_POLICY` also names the GPUs its
+tables hold for by compute capability (``capabilities``: Hopper), so a layer on any other CUDA GPU runs dense until
+that GPU has its own table.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ __all__ = ["DEFAULT_POLICY", "H200_BF16_896X4864_TABLE", "H200_BF16_1024X3072_TA
            "H200_BF16_2560X9728_TABLE", "H200_BF16_3072X8192_TABLE", "H200_BF16_3584X18944_TABLE",
            "H200_BF16_4096X11008_TABLE", "H200_BF16_4096X14336_TABLE", "H200_BF16_5120X13824_TABLE",
            "H200_BF16_DECODE_TABLES", "H200_BF16_SHAPES", "H200_BF16_SHAPE_TABLES", "H200_BF16_TABLE",
-           "OTHER_SHAPES_RULES", "DispatchPolicy",
+           "HOPPER", "OTHER_SHAPES_RULES", "DispatchPolicy",
            "DispatchTable", "bracketing_shapes", "density_of", "envelope_table"]
 
 #: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
@@ -303,6 +305,21 @@ def _check_table(table: object) -> DispatchTable:
     return tuple(rows)
 
 
+def check_capabilities(capabilities: object) -> tuple[tuple[int, int], ...] | None:
+    """``capabilities`` as a tuple of ``(major, minor)`` int pairs (or None); a TypeError names anything else."""
+    if capabilities is None:
+        return None
+    try:
+        pairs = tuple(tuple(c) for c in capabilities)  # type: ignore[union-attr]
+    except TypeError:
+        pairs = None
+    if pairs is None or not all(len(c) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in c)
+                                for c in pairs):
+        raise TypeError(f"capabilities must be None or (major, minor) int pairs such as ((9, 0),), got "
+                        f"{capabilities!r}")
+    return pairs  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class DispatchPolicy:
     """Decides per call whether a sparse gated FFN runs the TwELL kernels or the dense path.
@@ -357,6 +374,13 @@ class DispatchPolicy:
             those launches cost more host time than the dense chain's (0.60x at one token, 2048 x 5632), so the
             default is False and :class:`twell.generation.GreedyDecoder` sets it for its calls.  Subject to
             ``device_types``.
+        capabilities: the CUDA compute capabilities ``(major, minor)`` the tables hold for, or None (the default)
+            for any: a CUDA device of another capability gets the dense path (unless ``force``).
+            :data:`DEFAULT_POLICY` holds its H200 tables to Hopper, ``((9, 0),)``: below it the fused gate (TMA)
+            is not built, so the sparse path runs cuBLAS's gate and a separate pack and its break-even points move,
+            and built for sm_75 the gate kernel's epilogue spills 31,108 bytes a thread
+            (bench_results/offline_pre_hopper/compile_check_sm75_session37.json).  Other GPUs measure their own
+            table with ``twell tune-dispatch``.
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
@@ -371,6 +395,7 @@ class DispatchPolicy:
     other_shapes: str = "dense"
     decode_tables: tuple[tuple[tuple[int, int], DispatchTable], ...] = ()
     decode_graphed: bool = False
+    capabilities: tuple[tuple[int, int], ...] | None = None
     # Derived in __post_init__ from shape_tables, shapes and other_shapes (so not compared or hashed on its own): the
     # measured (shape, table) pairs an envelope is made of; empty where other_shapes is "dense".
     _measured: tuple[tuple[tuple[int, int], DispatchTable], ...] = field(init=False, repr=False, compare=False,
@@ -412,6 +437,7 @@ class DispatchPolicy:
                                  f"(the small-batch kernels' range), got min_tokens {[m for m, _ in table]}")
         if not isinstance(self.decode_graphed, bool):
             raise TypeError(f"decode_graphed must be a bool, got {type(self.decode_graphed).__name__}")
+        object.__setattr__(self, "capabilities", check_capabilities(self.capabilities))
         if self.other_shapes not in OTHER_SHAPES_RULES:
             raise ValueError(f"other_shapes must be one of {OTHER_SHAPES_RULES}, got {self.other_shapes!r}")
         if self.other_shapes == "envelope" and self.shapes is not None:
@@ -473,15 +499,26 @@ class DispatchPolicy:
         # bisect is a graph break (SparseGatedMLP's compiled inference path calls this).
         return _limit_at(self.table_for(shape), n_tokens)
 
+    def on_measured_device(self, device_type: str, capability: tuple[int, int] | None = None) -> bool:
+        """Whether the tables hold on this device: ``force``, or ``device_type`` in ``device_types`` and, on CUDA,
+        ``capability`` in ``capabilities`` (None for either: not checked)."""
+        if self.force:
+            return True
+        if device_type not in self.device_types:
+            return False
+        return (device_type != "cuda" or self.capabilities is None or capability is None
+                or tuple(capability) in self.capabilities)
+
     def use_sparse(
-        self, n_tokens: int, density: float, *, device_type: str = "cuda", shape: tuple[int, int] | None = None
+        self, n_tokens: int, density: float, *, device_type: str = "cuda", shape: tuple[int, int] | None = None,
+        capability: tuple[int, int] | None = None,
     ) -> bool:
         """True iff the sparse path should run for ``n_tokens`` tokens at activation ``density`` (l0 / F).
 
-        ``device_type`` is the ``torch.device.type`` of the inputs and ``shape`` the layer's
-        ``(hidden_size, intermediate_size)``; unless ``force`` is set, device types outside
-        ``device_types`` and shapes outside ``shapes`` get the dense path, except shapes that
-        :meth:`follows_envelope`.
+        ``device_type`` is the ``torch.device.type`` of the inputs, ``capability`` the CUDA device's compute
+        capability (:func:`twell.ops._runtime.cuda_capability`; None: not checked) and ``shape`` the layer's
+        ``(hidden_size, intermediate_size)``; unless ``force`` is set, devices off :meth:`on_measured_device` and
+        shapes outside ``shapes`` get the dense path, except shapes that :meth:`follows_envelope`.
         """
         _check_tokens(n_tokens)
         if isinstance(density, bool) or not isinstance(density, (int, float)):
@@ -490,7 +527,7 @@ class DispatchPolicy:
             raise ValueError(f"density must lie in [0, 1] (l0 / intermediate_size), got {density}")
         if not isinstance(device_type, str):
             raise TypeError(f"device_type must be a str such as 'cuda' or 'cpu', got {type(device_type).__name__}")
-        if not self.force and device_type not in self.device_types:
+        if not self.on_measured_device(device_type, capability):
             return False
         if (not self.force and self.shapes is not None and (shape is None or tuple(shape) not in self.shapes)
                 and not self.follows_envelope(shape)):
@@ -517,15 +554,15 @@ class DispatchPolicy:
         return None
 
     def use_decode(self, n_tokens: int, *, density: float = 1.0, device_type: str = "cuda",
-                   shape: tuple[int, int] | None = None) -> bool:
+                   shape: tuple[int, int] | None = None, capability: tuple[int, int] | None = None) -> bool:
         """True iff a call of ``n_tokens`` tokens at activation ``density`` (l0 / F) takes the small-batch kernels:
         up to ``decode_max_tokens`` tokens whatever the density (in ``shapes``), else with ``decode_graphed`` where
-        the layer shape's decode table says (``decode_tables``)."""
+        the layer shape's decode table says (``decode_tables``); on a device off :meth:`on_measured_device`, never."""
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0.0 <= density <= 1.0:
             raise ValueError(f"density must be a float in [0, 1] (l0 / intermediate_size), got {density!r}")
         if not 1 <= n_tokens <= self._decode_max:
             return False
-        if not self.force and device_type not in self.device_types:
+        if not self.on_measured_device(device_type, capability):
             return False
         if n_tokens <= self.decode_max_tokens:
             return self.force or self.shapes is None or (shape is not None and tuple(shape) in self.shapes)
@@ -694,8 +731,13 @@ H200_BF16_DECODE_TABLES: tuple[tuple[tuple[int, int], DispatchTable], ...] = (
                      (17, 0.0197375), (33, 0.0022691))),
 )
 
+#: Compute capabilities of the GPUs the shipped tables hold for: Hopper (sm_90: H100, H200, GH200).  Measured on an
+#: H200; an H100 runs the same kernels on the same SMs and caches (less memory bandwidth), unmeasured.
+HOPPER = ((9, 0),)
+
 #: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables of the twelve
 #: measured layer shapes (:data:`H200_BF16_SHAPE_TABLES`, all from ``twell tune-dispatch``); a shape between them
-#: follows the envelope of those that bracket it (:func:`bracketing_shapes`), any other runs dense.
+#: follows the envelope of those that bracket it (:func:`bracketing_shapes`), any other runs dense, and so does
+#: every layer on a GPU that is not a Hopper (``capabilities``).
 DEFAULT_POLICY = DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES, other_shapes="envelope",
-                                decode_tables=H200_BF16_DECODE_TABLES)
+                                decode_tables=H200_BF16_DECODE_TABLES, capabilities=HOPPER)

@@ -24,7 +24,7 @@ __all__ = ["POLICY_FORMAT", "POLICY_VERSION", "load_policy", "policy_from_dict",
 POLICY_FORMAT = "twell.dispatch_policy"
 POLICY_VERSION = 1
 _POLICY_KEYS = ("table", "device_types", "force", "shapes", "decode_max_tokens", "shape_tables", "other_shapes",
-                "decode_tables", "decode_graphed")
+                "decode_tables", "decode_graphed", "capabilities")
 _FILE_KEYS = ("format", "version", *_POLICY_KEYS, "measured")
 
 
@@ -46,6 +46,7 @@ def policy_to_dict(policy: DispatchPolicy, *, measured: dict[str, Any] | None = 
         "decode_tables": [{"shape": [h, f], "table": [[m, dens] for m, dens in table]}
                           for (h, f), table in policy.decode_tables],
         "decode_graphed": policy.decode_graphed,
+        "capabilities": None if policy.capabilities is None else [list(c) for c in policy.capabilities],
         "measured": measured if measured is not None else {},
     }
 
@@ -92,6 +93,8 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
             other_shapes=data.get("other_shapes", "dense"),
             decode_tables=tuple((e["shape"], e["table"]) for e in decode_tables),
             decode_graphed=data.get("decode_graphed", False),
+            # files written before session 37 have no such key: their tables held on any CUDA device
+            capabilities=data.get("capabilities"),
         )
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{source}: {exc}") from None

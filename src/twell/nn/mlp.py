@@ -61,7 +61,7 @@ from .._validation import (
     check_tensor,
 )
 from ..format.twell import DEFAULT_TILE, MAX_TILE, default_capacity
-from ..ops._runtime import BACKENDS, resolve_backend
+from ..ops._runtime import BACKENDS, cuda_capability, resolve_backend
 from ..ops.active_count import mean_active_per_token
 from ..ops.decode import launch_decode_ffn
 from ..ops.hot_cold_plan import fused_gate_tile, plan_weight_copies
@@ -524,6 +524,7 @@ class SparseGatedMLP(nn.Module):
         w_gate, w_up, w_down = weights
         m = x.numel() // self.hidden_size
         device_type = x.device.type
+        capability = cuda_capability(x.device)  # a constant of the traced graph
         shape = (self.hidden_size, self.intermediate_size)
         policy, estimate = self.policy, self._state.estimate
         backend = resolve_backend(self.backend, x.device)
@@ -531,14 +532,14 @@ class SparseGatedMLP(nn.Module):
             return _dense_ffn(x, *weights, residual)[0]
         x2 = x.reshape(m, self.hidden_size)
         density = density_of(estimate, self.intermediate_size)
-        if policy.use_decode(m, density=density, device_type=device_type, shape=shape):
+        if policy.use_decode(m, density=density, device_type=device_type, shape=shape, capability=capability):
             w_down_t = w_down.t()
             if _STATIC_DISPATCH.unit_major_down and self._buffers["_wd_unit_major"] is not None:
                 w_down_t = self._buffers["_wd_unit_major"]  # refreshed by the caller (see static_dispatch)
             out, _ = torch.ops.twell.decode_gated_ffn_unchecked(x2, w_gate, w_up, w_down_t, self.precision,
                                                                 backend)
             return out.view(x.shape) if residual is None else residual + out.view(x.shape)
-        if policy.use_sparse(m, density, device_type=device_type, shape=shape):
+        if policy.use_sparse(m, density, device_type=device_type, shape=shape, capability=capability):
             capacity = self.capacity or default_capacity(self.tile)
             plan = self._hot_cold._plan
             if self.hot_cold and self.precision == "match" and backend == "triton" and plan is not None:
@@ -685,7 +686,7 @@ class SparseGatedMLP(nn.Module):
         state = self._state
         refresh = state.calls % self.l0_refresh_every == 0
         state.calls += 1
-        if self._use_sparse(m, x.device.type) and not self._needs_grad(x):
+        if self._use_sparse(m, x.device) and not self._needs_grad(x):
             state.refresh_now = refresh
             if x.dim() == 2:
                 out = self._ffn_sparse(x, residual)
@@ -700,13 +701,13 @@ class SparseGatedMLP(nn.Module):
             self._sync_l0_estimate()
         return out
 
-    def _use_sparse(self, n_tokens: int, device_type: str) -> bool:
-        """Whether a call of ``n_tokens`` tokens takes a sparse path (the small-batch kernels or TwELL)."""
-        return self._path(n_tokens, device_type) != "dense"
+    def _use_sparse(self, n_tokens: int, device: torch.device | str) -> bool:
+        """Whether a call of ``n_tokens`` tokens on ``device`` takes a sparse path (small-batch kernels or TwELL)."""
+        return self._path(n_tokens, device) != "dense"
 
-    def _path(self, n_tokens: int, device_type: str) -> str:
-        """``"decode"``, ``"sparse"`` or ``"dense"``: the policy's answer for ``n_tokens`` at the current l0
-        estimate, cached per (token count, device type).
+    def _path(self, n_tokens: int, device: torch.device | str) -> str:
+        """``"decode"``, ``"sparse"`` or ``"dense"``: the policy's answer for ``n_tokens`` on ``device`` (a device
+        type string means its current device) at the current l0 estimate, cached per (token count, device).
 
         The answer is a pure function of the policy, the estimate and these two, so it is cached until
         either of the first two changes (the estimate moves on refresh calls only): a cached answer
@@ -719,14 +720,17 @@ class SparseGatedMLP(nn.Module):
         if state.decided_policy is not policy or state.decided_estimate != estimate:
             state.decisions.clear()
             state.decided_policy, state.decided_estimate = policy, estimate
-        key = (n_tokens, device_type)
+        key = (n_tokens, device)
         path = state.decisions.get(key)
         if path is None:
+            dev = torch.device(device) if isinstance(device, str) else device
             shape = (self.hidden_size, self.intermediate_size)
             density = density_of(estimate, self.intermediate_size)
-            if policy.use_decode(n_tokens, density=density, device_type=device_type, shape=shape):
+            # the compute capability too: the default policy's tables hold on Hopper only (dispatch.HOPPER)
+            where = {"device_type": dev.type, "shape": shape, "capability": cuda_capability(dev)}
+            if policy.use_decode(n_tokens, density=density, **where):
                 path = "decode"
-            elif policy.use_sparse(n_tokens, density, device_type=device_type, shape=shape):
+            elif policy.use_sparse(n_tokens, density, **where):
                 path = "sparse"
             else:
                 path = "dense"
@@ -745,7 +749,7 @@ class SparseGatedMLP(nn.Module):
         prep = self._prepare_sparse(w_gate, w_up, w_down)
         x = x.contiguous()
         # The small-batch kernels take no hot set: a decode call neither uses nor re-chooses one.
-        decode = self._path(x.shape[0], x.device.type) == "decode"
+        decode = self._path(x.shape[0], x.device) == "decode"
         plan = None
         if prep.hot_cold and not decode:
             # Hot units re-chosen on refresh calls only (the choice synchronises with the host).

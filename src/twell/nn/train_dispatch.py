@@ -28,7 +28,8 @@ raises its "recomputed tensors differ" error rather than computing wrong gradien
 
 :data:`H200_BF16_TRAIN_TABLES` holds the crossings measured on an H200 (bf16, hot/cold op); a shape
 without a measured table always runs dense autograd, with no host synchronisation at all (it never
-pays the l0 read).
+pays the l0 read), and so does every layer on a GPU that is not a Hopper under :data:`DEFAULT_TRAIN_POLICY`
+(``capabilities``).
 """
 
 from __future__ import annotations
@@ -39,12 +40,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..ops._runtime import interpreting, triton_available
+from ..ops._runtime import cuda_capability, interpreting, triton_available
 from ..ops.active_count import mean_active_per_token
 from ..ops.training import twell_gated_ffn_l1
 from ..reference.inference import _acc_dtype
 from ..reference.training import gated_ffn_l1
-from .dispatch import DispatchPolicy, DispatchTable, _check_tokens, density_of
+from .dispatch import HOPPER, DispatchPolicy, DispatchTable, _check_tokens, check_capabilities, density_of
 
 __all__ = [
     "DEFAULT_TRAIN_POLICY",
@@ -92,6 +93,9 @@ class TrainDispatchPolicy:
         dtypes: compute dtypes the tables were measured in (the autocast dtype under autocast); a layer
             computing in another dtype gets dense (unless ``force``).
         force: apply the tables on every device type and dtype (tests, the interpreter, experiments).
+        capabilities: CUDA compute capabilities ``(major, minor)`` the tables were measured on, or None (any); on a
+            CUDA device of another capability, dense (unless ``force``).  :data:`DEFAULT_TRAIN_POLICY`: Hopper
+            (:data:`twell.nn.dispatch.HOPPER`), as the inference policy.
     """
 
     tables: Mapping[Shape, DispatchTable] = field(default_factory=lambda: dict(H200_BF16_TRAIN_TABLES))
@@ -99,6 +103,7 @@ class TrainDispatchPolicy:
     device_types: tuple[str, ...] = ("cuda",)
     dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)
     force: bool = False
+    capabilities: tuple[tuple[int, int], ...] | None = None
     _policies: dict[Shape, DispatchPolicy] = field(init=False, repr=False)
     _default: DispatchPolicy = field(init=False, repr=False)
 
@@ -119,6 +124,7 @@ class TrainDispatchPolicy:
         object.__setattr__(self, "dtypes", tuple(self.dtypes))
         if not isinstance(self.force, bool):
             raise TypeError(f"force must be a bool, got {type(self.force).__name__}")
+        object.__setattr__(self, "capabilities", check_capabilities(self.capabilities))
 
     @classmethod
     def always_sparse(cls) -> TrainDispatchPolicy:
@@ -133,24 +139,30 @@ class TrainDispatchPolicy:
     def _policy(self, shape: Shape) -> DispatchPolicy:
         return self._policies.get(_check_shape(shape), self._default)
 
-    def may_use_sparse(self, *, device_type: str, shape: Shape, dtype: torch.dtype) -> bool:
-        """False when no density can give the sparse path (so the caller need not read l0 at all)."""
+    def may_use_sparse(self, *, device_type: str, shape: Shape, dtype: torch.dtype,
+                       capability: tuple[int, int] | None = None) -> bool:
+        """False when no density can give the sparse path (so the caller need not read l0 at all).  ``capability``:
+        the CUDA device's compute capability (:func:`twell.ops._runtime.cuda_capability`; None: not checked)."""
         if not self.force and (device_type not in self.device_types or dtype not in self.dtypes):
+            return False
+        if (not self.force and device_type == "cuda" and self.capabilities is not None and capability is not None
+                and tuple(capability) not in self.capabilities):
             return False
         return bool(self._policy(shape).table)
 
     def use_sparse(
-        self, n_tokens: int, density: float, *, device_type: str, shape: Shape, dtype: torch.dtype
+        self, n_tokens: int, density: float, *, device_type: str, shape: Shape, dtype: torch.dtype,
+        capability: tuple[int, int] | None = None,
     ) -> bool:
         """True iff the sparse op should run for ``n_tokens`` tokens at ``density`` (= l0 / F, in [0, 1])."""
         _check_tokens(n_tokens)
-        if not self.may_use_sparse(device_type=device_type, shape=shape, dtype=dtype):
+        if not self.may_use_sparse(device_type=device_type, shape=shape, dtype=dtype, capability=capability):
             return False
         return self._policy(shape).use_sparse(n_tokens, density, device_type=device_type)
 
 
 #: The policy of every ``SparseGatedMLP`` unless given another (``train_policy``).
-DEFAULT_TRAIN_POLICY = TrainDispatchPolicy()
+DEFAULT_TRAIN_POLICY = TrainDispatchPolicy(capabilities=HOPPER)
 
 
 def _in_backward() -> bool:
@@ -177,22 +189,23 @@ class TrainSwitch:
         self.__init__()  # type: ignore[misc]
 
     @staticmethod
-    def _possible(policy: TrainDispatchPolicy, n_tokens: int, device_type: str, shape: Shape,
+    def _possible(policy: TrainDispatchPolicy, n_tokens: int, device: torch.device, shape: Shape,
                   dtype: torch.dtype) -> bool:
         """Whether any density could give the sparse path (if not, l0 need not be read at all)."""
-        if n_tokens == 0 or not policy.may_use_sparse(device_type=device_type, shape=shape, dtype=dtype):
+        if n_tokens == 0 or not policy.may_use_sparse(device_type=device.type, shape=shape, dtype=dtype,
+                                                      capability=cuda_capability(device)):
             return False
-        return device_type != "cuda" or triton_available() or policy.force
+        return device.type != "cuda" or triton_available() or policy.force
 
     def traced_choice(
         self, policy: TrainDispatchPolicy, n_tokens: int, *, device: torch.device, shape: Shape, dtype: torch.dtype
     ) -> bool:
         """:meth:`choose` for a call traced by torch.compile: the same rule on the current estimate, with
         no counting and no l0 read (state that changes per call would recompile the graph every call)."""
-        if not self._possible(policy, n_tokens, device.type, shape, dtype):
+        if not self._possible(policy, n_tokens, device, shape, dtype):
             return False
         return policy.use_sparse(n_tokens, density_of(self.estimate, shape[1]), device_type=device.type, shape=shape,
-                                 dtype=dtype)
+                                 dtype=dtype, capability=cuda_capability(device))
 
     def choose(
         self,
@@ -207,7 +220,7 @@ class TrainSwitch:
     ) -> bool:
         """Sparse (True) or dense for this call; reads ``last_l0`` on the host only on refresh calls."""
         device_type = device.type
-        if not self._possible(policy, n_tokens, device_type, shape, dtype):
+        if not self._possible(policy, n_tokens, device, shape, dtype):
             self.last_sparse = False
             return False
         if not _in_backward():
@@ -218,7 +231,8 @@ class TrainSwitch:
                 self.host_reads += 1
             self.calls += 1
         density = density_of(self.estimate, shape[1])
-        self.last_sparse = policy.use_sparse(n_tokens, density, device_type=device_type, shape=shape, dtype=dtype)
+        self.last_sparse = policy.use_sparse(n_tokens, density, device_type=device_type, shape=shape, dtype=dtype,
+                                             capability=cuda_capability(device))
         return self.last_sparse
 
 

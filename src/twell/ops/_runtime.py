@@ -61,6 +61,17 @@ def _capability(device_index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
 
 
+@torch.compiler.assume_constant_result
+def cuda_capability(device: torch.device) -> tuple[int, int] | None:
+    """``(major, minor)`` compute capability of a CUDA device (its index, or the current device), None for any other
+    device; cached per device.  Under torch.compile a constant of the graph, read when it is traced (a device's
+    capability never changes, and the inputs' device is guarded).  None too where CUDA is not available (a
+    ``"cuda"`` device named on a machine without one)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return _capability(torch.cuda.current_device() if device.index is None else device.index)
+
+
 def sm_count(device_index: int | None = None) -> int:
     """Streaming multiprocessors of a CUDA device (None: the current one), cached per device: a persistent
     grid's program count, read at every launch."""
