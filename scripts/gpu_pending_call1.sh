@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prepared in session 36, when no machine was lent; run it as
-#   TWELL_SESSION=session37 TWELL_COMMIT=<sha> bash scripts/gpu_pending_call1.sh
+# Prepared in session 36, when no machine was lent (nor in session 37); run it as
+#   TWELL_SESSION=session38 TWELL_COMMIT=<sha> bash scripts/gpu_pending_call1.sh
 # 1. Where the batch decode up kernel's ~10 us go (scripts/batch_up_probe.py): with nothing firing, with the synthetic
 #    problem's units, with every unit, an empty kernel on the same grid, seven K-loop configurations, and the down kernel
 #    with nothing and with the real units firing.  Predicted: if "none" is within ~2 us of "real", the up projection
@@ -16,7 +16,7 @@
 #    16 tokens' limit there; 2048x5632's 2-8 tokens won to 1.3-6.0 % (session35_runs.md).  Predicted: 2-8 tokens near
 #    one token's 1.05-1.50x at <= 1 %.
 . "$(dirname "$0")/gpu_call_lib.sh"
-call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session37}" 1
+call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session38}" 1
 stage batch_up_probe "$(left 200)" "d=|FAILED|Error" python3 scripts/batch_up_probe.py
 for shape in 1536x8960; do
   for seed in 0 1; do
