@@ -134,6 +134,8 @@ def ffn_speed(model: torch.nn.Module, ids: torch.Tensor, reps: int = 10, *,
 
 def _module_times(layer: Any, x: torch.Tensor, reps: int, sparse_policy: Any) -> dict[str, Any]:
     """``layer(x)`` timed with the layer's policy and with ``sparse_policy`` (eval, no grad; restored after)."""
+    from ..ops._runtime import cuda_capability
+
     was, policy = layer.training, layer.policy
     layer.eval()
     try:
@@ -144,7 +146,8 @@ def _module_times(layer: Any, x: torch.Tensor, reps: int, sparse_policy: Any) ->
             if layer.last_l0 is not None:
                 density = min(1.0, float(layer.last_l0) / layer.intermediate_size)
                 sparse = policy.use_sparse(x.shape[0], density, device_type=x.device.type,
-                                           shape=(layer.hidden_size, layer.intermediate_size))
+                                           shape=(layer.hidden_size, layer.intermediate_size),
+                                           capability=cuda_capability(x.device))
                 path = "sparse" if sparse else "dense"
             t_own = _time(lambda: layer(x), reps, x.device)
             layer.policy = sparse_policy
