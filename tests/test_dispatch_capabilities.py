@@ -112,3 +112,19 @@ def test_training_default_holds_to_hopper(monkeypatch):
     monkeypatch.setattr(train_dispatch, "cuda_capability", lambda device: H200)
     assert switch.choose(DEFAULT_TRAIN_POLICY, 16384, **args, last_l0=torch.tensor(28.0), refresh_every=1)
     assert switch.host_reads == 1
+
+
+@pytest.mark.gpu
+def test_gpu_capability_is_a_constant_of_a_compiled_graph():
+    """On the GPU machine: the device's capability as torch reports it, read once when torch.compile traces (no
+    graph break), and the H200 tables apply there."""
+    want = torch.cuda.get_device_capability()
+    assert cuda_capability(torch.device("cuda")) == want == cuda_capability(torch.device("cuda", 0))
+
+    def step(x):
+        return x * 2 if cuda_capability(x.device) == want else x + 1
+
+    torch._dynamo.reset()
+    x = torch.ones(8, device="cuda")
+    assert torch.equal(torch.compile(step, fullgraph=True)(x), x * 2)
+    assert DEFAULT_POLICY.on_measured_device("cuda", want) == (want in HOPPER)
