@@ -48,13 +48,34 @@ def test_from_rederives_a_recorded_run_with_another_margin(tmp_path, capsys):
     assert "4096 <= M < 16384: sparse when density <= 0.5 %" in out and "M >= 16384: sparse when density <= 5 %" in out
 
 
-def _run_file(path, shape, points, device_type="cuda", commit="abc1234"):
+def _run_file(path, shape, points, device_type="cuda", commit="abc1234", capability=None):
     d, f = shape
     rows = [{"d": d, "f": f, "m": m, "density": dens, "dense_ms": 1.0, "sparse_ms": 1.0 / s, "ok": True,
              "sparse_path": "sparse"} for m, dens, s in points]
-    path.write_text(json.dumps({"meta": {"shape": [d, f], "device_type": device_type, "device": "NVIDIA H200",
-                                         "dtype": "bfloat16", "commit": commit}, "rows": rows}))
+    meta = {"shape": [d, f], "device_type": device_type, "device": "NVIDIA H200", "dtype": "bfloat16", "commit": commit}
+    if capability is not None:
+        meta["capability"] = capability
+    path.write_text(json.dumps({"meta": meta, "rows": rows}))
     return path
+
+
+def test_from_holds_the_policy_to_the_runs_compute_capability(tmp_path, capsys):
+    """A run that names its GPU's capability (environment(): "9.0") limits the policy to it, also merged with an older
+    run that names none; runs of two capabilities are refused."""
+    old = _run_file(tmp_path / "old.json", (2048, 5632), ((512, 0.005, 1.2),))
+    new = _run_file(tmp_path / "new.json", (2048, 5632), ((512, 0.005, 1.3),), capability="9.0")
+    assert cli.main(["tune-dispatch", "--from", str(old), str(new), "--out", str(tmp_path), "--stem", "m"]) == 0
+    policy = load_policy(tmp_path / "m_policy.json")
+    assert policy.capabilities == ((9, 0),) and policy.use_sparse(512, 0.005, shape=(2048, 5632), capability=(9, 0))
+    assert not policy.use_sparse(512, 0.005, shape=(2048, 5632), capability=(8, 0))
+    assert cli.main(["tune-dispatch", "--from", str(old), "--out", str(tmp_path), "--stem", "o"]) == 0
+    assert load_policy(tmp_path / "o_policy.json").capabilities is None
+    a100 = _run_file(tmp_path / "a100.json", (2048, 5632), ((512, 0.005, 1.2),), capability="8.0")
+    with pytest.raises(SystemExit):
+        cli.main(["tune-dispatch", "--from", str(new), str(old), str(a100), "--out", str(tmp_path), "--stem", "x"])
+    err = capsys.readouterr().err
+    assert "ran on compute capability 8.0, an earlier run on 9.0" in err and "one kind of GPU" in err
+    assert not (tmp_path / "x_policy.json").exists()
 
 
 def test_from_several_runs_keeps_a_point_only_where_every_run_won(tmp_path, capsys):

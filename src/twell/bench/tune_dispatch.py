@@ -152,10 +152,13 @@ def points_of(rows: list[dict]) -> list[TuningPoint]:
     return pts
 
 
-def policy_of(rows: list[dict], *, d: int, f: int, device_type: str, min_speedup: float) -> DispatchPolicy:
-    """The dispatch policy the rows support for a ``d x f`` layer on ``device_type``."""
+def policy_of(rows: list[dict], *, d: int, f: int, device_type: str, min_speedup: float,
+              capability: str | None = None) -> DispatchPolicy:
+    """The dispatch policy the rows support for a ``d x f`` layer on ``device_type``; ``capability`` (the CUDA
+    device's, ``"major.minor"`` as the run's meta holds it) limits it to GPUs of that compute capability."""
     table = derive_table(points_of(rows), min_speedup=min_speedup)
-    return DispatchPolicy(table=table, device_types=(device_type,), shapes=((d, f),))
+    caps = None if capability is None else (tuple(int(v) for v in capability.split(".")),)
+    return DispatchPolicy(table=table, device_types=(device_type,), shapes=((d, f),), capabilities=caps)
 
 
 def policy_check(rows: list[dict], policy: DispatchPolicy, *, d: int, f: int) -> dict:
@@ -214,8 +217,8 @@ def table_text(policy: DispatchPolicy) -> str:
 
 def _load_runs(paths: list[Path], parser: argparse.ArgumentParser) -> tuple[list[dict], dict, tuple[int, int], str]:
     """The rows of earlier runs (``--from``) together, the first run's meta (with every run's file and commit under
-    ``runs``), their shape and device type; a file that is not a run, or runs of different shapes or device types, end
-    the command with the reason."""
+    ``runs``, and the compute capability of those that name one), their shape and device type; a file that is not a run,
+    or runs of different shapes, device types or compute capabilities, end the command with the reason."""
     rows: list[dict] = []
     meta: dict = {}
     runs = []
@@ -234,6 +237,12 @@ def _load_runs(paths: list[Path], parser: argparse.ArgumentParser) -> tuple[list
         elif (shape, device_type) != first[:2]:
             parser.error(f"--from: {path} measured {shape[0]}x{shape[1]} on {device_type}, {first[2]} "
                          f"{first[0][0]}x{first[0][1]} on {first[1]}; one policy needs runs of one shape and device")
+        cap = run_meta.get("capability")  # older runs may not say
+        if cap is not None:
+            if meta.get("capability") not in (None, cap):
+                parser.error(f"--from: {path} ran on compute capability {cap}, an earlier run on "
+                             f"{meta['capability']}; one policy needs runs of one kind of GPU")
+            meta["capability"] = cap
         rows += run_rows
         runs.append({"file": str(path), "commit": run_meta.get("commit"), "date_utc": run_meta.get("date_utc")})
     assert first is not None  # argparse's nargs="+" gives at least one path
@@ -290,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.from_json is None:
         rows = run_tuning(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, stem))
     meta["min_speedup"] = a.min_speedup
-    policy = policy_of(rows, d=d, f=f, device_type=device_type, min_speedup=a.min_speedup)
+    # held to the compute capability it was measured on (runs written before session 37 may not say: any)
+    policy = policy_of(rows, d=d, f=f, device_type=device_type, min_speedup=a.min_speedup,
+                       capability=meta.get("capability") if device_type == "cuda" else None)
     paths = write_results(rows, meta, a.out, stem) if a.from_json is None else []
     measured = {k: meta.get(k) for k in ("device", "torch", "triton", "commit", "date_utc", "dtype", "min_speedup")}
     if "runs" in meta:  # --from: which runs the points came from
