@@ -117,7 +117,7 @@ def test_training_default_holds_to_hopper(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_capability_is_a_constant_of_a_compiled_graph():
     """On the GPU machine: the device's capability as torch reports it, read once when torch.compile traces (no
-    graph break), and the H200 tables apply there."""
+    graph break); the default policy's tables apply there exactly when it is a Hopper."""
     want = torch.cuda.get_device_capability()
     assert cuda_capability(torch.device("cuda")) == want == cuda_capability(torch.device("cuda", 0))
 
