@@ -320,6 +320,13 @@ def check_capabilities(capabilities: object) -> tuple[tuple[int, int], ...] | No
     return pairs  # type: ignore[return-value]
 
 
+def capability_allowed(capabilities: tuple[tuple[int, int], ...] | None, device_type: str,
+                       capability: tuple[int, int] | None) -> bool:
+    """Whether tables held to ``capabilities`` apply on a ``device_type`` device of compute ``capability``: off CUDA,
+    and where either is None (no limit, or a caller that does not know), they are not held back."""
+    return device_type != "cuda" or capabilities is None or capability is None or tuple(capability) in capabilities
+
+
 @dataclass(frozen=True)
 class DispatchPolicy:
     """Decides per call whether a sparse gated FFN runs the TwELL kernels or the dense path.
@@ -504,10 +511,7 @@ class DispatchPolicy:
         ``capability`` in ``capabilities`` (None for either: not checked)."""
         if self.force:
             return True
-        if device_type not in self.device_types:
-            return False
-        return (device_type != "cuda" or self.capabilities is None or capability is None
-                or tuple(capability) in self.capabilities)
+        return device_type in self.device_types and capability_allowed(self.capabilities, device_type, capability)
 
     def use_sparse(
         self, n_tokens: int, density: float, *, device_type: str = "cuda", shape: tuple[int, int] | None = None,

@@ -45,7 +45,15 @@ from ..ops.active_count import mean_active_per_token
 from ..ops.training import twell_gated_ffn_l1
 from ..reference.inference import _acc_dtype
 from ..reference.training import gated_ffn_l1
-from .dispatch import HOPPER, DispatchPolicy, DispatchTable, _check_tokens, check_capabilities, density_of
+from .dispatch import (
+    HOPPER,
+    DispatchPolicy,
+    DispatchTable,
+    _check_tokens,
+    capability_allowed,
+    check_capabilities,
+    density_of,
+)
 
 __all__ = [
     "DEFAULT_TRAIN_POLICY",
@@ -143,10 +151,8 @@ class TrainDispatchPolicy:
                        capability: tuple[int, int] | None = None) -> bool:
         """False when no density can give the sparse path (so the caller need not read l0 at all).  ``capability``:
         the CUDA device's compute capability (:func:`twell.ops._runtime.cuda_capability`; None: not checked)."""
-        if not self.force and (device_type not in self.device_types or dtype not in self.dtypes):
-            return False
-        if (not self.force and device_type == "cuda" and self.capabilities is not None and capability is not None
-                and tuple(capability) not in self.capabilities):
+        if not self.force and (device_type not in self.device_types or dtype not in self.dtypes
+                               or not capability_allowed(self.capabilities, device_type, capability)):
             return False
         return bool(self._policy(shape).table)
 
@@ -189,23 +195,24 @@ class TrainSwitch:
         self.__init__()  # type: ignore[misc]
 
     @staticmethod
-    def _possible(policy: TrainDispatchPolicy, n_tokens: int, device: torch.device, shape: Shape,
-                  dtype: torch.dtype) -> bool:
+    def _possible(policy: TrainDispatchPolicy, n_tokens: int, device_type: str, shape: Shape, dtype: torch.dtype,
+                  capability: tuple[int, int] | None) -> bool:
         """Whether any density could give the sparse path (if not, l0 need not be read at all)."""
-        if n_tokens == 0 or not policy.may_use_sparse(device_type=device.type, shape=shape, dtype=dtype,
-                                                      capability=cuda_capability(device)):
+        if n_tokens == 0 or not policy.may_use_sparse(device_type=device_type, shape=shape, dtype=dtype,
+                                                      capability=capability):
             return False
-        return device.type != "cuda" or triton_available() or policy.force
+        return device_type != "cuda" or triton_available() or policy.force
 
     def traced_choice(
         self, policy: TrainDispatchPolicy, n_tokens: int, *, device: torch.device, shape: Shape, dtype: torch.dtype
     ) -> bool:
         """:meth:`choose` for a call traced by torch.compile: the same rule on the current estimate, with
         no counting and no l0 read (state that changes per call would recompile the graph every call)."""
-        if not self._possible(policy, n_tokens, device, shape, dtype):
+        capability = cuda_capability(device)
+        if not self._possible(policy, n_tokens, device.type, shape, dtype, capability):
             return False
         return policy.use_sparse(n_tokens, density_of(self.estimate, shape[1]), device_type=device.type, shape=shape,
-                                 dtype=dtype, capability=cuda_capability(device))
+                                 dtype=dtype, capability=capability)
 
     def choose(
         self,
@@ -219,8 +226,8 @@ class TrainSwitch:
         refresh_every: int,
     ) -> bool:
         """Sparse (True) or dense for this call; reads ``last_l0`` on the host only on refresh calls."""
-        device_type = device.type
-        if not self._possible(policy, n_tokens, device, shape, dtype):
+        device_type, capability = device.type, cuda_capability(device)
+        if not self._possible(policy, n_tokens, device_type, shape, dtype, capability):
             self.last_sparse = False
             return False
         if not _in_backward():
@@ -232,7 +239,7 @@ class TrainSwitch:
             self.calls += 1
         density = density_of(self.estimate, shape[1])
         self.last_sparse = policy.use_sparse(n_tokens, density, device_type=device_type, shape=shape, dtype=dtype,
-                                             capability=cuda_capability(device))
+                                             capability=capability)
         return self.last_sparse
 
 
