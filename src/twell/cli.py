@@ -145,6 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in environment(device).items():
             print(f"{k}: {v}")
         print(f"triton kernels: {'available' if triton_available() else 'unavailable'}")
+        from .nn import DEFAULT_POLICY
+        from .nn.dispatch_summary import inference_summary, training_summary
+        from .nn.train_dispatch import DEFAULT_TRAIN_POLICY
+        from .ops._runtime import cuda_capability
+
+        capability = cuda_capability(device)
+        print(f"inference dispatch (DEFAULT_POLICY): {inference_summary(DEFAULT_POLICY, device.type, capability)}")
+        print(f"training dispatch (DEFAULT_TRAIN_POLICY): "
+              f"{training_summary(DEFAULT_TRAIN_POLICY, device.type, capability)}")
         return 0
     if args.command == "demo":
         from .train.demo import DEMO_L1_COEF, run_demo
