@@ -12,7 +12,10 @@ Per point (token count M, target density) it runs three paths on the same inputs
   :func:`twell.ops.hot_cold_training.twell_gated_ffn_l1_hot_cold`, its hot set chosen once per point
   from a 4096-token sample as a layer would cache it (``hotcold_n_hot``, ``hotcold_width``,
   ``hotcold_cold_l0``); the per-call hot-row gathers are timed.  ``--sparse-impl hot-cold`` leaves the
-  v1 op out (it takes seconds per call at 5 % and above).
+  v1 op out (it takes seconds per call at 5 % and above).  With either, the sweep also writes
+  ``<stem>_train_policy.json``: the training dispatch table the hot/cold column supports on this GPU
+  (:mod:`twell.bench.train_ffn_policy`), which :func:`twell.nn.load_train_policy` reads and
+  :func:`twell.models.set_train_dispatch_policy` gives a model's layers.
 
 For each: forward+backward median ms (``triton.testing.do_bench``, the paths of a point in interleaved
 rounds: :func:`_time_paths`; calls slower than :data:`SLOW_CALL_MS` are timed from a few single calls
@@ -50,7 +53,10 @@ import torch
 import torch.nn.functional as F
 
 from ..nn import SparseGatedMLP
+from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP
 from ..nn.train_dispatch import TrainDispatchPolicy, dense_train_ffn_l1
+from ..nn.train_dispatch_file import save_train_policy
+from ..ops._runtime import cuda_capability
 from ..ops.hot_cold_training import HotUnits, choose_training_hot_units, default_width, twell_gated_ffn_l1_hot_cold
 from ..ops.training import DEFAULT_WIDTH, default_token_splits, twell_gated_ffn_l1
 from ..reference.training import dense_gated_ffn_l1
@@ -61,6 +67,7 @@ from .ffn import _rows_for
 from .results import plot_speedup, write_results
 from .shape_arg import parse_shape
 from .timing import time_ms, time_ms_interleaved
+from .train_ffn_policy import train_policy_of, train_table_text
 
 DEFAULT_MS = (4096, 16384, 65536, 131072)
 DEFAULT_DENSITIES = (0.5, 1.0, 2.0, 5.0, 10.0)
@@ -551,9 +558,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-call-s", type=float, default=10.0,
                    help="skip a point's sparse path when one call projects above this")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-speedup", type=float, default=DEFAULT_MIN_SPEEDUP,
+                   help="with --sparse-impl hot-cold / both: the margin a point must win by to enter the training "
+                        "dispatch table written as <stem>_train_policy.json (default %(default)s)")
     p.add_argument("--out", type=Path, default=Path("bench-results"))
     p.add_argument("--stem", default="train_ffn")
     a = p.parse_args(argv)
+    if not a.min_speedup >= 1.0:
+        p.error(f"--min-speedup must be >= 1 (the hot/cold op is never chosen where it is slower), got {a.min_speedup}")
     for name in ("width", "token_splits"):
         if getattr(a, name) is not None and getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
@@ -581,6 +593,14 @@ def main(argv: list[str] | None = None) -> int:
         if plot:
             paths.append(plot)
     print("\n" + summary_table(rows))
+    if cfg.sparse_impl != "v1":  # the hot/cold column decides train_impl="auto"'s table
+        policy = train_policy_of(rows, cfg.shapes, device=device, dtype=cfg.dtype, capability=cuda_capability(device),
+                                 min_speedup=a.min_speedup)
+        measured = {key: meta.get(key) for key in ("device", "capability", "torch", "triton", "commit", "date_utc")}
+        measured.update(dtype=a.dtype, min_speedup=a.min_speedup, source=f"{a.stem}.json")
+        paths.append(save_train_policy(policy, a.out / f"{a.stem}_train_policy.json", measured=measured))
+        print(f"\ntraining dispatch table (hot/cold against dense, >= {a.min_speedup:g}x, {a.dtype}):\n"
+              + train_table_text(policy))
     print("wrote " + ", ".join(str(p) for p in paths))
     failed = [r for r in rows if "error" in r or r.get("ok") is False or "sparse_error" in r or "hotcold_error" in r]
     return 1 if failed else 0

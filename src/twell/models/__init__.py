@@ -18,7 +18,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from ._common import TwellCausalLMOutput, iter_sparse_mlps, set_dispatch_policy
+from ._common import TwellCausalLMOutput, iter_sparse_mlps, set_dispatch_policy, set_train_dispatch_policy
 from .convert import ConversionReport, ConvertedModule, apply, revert
 from .llama import TwellLlamaConfig, TwellLlamaForCausalLM, TwellLlamaModel
 from .qwen2 import TwellQwen2Config, TwellQwen2ForCausalLM, TwellQwen2Model
@@ -48,6 +48,7 @@ __all__ = [
     "register",
     "revert",
     "set_dispatch_policy",
+    "set_train_dispatch_policy",
     "sparselm_config",
     "sparselm_config_from_dict",
 ]

@@ -26,6 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..format.twell import DEFAULT_TILE, MAX_TILE
 from ..nn import DispatchPolicy, SparseGatedMLP
+from ..nn.train_dispatch import TrainDispatchPolicy
 from ..ops._runtime import BACKENDS
 from ..ops.inference import PRECISIONS, TRITON_TILES
 
@@ -34,6 +35,7 @@ __all__ = [
     "TwellCausalLMOutput",
     "iter_sparse_mlps",
     "set_dispatch_policy",
+    "set_train_dispatch_policy",
 ]
 
 #: The twell options every twell config carries, with their defaults.  ``l1_coef`` 2e-5 is the
@@ -153,6 +155,27 @@ def set_dispatch_policy(model: nn.Module, policy: DispatchPolicy | None) -> int:
     for _, mlp in iter_sparse_mlps(model):
         mlp.policy = policy
         mlp.reset_l0_estimate()
+        n += 1
+    return n
+
+
+def set_train_dispatch_policy(model: nn.Module, policy: TrainDispatchPolicy | None) -> int:
+    """Give every :class:`SparseGatedMLP` of ``model`` the training dispatch ``policy`` of ``train_impl="auto"`` (None:
+    :data:`~twell.nn.train_dispatch.DEFAULT_TRAIN_POLICY`); return the count.  A measured table is specific to a GPU
+    and dtype (``twell bench train-ffn --sparse-impl hot-cold`` writes one, :func:`twell.nn.load_train_policy` reads
+    it), so like the inference policy it is set on the live model; each layer's training switch starts over (its l0
+    estimate too), since the new table may need the read the old one skipped."""
+    from ..nn.train_dispatch import DEFAULT_TRAIN_POLICY
+
+    if policy is None:
+        policy = DEFAULT_TRAIN_POLICY
+    if not isinstance(policy, TrainDispatchPolicy):
+        raise TypeError(f"policy must be a twell.nn.train_dispatch.TrainDispatchPolicy or None, "
+                        f"got {type(policy).__name__}")
+    n = 0
+    for _, mlp in iter_sparse_mlps(model):
+        mlp.train_policy = policy
+        mlp._train_switch.reset()
         n += 1
     return n
 

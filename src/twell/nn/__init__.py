@@ -29,6 +29,7 @@ from .norm import FusedRMSNorm, fuse_rms_norms, unfuse_rms_norms
 from .qkv import fuse_qkv, qkv_fused, unfuse_qkv
 from .residual import fuse_residual_adds, residual_adds_fused, unfuse_residual_adds
 from .rope import fuse_rotary, unfuse_rotary
+from .train_dispatch_file import load_train_policy, save_train_policy
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -60,9 +61,11 @@ __all__ = [
     "fuse_rms_norms",
     "fuse_rotary",
     "load_policy",
+    "load_train_policy",
     "qkv_fused",
     "residual_adds_fused",
     "save_policy",
+    "save_train_policy",
     "static_dispatch",
     "unfuse_qkv",
     "unfuse_residual_adds",

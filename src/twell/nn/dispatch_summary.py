@@ -64,7 +64,8 @@ def inference_summary(policy: DispatchPolicy, device_type: str, capability: tupl
 def training_summary(policy: TrainDispatchPolicy, device_type: str, capability: tuple[int, int] | None) -> str:
     """What ``policy`` does for training calls (the autograd path) on a ``device_type`` device of ``capability``."""
     held = _held_back(policy.device_types, policy.capabilities, policy.force, device_type, capability,
-                      "`twell bench train-ffn` times the training op against dense here")
+                      ("`twell bench train-ffn --sparse-impl hot-cold --shape HIDDENxFFN` measures a table here "
+                       "(<stem>_train_policy.json)"))
     if held is not None:
         return held
     if policy.force:
