@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ._policy_json import check_header, read_json, shape_table_list
 from .dispatch import DispatchPolicy
 
 __all__ = ["POLICY_FORMAT", "POLICY_VERSION", "load_policy", "policy_from_dict", "policy_to_dict", "save_policy"]
@@ -53,20 +54,8 @@ def policy_to_dict(policy: DispatchPolicy, *, measured: dict[str, Any] | None = 
 
 def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
     """The policy of a dict written by :func:`policy_to_dict`; every field checked (``source`` names it in errors)."""
-    if not isinstance(data, dict):
-        raise TypeError(f"{source}: a dispatch policy must be a JSON object, got {type(data).__name__}")
-    if data.get("format") != POLICY_FORMAT:
-        raise ValueError(f"{source}: not a twell dispatch policy (format {data.get('format')!r}, "
-                         f"expected {POLICY_FORMAT!r})")
-    if data.get("version") != POLICY_VERSION:
-        raise ValueError(f"{source}: dispatch policy version {data.get('version')!r} is not supported "
-                         f"(this twell reads version {POLICY_VERSION})")
-    unknown = sorted(set(data) - set(_FILE_KEYS))
-    if unknown:
-        raise ValueError(f"{source}: unknown keys {unknown}; accepted: {list(_FILE_KEYS)}")
-    missing = [k for k in ("table", "device_types", "shapes") if k not in data]
-    if missing:
-        raise ValueError(f"{source}: missing keys {missing}")
+    data = check_header(data, source=source, what="dispatch policy", fmt=POLICY_FORMAT, version=POLICY_VERSION,
+                        keys=_FILE_KEYS, required=("table", "device_types", "shapes"))
     if not isinstance(data["device_types"], list):
         raise TypeError(f"{source}: device_types must be a list of device type strings such as ['cuda'], "
                         f"got {data['device_types']!r}")
@@ -78,9 +67,9 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
             if not (isinstance(s, list) and len(s) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
                                                                  for v in s)):
                 raise TypeError(f"{source}: each shape must be [hidden_size, intermediate_size] (ints), got {s!r}")
-    shape_tables = _shape_table_list(data, "shape_tables", source)
+    shape_tables = shape_table_list(data, "shape_tables", source)
     # files written before session 34 have no decode tables: their graphed calls followed decode_max_tokens only
-    decode_tables = _shape_table_list(data, "decode_tables", source)
+    decode_tables = shape_table_list(data, "decode_tables", source)
     try:
         return DispatchPolicy(
             table=tuple(tuple(row) if isinstance(row, list) else row for row in data["table"]),
@@ -100,16 +89,6 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
         raise type(exc)(f"{source}: {exc}") from None
 
 
-def _shape_table_list(data: dict, key: str, source: str) -> list:
-    """``data[key]`` (default empty) checked to be a list of ``{"shape": [h, f], "table": rows}`` objects."""
-    entries = data.get(key, [])
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and sorted(e) == ["shape", "table"]
-                                                for e in entries):
-        raise TypeError(f"{source}: {key} must be a list of {{'shape': [hidden_size, intermediate_size], "
-                        f"'table': [[min_tokens, max_density], ...]}} objects, got {entries!r}")
-    return entries
-
-
 def save_policy(policy: DispatchPolicy, path: str | Path, *, measured: dict[str, Any] | None = None) -> Path:
     """Write ``policy`` (and its provenance ``measured``) to ``path`` as JSON; return the path."""
     path = Path(path)
@@ -121,8 +100,4 @@ def save_policy(policy: DispatchPolicy, path: str | Path, *, measured: dict[str,
 def load_policy(path: str | Path) -> DispatchPolicy:
     """The :class:`DispatchPolicy` stored at ``path`` by :func:`save_policy` (or ``twell tune-dispatch``)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    return policy_from_dict(data, source=str(path))
+    return policy_from_dict(read_json(path), source=str(path))

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ._policy_json import check_header, read_json, shape_table_list
 from .train_dispatch import TrainDispatchPolicy
 
 __all__ = ["TRAIN_POLICY_FORMAT", "TRAIN_POLICY_VERSION", "load_train_policy", "save_train_policy",
@@ -61,25 +62,10 @@ def train_policy_to_dict(policy: TrainDispatchPolicy, *, measured: dict[str, Any
 
 def train_policy_from_dict(data: object, *, source: str = "train policy") -> TrainDispatchPolicy:
     """The policy of a dict written by :func:`train_policy_to_dict`; every field checked (``source`` names it)."""
-    if not isinstance(data, dict):
-        raise TypeError(f"{source}: a train dispatch policy must be a JSON object, got {type(data).__name__}")
-    if data.get("format") != TRAIN_POLICY_FORMAT:
-        raise ValueError(f"{source}: not a twell train dispatch policy (format {data.get('format')!r}, expected "
-                         f"{TRAIN_POLICY_FORMAT!r}; an inference policy loads with twell.nn.load_policy)")
-    if data.get("version") != TRAIN_POLICY_VERSION:
-        raise ValueError(f"{source}: train dispatch policy version {data.get('version')!r} is not supported "
-                         f"(this twell reads version {TRAIN_POLICY_VERSION})")
-    unknown = sorted(set(data) - set(_FILE_KEYS))
-    if unknown:
-        raise ValueError(f"{source}: unknown keys {unknown}; accepted: {list(_FILE_KEYS)}")
-    missing = [k for k in ("tables", "device_types", "dtypes") if k not in data]
-    if missing:
-        raise ValueError(f"{source}: missing keys {missing}")
-    tables = data["tables"]
-    if not isinstance(tables, list) or not all(isinstance(e, dict) and sorted(e) == ["shape", "table"]
-                                               for e in tables):
-        raise TypeError(f"{source}: tables must be a list of {{'shape': [hidden_size, intermediate_size], "
-                        f"'table': [[min_tokens, max_density], ...]}} objects, got {tables!r}")
+    data = check_header(data, source=source, what="train dispatch policy", fmt=TRAIN_POLICY_FORMAT,
+                        version=TRAIN_POLICY_VERSION, keys=_FILE_KEYS, required=("tables", "device_types", "dtypes"),
+                        other="; an inference policy loads with twell.nn.load_policy")
+    tables = shape_table_list(data, "tables", source)
     for key in ("device_types", "dtypes"):
         if not isinstance(data[key], list) or not all(isinstance(v, str) for v in data[key]):
             raise TypeError(f"{source}: {key} must be a list of strings, got {data[key]!r}")
@@ -122,8 +108,4 @@ def load_train_policy(path: str | Path) -> TrainDispatchPolicy:
     """The :class:`TrainDispatchPolicy` stored at ``path`` by :func:`save_train_policy` (or ``twell bench
     train-ffn --sparse-impl hot-cold``)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    return train_policy_from_dict(data, source=str(path))
+    return train_policy_from_dict(read_json(path), source=str(path))
