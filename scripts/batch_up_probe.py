@@ -38,7 +38,10 @@ from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 #: K step against 64 for one warp, 96 for two (``--ptx``, bench_results/sm90_offline/batch_up_ptx_session36.log);
 #: session 35's ncu had L1/TEX 77 % busy while 4 % of DRAM's bandwidth was used (ncu_batch_up_call3_session35.log).
 #: BK = 256 halves the shared memory (32 KB: seven programs per SM instead of three).
-UP_VARIANTS = [(512, 3, 2), (256, 3, 2), (512, 3, 1), (256, 3, 1), (1024, 2, 1), (512, 1, 4), (2048, 1, 4)]
+#: Above 16 tokens a variant runs with BK = 128 (``dbk._UP_LARGE_M_CONFIG``'s), its stages and warps.  (512, 3, 4) was
+#: shipped until session 38, which shipped (256, 3, 2) and, at 17-32 tokens, (128, 3, 1).
+UP_VARIANTS = [(512, 3, 4), (512, 3, 2), (256, 3, 2), (512, 3, 1), (256, 3, 1), (1024, 2, 1), (512, 1, 4),
+               (2048, 1, 4)]
 
 
 @triton.jit
@@ -64,19 +67,21 @@ def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float
         fns = fns * max(1, 16 // len(fns))
         return graph_ms(fns, reps) if device.type == "cuda" else eager_ms(fns, device, rep_ms)
 
-    cols = {"empty": timed([lambda: _empty_kernel[(n_blocks,)](scratch, num_warps=dbk._UP_CONFIG[2])])}
+    warps = dbk.up_config(max(16, triton.next_power_of_2(m)))[2]
+    cols = {"empty": timed([lambda: _empty_kernel[(n_blocks,)](scratch, num_warps=warps)])}
     for k, gk in gs.items():
         cols[k] = timed([lambda w=w, gk=gk: dbk.launch_batch_up(x, gk, w, match=True) for w in wus])
-    default = dbk._UP_CONFIG
+    default = dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG
     try:
         for cfg in UP_VARIANTS:
             dbk._UP_CONFIG = cfg
+            dbk._UP_LARGE_M_CONFIG = {bm: (c[0], *cfg[1:]) for bm, c in default[1].items()}
             try:
                 cols[f"real{cfg}"] = timed([lambda w=w: dbk.launch_batch_up(x, g, w, match=True) for w in wus])
             except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
                 cols[f"real{cfg}"] = f"FAILED {type(exc).__name__}: {str(exc)[:60]}"
     finally:
-        dbk._UP_CONFIG = default
+        dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG = default
     for k in ("none", "real"):
         ht, fires, _ = flags[k]
         cols[f"down_{k}"] = timed([lambda: dbk.launch_batch_down(ht, fires, wdt, x.dtype)])
