@@ -5,13 +5,14 @@
 # batch op at d=2048 / 0.5 % 2-3 us faster at 2-32 tokens than session 33's (28.6 / 30.4 / 30.4 us at 2 / 8 / 32), at
 # 4096 x 14336 ~10 us faster at 8 tokens (105.6), unchanged at 64; the 1.5B model's graphed decode with the shipped
 # policy 1.068x / 1.044x of dense at batch 2 / 8 (session 35) -> ~1.08-1.10x / ~1.05-1.06x.
+# Stage limits sum to 470 s: the session had ~630 s of device time left, a start included.
 #   TWELL_SESSION=session38 TWELL_COMMIT=<sha> bash scripts/gpu_session38_call2.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session38}" 2
-stage pytest_gpu_decode "$(left 200)" "passed|failed|FAILED|Error" \
+stage pytest_gpu_decode "$(left 170)" "passed|failed|FAILED|Error" \
   python3 -m pytest tests -q -m gpu -k "decode or batch" -p no:cacheprovider
-stage batch_up_probe "$(left 260)" "d=|FAILED|Error" python3 scripts/batch_up_probe.py
-stage decode_probe "$(left 380)" "FAILED|Error" python3 scripts/decode_probe.py --ms 1,2,4,8,16,32,64
+stage batch_up_probe "$(left 210)" "d=|FAILED|Error" python3 scripts/batch_up_probe.py
+stage decode_probe "$(left 320)" "FAILED|Error" python3 scripts/decode_probe.py --ms 1,2,4,8,16,32,64
 python3 - "$R/decode_probe_call2_$S.log" <<'PY'
 import re, sys
 for line in open(sys.argv[1]):
@@ -21,7 +22,7 @@ for line in open(sys.argv[1]):
         print(h[1], "dense", g(r"dense ([\d.]+) hidden"), "op", g(r"down_um [\d.]+ op ([\d.]+)"),
               "dense/op", g(r"dense/op ([\d.]+) \|"), "batch", g(r"batch kernels: op ([\d.]+)"), "up", g(r"up ([\d.]+),"))
 PY
-stage model_decode "$(left 590)" "^\| decode|^total" python3 -m twell.cli bench model --preset 1.5b --parts decode \
+stage model_decode "$(left 470)" "^\| decode|^total" python3 -m twell.cli bench model --preset 1.5b --parts decode \
   --fused-norms --fused-residual --decode-loop graphed --decode-compile --decode-policies default \
   --decode-batches 2,8 --part-timeout 300 --out "$R" --stem "model_decode_${S}"
 call_end
