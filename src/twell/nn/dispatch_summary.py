@@ -28,8 +28,7 @@ def _held_back(device_types: tuple[str, ...], capabilities: tuple[tuple[int, int
     if force:
         return None
     if device_type not in device_types:
-        return (f"dense on {device_type}: the tables were measured on {', '.join(device_types)} "
-                "(the sparse kernels are timed there only)")
+        return f"dense on {device_type}: the tables were measured on {', '.join(device_types)}"
     if not capability_allowed(capabilities, device_type, capability):
         assert capability is not None  # capability_allowed holds nothing back without one
         return (f"dense on this GPU (compute capability {capability[0]}.{capability[1]}): the tables hold for "
