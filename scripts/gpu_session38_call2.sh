@@ -5,7 +5,7 @@
 # batch op at d=2048 / 0.5 % 2-3 us faster at 2-32 tokens than session 33's (28.6 / 30.4 / 30.4 us at 2 / 8 / 32), at
 # 4096 x 14336 ~10 us faster at 8 tokens (105.6), unchanged at 64; the 1.5B model's graphed decode with the shipped
 # policy 1.068x / 1.044x of dense at batch 2 / 8 (session 35) -> ~1.08-1.10x / ~1.05-1.06x.
-# Stage limits sum to 400 s: the session had ~540 s of device time left, a start included.
+# Stage limits sum to 300 s: the session had ~420 s of device time left, a start included.
 #   TWELL_SESSION=session38 TWELL_COMMIT=<sha> bash scripts/gpu_session38_call2.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session38}" 2
@@ -22,7 +22,7 @@ for line in open(sys.argv[1]):
         print(h[1], "dense", g(r"dense ([\d.]+) hidden"), "op", g(r"down_um [\d.]+ op ([\d.]+)"),
               "dense/op", g(r"dense/op ([\d.]+) \|"), "batch", g(r"batch kernels: op ([\d.]+)"), "up", g(r"up ([\d.]+),"))
 PY
-stage model_decode "$(left 400)" "^\| decode|^total" python3 -m twell.cli bench model --preset 1.5b --parts decode \
+stage model_decode "$(left 300)" "^\| decode|^total" python3 -m twell.cli bench model --preset 1.5b --parts decode \
   --fused-norms --fused-residual --decode-loop graphed --decode-compile --decode-policies default \
   --decode-batches 2,8 --part-timeout 300 --out "$R" --stem "model_decode_${S}"
 call_end
