@@ -9,10 +9,10 @@
 #   TWELL_SESSION=session38 TWELL_COMMIT=<sha> bash scripts/gpu_session38_call2.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session38}" 2
-stage pytest_gpu_decode "$(left 170)" "passed|failed|FAILED|Error" \
+stage pytest_gpu_decode "$(left 150)" "passed|failed|FAILED|Error" \
   python3 -m pytest tests -q -m gpu -k "decode or batch" -p no:cacheprovider
-stage batch_up_probe "$(left 210)" "d=|FAILED|Error" python3 scripts/batch_up_probe.py
-stage decode_probe "$(left 320)" "FAILED|Error" python3 scripts/decode_probe.py --ms 1,2,4,8,16,32,64
+stage batch_up_probe "$(left 180)" "d=|FAILED|Error" python3 scripts/batch_up_probe.py
+stage decode_probe "$(left 290)" "FAILED|Error" python3 scripts/decode_probe.py --ms 1,2,4,8,16,32,64
 python3 - "$R/decode_probe_call2_$S.log" <<'PY'
 import re, sys
 for line in open(sys.argv[1]):
