@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 38, call 2: the batch decode up kernel with call 1's winners shipped (decode_batch_kernels.up_config: (256, 3,
-# 2) at 1-16 tokens, (128, 3, 1) at 17-32, (128, 3, 4) at 33-64 as before).  Predicted: the decode GPU tests pass; the
+# Session 38, call 2: the batch decode up kernel with call 1's winners (decode_batch_kernels.up_config: (256, 3, 2) at
+# 1-16 tokens, (128, 3, 1) at 17-32, (128, 3, 4) at 33-64 as shipped), set in this machine's copy of the source before
+# anything runs; they ship once these tests pass.  Predicted: the decode GPU tests pass; the
 # probe's shipped "real" column at call 1's best (d=2048: ~7.4-7.8 us at 2 / 8 tokens, ~9.8 at 32); decode_probe's
 # batch op at d=2048 / 0.5 % 2-3 us faster at 2-32 tokens than session 33's (28.6 / 30.4 / 30.4 us at 2 / 8 / 32), at
 # 4096 x 14336 ~10 us faster at 8 tokens (105.6), unchanged at 64; the 1.5B model's graphed decode with the shipped
@@ -9,6 +10,17 @@
 #   TWELL_SESSION=session38 TWELL_COMMIT=<sha> bash scripts/gpu_session38_call2.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session38}" 2
+python3 - <<'PY' || exit 1
+import re
+path = "src/twell/ops/decode_batch_kernels.py"
+src = open(path).read()
+new, n = re.subn(r"^_UP_CONFIG = \(.*\)$", "_UP_CONFIG = (256, 3, 2)", src, flags=re.M)
+new, k = re.subn(r"^_UP_LARGE_M_CONFIG = \{.*\}$", "_UP_LARGE_M_CONFIG = {32: (128, 3, 1), 64: (128, 3, 4)}", new,
+                 flags=re.M)
+assert n == k == 1, (n, k)
+open(path, "w").write(new)
+print("set: _UP_CONFIG = (256, 3, 2), _UP_LARGE_M_CONFIG = {32: (128, 3, 1), 64: (128, 3, 4)}")
+PY
 stage pytest_gpu_decode "$(left 150)" "passed|failed|FAILED|Error" \
   python3 -m pytest tests -q -m gpu -k "decode or batch" -p no:cacheprovider
 stage batch_up_probe "$(left 180)" "d=|FAILED|Error" python3 scripts/batch_up_probe.py

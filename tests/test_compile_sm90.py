@@ -81,8 +81,7 @@ SPILL_BUDGET_BYTES = {
     "ffn_gated1_spill0_split1_ids_listed_heavy_first": 4,
     "ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl": 4,  # the same, launched as a programmatic dependent
     # the batch decode up kernel at 33-64 tokens (a [64, 128] x tile and a [64, 16] accumulator), as the decode
-    # hidden kernel at BM 64 (60 B); at 1-16 tokens it spills nothing (session 33), nor at 17-32 tokens with one warp
-    # (255 registers, session 38)
+    # hidden kernel at BM 64 (60 B); at 1-32 tokens it spills nothing (sessions 33 and 38)
     "batch_up_bm64": 52,
 }
 

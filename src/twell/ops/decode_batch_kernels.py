@@ -64,24 +64,28 @@ from .gate_kernel import dot_acc, relu_keep_nan, round_to
 #: Token counts of this path: the up kernel holds a [BM, BU] tile and the down kernel a [BM, BD]
 #: accumulator, BM the next power of two >= M (at least 16, tl.dot's smallest operand).
 BATCH_MAX_TOKENS = 64
-#: Up kernel up to 16 tokens (BM = 16): ``(BK, K-loop stages, warps)``.  Two warps, since the [16, 16] dot is two
-#: m16n8 tiles and four warps each loaded both operands from shared memory: 192 ldmatrix per K step where 64 do
-#: (bench_results/sm90_offline/batch_up_ptx_session36.log).  Session 38 (H200, CUDA-graph GPU time, weights from
-#: DRAM; bench_results/h200/batch_up_probe_call1_session38.log), shipped (512, 3, 4) against (256, 3, 2): d=2048 /
-#: F=5632 10.0 -> 7.4 us at two tokens, 10.1 -> 7.8 at eight; 1536 x 8960 8.9 -> 8.9 and 13.5 -> 8.9; 4096 x 14336
-#: 29.2 -> 21.7 and 33.2 -> 21.5; (512, 3, 2) 8.0 / 8.1 us at d=2048, one warp 9.0-10.1.
-_UP_CONFIG = (256, 3, 2)
+#: Up kernel up to 16 tokens (BM = 16): ``(BK, K-loop stages, warps)``.  BK = 512 is the decode hidden kernel's choice
+#: at M <= 16 (H200: 18.8 against 19.5 us for BK 128 at one token, decode_probe_hidden_variants.log).
+#: Faster, measured but not shipped: session 38's probe (H200, CUDA-graph GPU time, weights from DRAM;
+#: bench_results/h200/batch_up_probe_call1_session38.log) timed (256, 3, 2) at d=2048 / F=5632 7.4 against 10.0 us at
+#: two tokens and 7.8 against 10.1 at eight, 4096 x 14336 21.7 / 21.5 against 29.2 / 33.2 (four warps each load the
+#: [16, 16] dot's operands from shared memory: 192 ldmatrix per K step where 64 do,
+#: bench_results/sm90_offline/batch_up_ptx_session36.log).  It waits for the decode GPU tests to pass with it
+#: (scripts/gpu_session38_call2.sh); no machine was lent for them in session 38.
+_UP_CONFIG = (512, 3, 4)
 #: Above 16 tokens: BK = 128, since a [64, 512] x tile in 3 stages needs 240 KB of shared memory (the H200 has
-#: 227 KB; bench_results/h200/decode_probe_batch_call1_session33.log).  At 17-32 tokens (BM = 32) one warp: at 32
-#: tokens (the same session 38 probe) 12.4 us with four warps, 10.5-10.9 with two, 9.8 with one at d=2048; 14.1 / 11.8
-#: / 11.3 at 1536 x 8960; 40.8 / 33.0-33.5 / 30.5-30.6 at 4096 x 14336.  At 33-64 tokens (BM = 64) four warps, as
-#: before: built for sm_90 one warp spills 932 bytes a thread and two 200 (four: 52), and the probe timed no BM = 64.
-_UP_LARGE_M_CONFIG = {32: (128, 3, 1), 64: (128, 3, 4)}
+#: 227 KB; bench_results/h200/decode_probe_batch_call1_session33.log), four warps.  Pending like (256, 3, 2) above: one
+#: warp at 17-32 tokens (BM = 32), 9.8 against 12.4 us at 32 tokens and d=2048, 30.5-30.6 against 40.8 at 4096 x 14336
+#: (the same probe).  At 33-64 tokens (BM = 64) one warp spills 932 bytes a thread built for sm_90 and two 200 (four:
+#: 52), and the probe timed no BM = 64.
+_UP_LARGE_M_CONFIG = {32: (128, 3, 4), 64: (128, 3, 4)}
 
 
 def up_config(bm: int) -> tuple[int, int, int]:
     """The up kernel's ``(BK, K-loop stages, warps)`` for a token tile of ``bm`` rows (16, 32 or 64)."""
     return _UP_CONFIG if bm <= 16 else _UP_LARGE_M_CONFIG[bm]
+
+
 #: Down kernel: ``(BD, BU, warps, K-loop stages, programs per SM)``: BD output columns per program (a
 #: 256-byte run of each Wd^T row at BD = 128 in bf16), BU units per K step; the unit ranges S are
 #: chosen so that the grid holds about ``programs per SM`` x SMs programs (two: each SM keeps a second
