@@ -13,6 +13,7 @@ import torch
 
 from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_table
 from ..nn.train_dispatch import TrainDispatchPolicy
+from .tune_dispatch import table_lines
 
 
 def train_points(rows: list[dict], d: int, f: int) -> list[TuningPoint]:
@@ -52,9 +53,5 @@ def train_table_text(policy: TrainDispatchPolicy) -> str:
         if not any(dens > 0 for _, dens in table):
             lines.append(f"  {d}x{f}: dense at every measured point (the hot/cold op never won by the margin)")
             continue
-        bounds = [m for m, _ in table[1:]] + [None]
-        for (m, dens), nxt in zip(table, bounds, strict=True):
-            span = f"{m} <= M < {nxt}" if nxt is not None else f"M >= {m}"
-            what = f"hot/cold when density <= {dens * 100:.3g} %" if dens > 0 else "dense"
-            lines.append(f"  {d}x{f} {span}: {what}")
+        lines += table_lines(table, "hot/cold", prefix=f"{d}x{f} ")
     return "\n".join(lines)

@@ -160,10 +160,7 @@ def decode_policy(table: tuple[tuple[int, float], ...], *, d: int, f: int,
 def table_text(table: tuple[tuple[int, float], ...]) -> str:
     if not any(limit > 0 for _, limit in table):
         return "  dense at every measured point (the small-batch kernels never won by the margin)"
-    bounds = [m for m, _ in table[1:]] + [DECODE_MAX_TOKENS + 1]
-    lines = [f"  {m} <= M < {nxt}: small-batch kernels when density <= {limit * 100:.3g} %" if limit > 0
-             else f"  {m} <= M < {nxt}: dense" for (m, limit), nxt in zip(table, bounds, strict=True)]
-    return "\n".join(lines)
+    return "\n".join(tune_dispatch.table_lines(table, "small-batch kernels", end=DECODE_MAX_TOKENS + 1))
 
 
 def main(argv: list[str] | None = None) -> int:

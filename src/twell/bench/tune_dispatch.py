@@ -204,15 +204,23 @@ def default_policy_text(check: dict, *, d: int, f: int) -> str:
     return f"{head}; losses: {losses or 'none'}"
 
 
+def table_lines(table: tuple[tuple[int, float], ...], what: str, *, prefix: str = "",
+                end: int | None = None) -> list[str]:
+    """One line per row of a dispatch table, ``"  {prefix}{span}: {what} when density <= x %"`` (or ``": dense"``); the
+    last row's span runs up to ``end`` (exclusive) when given, else without bound.  The tuning commands print these."""
+    bounds = [m for m, _ in table[1:]] + [end]
+    lines = []
+    for (m, dens), nxt in zip(table, bounds, strict=True):
+        span = f"{m} <= M < {nxt}" if nxt is not None else f"M >= {m}"
+        lines.append(f"  {prefix}{span}: {what} when density <= {dens * 100:.3g} %" if dens > 0
+                     else f"  {prefix}{span}: dense")
+    return lines
+
+
 def table_text(policy: DispatchPolicy) -> str:
     if not policy.table:
         return "dense at every measured point (the sparse path never won by the margin)"
-    lines = []
-    bounds = [m for m, _ in policy.table[1:]] + [None]
-    for (m, dens), nxt in zip(policy.table, bounds, strict=True):
-        span = f"{m} <= M < {nxt}" if nxt is not None else f"M >= {m}"
-        lines.append(f"  {span}: sparse when density <= {dens * 100:.3g} %" if dens > 0 else f"  {span}: dense")
-    return "\n".join(lines)
+    return "\n".join(table_lines(policy.table, "sparse"))
 
 
 def _load_runs(paths: list[Path], parser: argparse.ArgumentParser) -> tuple[list[dict], dict, tuple[int, int], str]:

@@ -26,7 +26,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from ..format.twell import DEFAULT_TILE, MAX_TILE
 from ..nn import DispatchPolicy, SparseGatedMLP
-from ..nn.train_dispatch import TrainDispatchPolicy
+from ..nn.train_dispatch import DEFAULT_TRAIN_POLICY, TrainDispatchPolicy
 from ..ops._runtime import BACKENDS
 from ..ops.inference import PRECISIONS, TRITON_TILES
 
@@ -165,8 +165,6 @@ def set_train_dispatch_policy(model: nn.Module, policy: TrainDispatchPolicy | No
     and dtype (``twell bench train-ffn --sparse-impl hot-cold`` writes one, :func:`twell.nn.load_train_policy` reads
     it), so like the inference policy it is set on the live model; each layer's training switch starts over (its l0
     estimate too), since the new table may need the read the old one skipped."""
-    from ..nn.train_dispatch import DEFAULT_TRAIN_POLICY
-
     if policy is None:
         policy = DEFAULT_TRAIN_POLICY
     if not isinstance(policy, TrainDispatchPolicy):

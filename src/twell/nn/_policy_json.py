@@ -1,5 +1,6 @@
-"""What the two policy files (:mod:`twell.nn.dispatch_file`, :mod:`twell.nn.train_dispatch_file`) check alike: the JSON
-itself, the format tag, the version and the set of keys; each file's own fields are checked by its reader."""
+"""What the two policy files (:mod:`twell.nn.dispatch_file`, :mod:`twell.nn.train_dispatch_file`) do alike: read and
+write the JSON, check the format tag, the version and the set of keys; each file's own fields are checked by its
+reader."""
 
 from __future__ import annotations
 
@@ -15,6 +16,14 @@ def read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
+def write_json(path: str | Path, data: dict) -> Path:
+    """``data`` as indented JSON at ``path`` (its folder made if missing); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
 
 
 def check_header(data: object, *, source: str, what: str, fmt: str, version: int, keys: Iterable[str],

@@ -13,11 +13,10 @@ rather than a default.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from ._policy_json import check_header, read_json, shape_table_list
+from ._policy_json import check_header, read_json, shape_table_list, write_json
 from .dispatch import DispatchPolicy
 
 __all__ = ["POLICY_FORMAT", "POLICY_VERSION", "load_policy", "policy_from_dict", "policy_to_dict", "save_policy"]
@@ -91,10 +90,7 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
 
 def save_policy(policy: DispatchPolicy, path: str | Path, *, measured: dict[str, Any] | None = None) -> Path:
     """Write ``policy`` (and its provenance ``measured``) to ``path`` as JSON; return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(policy_to_dict(policy, measured=measured), indent=1) + "\n")
-    return path
+    return write_json(path, policy_to_dict(policy, measured=measured))
 
 
 def load_policy(path: str | Path) -> DispatchPolicy:

@@ -15,13 +15,12 @@ refuses unknown ones.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ._policy_json import check_header, read_json, shape_table_list
+from ._policy_json import check_header, read_json, shape_table_list, write_json
 from .train_dispatch import TrainDispatchPolicy
 
 __all__ = ["TRAIN_POLICY_FORMAT", "TRAIN_POLICY_VERSION", "load_train_policy", "save_train_policy",
@@ -97,11 +96,7 @@ def train_policy_from_dict(data: object, *, source: str = "train policy") -> Tra
 def save_train_policy(policy: TrainDispatchPolicy, path: str | Path, *,
                       measured: dict[str, Any] | None = None) -> Path:
     """Write ``policy`` (and its provenance ``measured``) to ``path`` as JSON; return the path."""
-    path = Path(path)
-    data = train_policy_to_dict(policy, measured=measured)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    return path
+    return write_json(path, train_policy_to_dict(policy, measured=measured))
 
 
 def load_train_policy(path: str | Path) -> TrainDispatchPolicy:
