@@ -64,21 +64,19 @@ from .gate_kernel import dot_acc, relu_keep_nan, round_to
 #: Token counts of this path: the up kernel holds a [BM, BU] tile and the down kernel a [BM, BD]
 #: accumulator, BM the next power of two >= M (at least 16, tl.dot's smallest operand).
 BATCH_MAX_TOKENS = 64
-#: Up kernel up to 16 tokens (BM = 16): ``(BK, K-loop stages, warps)``.  BK = 512 is the decode hidden kernel's choice
-#: at M <= 16 (H200: 18.8 against 19.5 us for BK 128 at one token, decode_probe_hidden_variants.log).
-#: Faster, measured but not shipped: session 38's probe (H200, CUDA-graph GPU time, weights from DRAM;
-#: bench_results/h200/batch_up_probe_call1_session38.log) timed (256, 3, 2) at d=2048 / F=5632 7.4 against 10.0 us at
-#: two tokens and 7.8 against 10.1 at eight, 4096 x 14336 21.7 / 21.5 against 29.2 / 33.2 (four warps each load the
-#: [16, 16] dot's operands from shared memory: 192 ldmatrix per K step where 64 do,
-#: bench_results/sm90_offline/batch_up_ptx_session36.log).  It waits for the decode GPU tests to pass with it
-#: (scripts/gpu_session38_call2.sh); no machine was lent for them in session 38.
-_UP_CONFIG = (512, 3, 4)
+#: Up kernel up to 16 tokens (BM = 16): ``(BK, K-loop stages, warps)``.  Two warps at BK = 256: with four, each warp
+#: loads the [16, 16] dot's operands from shared memory itself (192 ldmatrix per K step where 64 do,
+#: bench_results/sm90_offline/batch_up_ptx_session36.log).  H200, CUDA-graph GPU time, weights from DRAM
+#: (bench_results/h200/batch_up_probe_call1_session38.log): d=2048 / F=5632 7.4 against 10.0 us for the earlier
+#: (512, 3, 4) at two tokens and 7.8 against 10.1 at eight, 4096 x 14336 21.7 / 21.5 against 29.2 / 33.2; session 39
+#: repeated 7.3 / 7.8 and 21.5 / 21.4 (batch_up_probe_call1_session39.log) and the decode GPU tests passed with it.
+_UP_CONFIG = (256, 3, 2)
 #: Above 16 tokens: BK = 128, since a [64, 512] x tile in 3 stages needs 240 KB of shared memory (the H200 has
-#: 227 KB; bench_results/h200/decode_probe_batch_call1_session33.log), four warps.  Pending like (256, 3, 2) above: one
-#: warp at 17-32 tokens (BM = 32), 9.8 against 12.4 us at 32 tokens and d=2048, 30.5-30.6 against 40.8 at 4096 x 14336
-#: (the same probe).  At 33-64 tokens (BM = 64) one warp spills 932 bytes a thread built for sm_90 and two 200 (four:
-#: 52), and the probe timed no BM = 64.
-_UP_LARGE_M_CONFIG = {32: (128, 3, 4), 64: (128, 3, 4)}
+#: 227 KB; bench_results/h200/decode_probe_batch_call1_session33.log).  One warp at 17-32 tokens (BM = 32): 9.8
+#: against 12.4 us for four at 32 tokens and d=2048, 30.5-30.6 against 40.8 at 4096 x 14336 (session 38's probe;
+#: session 39: 10.1 and 30.4 with it shipped).  Four at 33-64 tokens (BM = 64): one warp spills 932 bytes a thread
+#: built for sm_90 and two 200 (four: 52).
+_UP_LARGE_M_CONFIG = {32: (128, 3, 1), 64: (128, 3, 4)}
 
 
 def up_config(bm: int) -> tuple[int, int, int]:
