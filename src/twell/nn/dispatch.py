@@ -736,7 +736,9 @@ H200_BF16_DECODE_TABLES: tuple[tuple[tuple[int, int], DispatchTable], ...] = (
 )
 
 #: Compute capabilities of the GPUs the shipped tables hold for: Hopper (sm_90: H100, H200, GH200).  Measured on an
-#: H200; an H100 runs the same kernels on the same SMs and caches (less memory bandwidth), unmeasured.
+#: H200; timed on an H100 80GB HBM3 in session 39 (bench_results/h100/): over three whole-grid runs at 2048x5632 and
+#: 4096x14336 the tables lost at one point they send sparse (2048x5632, 512 tokens / 0.5 %, 0.93x), which two repeats
+#: won (1.21x, 1.21x), and the large calls won as on the H200 (1.99x at 16,384 tokens / 0.5 %).
 HOPPER = ((9, 0),)
 
 #: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables of the twelve
