@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 39, call 1 (session 38's call 2, which found no machine): the batch decode up kernel with session 38 call 1's
-# winners (decode_batch_kernels.up_config: (256, 3, 2) at
-# 1-16 tokens, (128, 3, 1) at 17-32, (128, 3, 4) at 33-64 as shipped), set in this machine's copy of the source before
+# Session 39, call 1 (prepared in session 38 as its call 2, for which no machine came): the batch decode up kernel
+# with session 38 call 1's winners (decode_batch_kernels.up_config: (256, 3, 2) at 1-16 tokens, (128, 3, 1) at 17-32,
+# (128, 3, 4) at 33-64 as shipped), set in this machine's copy of the source before
 # anything runs; they ship once these tests pass.  Predicted: the decode GPU tests pass; the
 # probe's shipped "real" column at call 1's best (d=2048: ~7.4-7.8 us at 2 / 8 tokens, ~9.8 at 32); decode_probe's
 # batch op at d=2048 / 0.5 % 2-3 us faster at 2-32 tokens than session 33's (28.6 / 30.4 / 30.4 us at 2 / 8 / 32), at
