@@ -60,10 +60,12 @@ def test_the_repeats_won_at_the_lost_point():
         assert p.dense_ms / p.sparse_ms == pytest.approx(1.21, abs=0.005)
 
 
-def test_the_large_calls_won_on_the_h100_as_the_readme_says():
-    for name in WHOLE_GRID[:2]:
-        pts = {p.tokens: p for p in dispatch_points_of(_run(name)["rows"]) if abs(p.density - 0.005) < 3e-4}
-        assert pts[16384].dense_ms / pts[16384].sparse_ms == pytest.approx(1.99, abs=0.005)
+@pytest.mark.parametrize(("name", "at_16384", "at_131072"), [
+    (WHOLE_GRID[0], 1.99, 1.97), (WHOLE_GRID[1], 1.99, 1.96), (WHOLE_GRID[2], 1.63, 1.77)])
+def test_the_large_calls_won_on_the_h100_as_the_readme_says(name, at_16384, at_131072):
+    pts = {p.tokens: p for p in dispatch_points_of(_run(name)["rows"]) if abs(p.density - 0.005) < 3e-4}
+    assert pts[16384].dense_ms / pts[16384].sparse_ms == pytest.approx(at_16384, abs=0.005)
+    assert pts[131072].dense_ms / pts[131072].sparse_ms == pytest.approx(at_131072, abs=0.005)
 
 
 def test_the_merged_h100_policy_file_is_what_derive_table_gives_its_runs():
