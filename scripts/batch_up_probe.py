@@ -32,6 +32,7 @@ from decode_probe import FLUSH_BYTES, eager_ms, graph_ms
 from twell.ops import decode_batch_kernels as dbk
 from twell.ops.decode_kernels import _HIDDEN_BU
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+from twell.tolerances import REL_TOL, rel_error
 
 #: (BK, stages, warps) of the up kernel timed on the real g besides the shipped one.  Fewer warps: with BM = BU = 16
 #: the dot has two m16n8 tiles, and the shipped four warps each load operands from shared memory: 192 ldmatrix per
@@ -39,9 +40,15 @@ from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 #: session 35's ncu had L1/TEX 77 % busy while 4 % of DRAM's bandwidth was used (ncu_batch_up_call3_session35.log).
 #: BK = 256 halves the shared memory (32 KB: seven programs per SM instead of three).
 #: Above 16 tokens a variant runs with BK = 128 (``dbk._UP_LARGE_M_CONFIG``'s), its stages and warps.  (512, 3, 4) was
-#: shipped until session 38, which shipped (256, 3, 2) and, at 17-32 tokens, (128, 3, 1).
+#: shipped until session 39, which shipped session 38's faster (256, 3, 2) and, at 17-32 tokens, (128, 3, 1).
 UP_VARIANTS = [(512, 3, 4), (512, 3, 2), (256, 3, 2), (512, 3, 1), (256, 3, 1), (1024, 2, 1), (512, 1, 4),
                (2048, 1, 4)]
+#: Token tiles timed at 33-64 tokens (BM = 64): ``(tile rows, (BK, stages, warps) of a tile's program)``; each unit
+#: block gets 64 / tile programs (``dbk._UP_TOKEN_TILE``).  Predicted from the 17-32 token times with one warp
+#: (d=2048 9.8-10.2 us, 4096 x 14336 30.2-31.5) against 64 tokens' four warps (12.1-12.2 / 51.5-55.1 us,
+#: decode_probe_call1_session39.log): two one-warp programs of 32 rows ~10-10.5 us at d=2048 and ~31-35 at
+#: 4096 x 14336, the second program's Wu rows coming from L2.
+TILE_VARIANTS = [(32, (128, 3, 1)), (32, (128, 3, 2)), (16, (256, 3, 2))]
 
 
 @triton.jit
@@ -71,17 +78,27 @@ def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float
     cols = {"empty": timed([lambda: _empty_kernel[(n_blocks,)](scratch, num_warps=warps)])}
     for k, gk in gs.items():
         cols[k] = timed([lambda w=w, gk=gk: dbk.launch_batch_up(x, gk, w, match=True) for w in wus])
-    default = dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG
+    default = dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG, dbk._UP_TOKEN_TILE
+    bm = max(16, triton.next_power_of_2(m))
+    variants = [(f"real{cfg}", {}, cfg, {b: (c[0], *cfg[1:]) for b, c in default[1].items()}) for cfg in UP_VARIANTS]
+    for tile, cfg in TILE_VARIANTS:
+        if tile < bm:  # the tile's program takes the configuration of a call of `tile` rows (dbk.up_config)
+            variants.append((f"tile{tile}{cfg}", {bm: tile}, cfg if tile <= 16 else default[0],
+                             default[1] if tile <= 16 else {**default[1], tile: cfg}))
     try:
-        for cfg in UP_VARIANTS:
-            dbk._UP_CONFIG = cfg
-            dbk._UP_LARGE_M_CONFIG = {bm: (c[0], *cfg[1:]) for bm, c in default[1].items()}
-            try:
-                cols[f"real{cfg}"] = timed([lambda w=w: dbk.launch_batch_up(x, g, w, match=True) for w in wus])
+        for name, tiles, small, large in variants:
+            dbk._UP_TOKEN_TILE, dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG = tiles, small, large
+            try:  # h^T against the shipped launch's: the sums' order inside a K step may differ (wgmma, mma.sync)
+                ht_v = dbk.launch_batch_up(x, g, wu, match=True)[0]
+                rows = flags["real"][1].bool()
+                if rel_error(ht_v[rows], flags["real"][0][rows]) > REL_TOL[ht_v.dtype]:
+                    cols[name] = "FAILED h^T differs from the shipped launch's beyond the tolerance"
+                    continue
+                cols[name] = timed([lambda w=w: dbk.launch_batch_up(x, g, w, match=True) for w in wus])
             except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
-                cols[f"real{cfg}"] = f"FAILED {type(exc).__name__}: {str(exc)[:60]}"
+                cols[name] = f"FAILED {type(exc).__name__}: {str(exc)[:60]}"
     finally:
-        dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG = default
+        dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG, dbk._UP_TOKEN_TILE = default
     for k in ("none", "real"):
         ht, fires, _ = flags[k]
         cols[f"down_{k}"] = timed([lambda: dbk.launch_batch_down(ht, fires, wdt, x.dtype)])
@@ -91,25 +108,27 @@ def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float
             f"{fired['all']} | weight sets {n_sets}")
 
 
-def ptx_counts(configs: list[tuple[int, int, int]], bm: int = 16) -> list[str]:
+def ptx_counts(configs: list[tuple[int, int, int]], bm: int = 16, tile: int | None = None) -> list[str]:
     """Per (BK, stages, warps): ptxas's registers, the shared memory Triton allots, and the PTX's per-thread
-    ldmatrix / mma.sync / cp.async counts of one K step (the loop body is emitted once) for BM = ``bm``, sm_90a,
-    compiled as a launch at d = 2048 specialises it.  Every warp of a program runs this code, so ldmatrix x warps is how
-    many ldmatrix a program issues per K step to read its dot operands from shared memory, duplicates included."""
+    ldmatrix / mma.sync / cp.async counts of one K step (the loop body is emitted once) for BM = ``bm`` (programs of
+    ``tile`` rows, default all), sm_90a, compiled as a launch at d = 2048 specialises it.  Every warp of a program runs
+    this code, so ldmatrix x warps is how many ldmatrix a program issues per K step to read its dot operands from
+    shared memory, duplicates included."""
     from triton.backends.compiler import GPUTarget
 
     from twell.ops import compile_check as cc
 
     out = []
+    bt = bm if tile is None else tile
     for bk, stages, warps in configs:
-        cons = {"BM": bm, "BU": _HIDDEN_BU, "BK": bk, "DOT_FP32": False, "MATCH": True, "K_STAGES": stages,
+        cons = {"BM": bm, "BT": bt, "BU": _HIDDEN_BU, "BK": bk, "DOT_FP32": False, "MATCH": True, "K_STAGES": stages,
                 "PDL": True, "EARLY": False}
         kernel = cc._compiled(dbk._batch_up_kernel, cc.BATCH_UP_SIGNATURE, cons, GPUTarget("cuda", 90, 32),
                               divisible=("D", "stride_xm", "stride_wu"), num_warps=warps)
         ptx = kernel.asm["ptx"]
         use = cc._usage(ptx, 90)
         ldm = ptx.count("ldmatrix")
-        out.append(f"({bk}, {stages}, {warps}) BM={bm}: {use.get('registers')} registers, spill "
+        out.append(f"({bk}, {stages}, {warps}) BM={bm} tile {bt}: {use.get('registers')} registers, spill "
                    f"{use.get('spill_bytes')} B, shared {kernel.metadata.shared} B; per thread: ldmatrix {ldm}, "
                    f"mma.sync {ptx.count('mma.sync')}, cp.async {ptx.count('cp.async.cg') + ptx.count('cp.async.ca')}"
                    f"; ldmatrix x warps {ldm * warps}")
@@ -126,11 +145,14 @@ def main() -> None:
     if args.ptx:
         for line in ptx_counts([dbk._UP_CONFIG, *UP_VARIANTS]):
             print(line, flush=True)
+        for tile, cfg in TILE_VARIANTS:
+            print(ptx_counts([cfg], bm=64, tile=tile)[0], flush=True)
+        print(ptx_counts([dbk.up_config(64)], bm=64)[0], "(shipped at 33-64 tokens)", flush=True)
         return
     device = torch.device(args.device)
-    shapes, ms_, rep_ms, dens = [(2048, 5632), (1536, 8960), (4096, 14336)], (2, 8, 32), 100.0, 0.5
-    if args.tiny:  # 5 %: some of the 160 units fire
-        shapes, ms_, rep_ms, dens = [(64, 160)], (2,), 1.0, 5.0
+    shapes, ms_, rep_ms, dens = [(2048, 5632), (1536, 8960), (4096, 14336)], (2, 8, 32, 64), 100.0, 0.5
+    if args.tiny:  # 5 %: some of the 160 units fire; 40 tokens: BM = 64, every token tile variant
+        shapes, ms_, rep_ms, dens = [(64, 160)], (2, 40), 1.0, 5.0
     if device.type == "cuda":
         print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     for d, f in shapes:
