@@ -10,7 +10,9 @@
 # H100) when the machine is an H200.  Predicted: at 2048x5632 the rows at 2-32 tokens reach higher densities (session
 # 34: 1.40x at two tokens and 1.24x at eight at 1 %; the op ~10 % faster -> ~1.5x / ~1.35x, the limits up by ~0.5-2
 # points of density), 64 tokens unchanged (four warps as before).  Runs on an H100 carry "h100" in their stems; their
-# results belong under bench_results/h100/, not in the H200 tables.
+# results belong under bench_results/h100/, not in the H200 tables.  tests/test_dispatch_table_provenance.py checks each
+# shipped decode table against its shape's newest `decode_<shape>_session<N>_a.json` under bench_results/h200/, so
+# commit the new runs with the tables `derive_decode_table` gives them (dispatch.H200_BF16_DECODE_TABLES).
 . "$(dirname "$0")/gpu_call_lib.sh"
 part=${PART:?set PART=a or PART=b}
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session40}" "decode_$part"
