@@ -74,12 +74,13 @@ def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float
         fns = fns * max(1, 16 // len(fns))
         return graph_ms(fns, reps) if device.type == "cuda" else eager_ms(fns, device, rep_ms)
 
-    warps = dbk.up_config(max(16, triton.next_power_of_2(m)))[2]
+    bm = max(16, triton.next_power_of_2(m))
+    warps = dbk.up_config(dbk.up_tile(bm))[2]
     cols = {"empty": timed([lambda: _empty_kernel[(n_blocks,)](scratch, num_warps=warps)])}
     for k, gk in gs.items():
         cols[k] = timed([lambda w=w, gk=gk: dbk.launch_batch_up(x, gk, w, match=True) for w in wus])
     default = dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG, dbk._UP_TOKEN_TILE
-    bm = max(16, triton.next_power_of_2(m))
+    shipped_ht, shipped_fires = flags["real"][0], flags["real"][1].bool()
     variants = [(f"real{cfg}", {}, cfg, {b: (c[0], *cfg[1:]) for b, c in default[1].items()}) for cfg in UP_VARIANTS]
     for tile, cfg in TILE_VARIANTS:
         if tile < bm:  # the tile's program takes the configuration of a call of `tile` rows (dbk.up_config)
@@ -90,8 +91,7 @@ def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float
             dbk._UP_TOKEN_TILE, dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG = tiles, small, large
             try:  # h^T against the shipped launch's: the sums' order inside a K step may differ (wgmma, mma.sync)
                 ht_v = dbk.launch_batch_up(x, g, wu, match=True)[0]
-                rows = flags["real"][1].bool()
-                if rel_error(ht_v[rows], flags["real"][0][rows]) > REL_TOL[ht_v.dtype]:
+                if rel_error(ht_v[shipped_fires], shipped_ht[shipped_fires]) > REL_TOL[ht_v.dtype]:
                     cols[name] = "FAILED h^T differs from the shipped launch's beyond the tolerance"
                     continue
                 cols[name] = timed([lambda w=w: dbk.launch_batch_up(x, g, w, match=True) for w in wus])

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from .timing import synchronize
+
 __all__ = ["CallTimeline", "Interval", "call_timelines", "events_of", "outermost", "timeline_lines", "timeline_of"]
 
 
@@ -104,12 +106,10 @@ def call_timelines(fn: Callable[[], Any], device: torch.device, calls: int) -> l
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
     out = []
     for _ in range(calls):
-        if cuda:
-            torch.cuda.synchronize(device)
+        synchronize(device)
         with profile(activities=[activity]) as prof:
             fn()
-            if cuda:
-                torch.cuda.synchronize(device)
+            synchronize(device)
         ivs = events_of(prof, kind)
         out.append(timeline_of(ivs if cuda else outermost(ivs)))
     return out
