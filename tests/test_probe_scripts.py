@@ -28,6 +28,7 @@ PROBES = {
     "hot_threshold_probe.py": ((), "M=", ["dense FFN: ", "threshold 0.030 H=", "bound  1.0 H=", "rel vs first"]),
     "epilogue_ablation_probe.py": ((), "M=", ["cold epilogue skipped", "hot epilogue skipped", "mainloop alone"]),
     "infer_op_profile.py": (("--timeline",), "M=", ["module: ran", "module timeline:"]),
+    "op_host_time.py": ((), "M=", ["dense chain : host", "module      : host", "hot/cold op : host", "cProfile of 2"]),
     "forward_layer_times.py": ((), "layer", ["overflowing cold tiles"]),
     "forward_unions.py": ((), "", ["layer  0: l0", "independent", "synthetic M=256 l0 target 28"]),
     # the shipped rule at the smoke test's 32 tokens: 1.3 % and at most 3 cold pairs (HOT_MAX_COLD_L0_SMALL)

@@ -1,0 +1,116 @@
+"""Host time per call of the inference hot/cold op and of ``SparseGatedMLP``, with the GPU held busy, and where it goes.
+
+Session 40's timeline (``infer_op_profile.py --timeline``, H100, bench_results/h100/timeline_*_session40.log) showed
+each call started on an idle GPU waiting ~450-560 us between its first kernel and the fused gate kernel, and at
+1024 x 3072 / 16,384 tokens the op's ~0.39 ms of kernels inside a ~1.2 ms span: the host issues the op's launches
+more slowly than the GPU runs them there.  ``launch_overhead_session6.log`` put one Triton launch at ~62 us of host
+time on the H200 machine against 8.6 us for a torch op.  Per point this prints, for the dense chain, the module
+and the op: the host's microseconds per call while a ``torch.cuda._sleep`` holds the GPU (so the queue never
+drains and the host clock measures the issuing alone), the device's milliseconds per call (CUDA events), and a
+cProfile of the op's calls by own time (which Python functions the host time is).
+
+Usage (GPU machine): ``PYTHONPATH=src python3 scripts/op_host_time.py [--shape 1024x3072] [--points 16384:30 ...]``;
+``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke test (the host times then include the interpreter).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import time
+from collections.abc import Callable
+
+import torch
+from hot_threshold_probe import parse_point  # scripts/ (the script's own directory is on sys.path)
+
+from twell import ops
+from twell.bench.probe import probe_device, probe_parser, run_points
+from twell.bench.shape_arg import parse_shape
+from twell.bench.timing import synchronize, time_ms
+from twell.format.twell import DEFAULT_TILE
+from twell.nn import SparseGatedMLP
+from twell.ops.hot_cold_plan import build_hot_cold_plan, choose_hot_units, unit_frequency
+from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+#: Calls issued per host-time sample, and samples per function (the median is printed)
+CALLS, SAMPLES = 40, 5
+#: GPU hold per call issued (ms): longer than any host time per call seen (~1 ms under the profiler)
+HOLD_MS_PER_CALL = 3.0
+#: SM cycles per ms for ``torch.cuda._sleep`` (1980 MHz, the H200's and H100's top SM clock)
+CYCLES_PER_MS = 1.98e6
+
+
+def host_us(fn: Callable[[], object], dev: torch.device, calls: int = CALLS, samples: int = SAMPLES) -> float:
+    """Median over ``samples`` of the host microseconds per call of ``calls`` calls issued behind a GPU hold."""
+    out = []
+    for _ in range(samples):
+        synchronize(dev)
+        if dev.type == "cuda":
+            torch.cuda._sleep(int(HOLD_MS_PER_CALL * calls * CYCLES_PER_MS))
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.append((time.perf_counter() - t0) * 1e6 / calls)
+    synchronize(dev)
+    out.sort()
+    return out[len(out) // 2]
+
+
+def profile_text(fn: Callable[[], object], dev: torch.device, calls: int, top: int = 25) -> str:
+    """cProfile of ``calls`` calls behind a GPU hold, the ``top`` functions by own time."""
+    synchronize(dev)
+    if dev.type == "cuda":
+        torch.cuda._sleep(int(HOLD_MS_PER_CALL * calls * CYCLES_PER_MS))
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    synchronize(dev)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def probe_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int) -> None:
+    gen = torch.Generator(device=dev).manual_seed(0)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    mlp = SparseGatedMLP.from_weights(wg, wu, wd).eval()
+    wd_t = wd.t().contiguous().t()
+    lin = torch.nn.functional.linear
+    with torch.no_grad():
+        for _ in range(2):  # the first call measures l0 on the dense path, the second builds the plan
+            mlp(x)
+        plan = mlp._hot_cold._plan
+        if plan is None:  # the module runs dense or its decode path here: time the op on the module's hot-set rule
+            print(f"M={m} l0={l0}: the module took no hot/cold plan; the op runs the default hot set", flush=True)
+            plan = build_hot_cold_plan(wg, wu, wd, choose_hot_units(unit_frequency(x, wg)), fused_tile=DEFAULT_TILE)
+        fns: dict[str, Callable[[], object]] = {
+            "dense chain": lambda: lin(torch.relu(lin(x, wg)) * lin(x, wu), wd), "module": lambda: mlp(x)}
+        fns["hot/cold op"] = lambda: ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan)
+        for name, fn in fns.items():
+            fn()
+            dev_ms = time_ms(fn, device=dev, rep_ms=50.0)
+            print(f"M={m} l0={l0} {name:12s}: host {host_us(fn, dev, calls):8.1f} us/call (GPU held), device "
+                  f"{dev_ms * 1e3:8.1f} us/call (events)", flush=True)
+        print(f"M={m} l0={l0} hot/cold op, cProfile of {calls} calls by own time:\n"
+              f"{profile_text(fns['hot/cold op'], dev, calls)}", flush=True)
+
+
+def main() -> None:
+    ap = probe_parser(__doc__)
+    ap.add_argument("--shape", type=parse_shape, default=(1024, 3072), help="hidden x FFN, e.g. 2048x5632")
+    ap.add_argument("--points", nargs="+", type=parse_point, default=None, help="M:l0 pairs")
+    a = ap.parse_args()
+    dev = probe_device(a.device)
+    (d, f), calls = a.shape, CALLS
+    points = a.points or [(1024, 30.0), (4096, 30.0), (16384, 30.0)]
+    if a.tiny:  # infer_op_profile.py's smoke point, where the module takes a hot/cold plan
+        d, f, calls, points = 64, 700, 2, [(300, 6.0)]
+    run_points(points, lambda m, l0: probe_point(m, l0, d, f, dev, calls), dev)
+
+
+if __name__ == "__main__":
+    main()
