@@ -42,6 +42,14 @@ def _fill_kernel(out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, 1.0, mask=offs < n)
 
 
+@triton.jit
+def _wide_kernel(p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, n0, n1, n2, n3, n4, n5, n6, n7, n8, n9,
+                 BLOCK: tl.constexpr):
+    """Twenty arguments, as the op's gate and gather kernels take (~20-30): stores into p0 only."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(p0 + offs, 1.0, mask=offs < n0 + n1 + n2 + n3 + n4 + n5 + n6 + n7 + n8 + n9)
+
+
 def bare_launches(dev: torch.device) -> dict[str, Callable[[], object]]:
     """A two-argument Triton kernel through ``kernel[grid](...)`` (Triton's per-call binding and cache
     lookup), and the same compiled kernel's launcher called directly (what a cached fast path would
@@ -53,8 +61,18 @@ def bare_launches(dev: torch.device) -> dict[str, Callable[[], object]]:
         stream = torch.cuda.current_stream(dev).cuda_stream
         compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, buf, 128, 128)
 
+    bufs = [torch.empty(128, device=dev) for _ in range(10)]
+    ints = [12 + i for i in range(10)]  # neither 1 nor a multiple of 16: no specialisation differs between them
+    wide = _wide_kernel[(1,)](*bufs, *ints, BLOCK=128)
+
+    def wide_direct() -> None:
+        stream = torch.cuda.current_stream(dev).cuda_stream
+        wide.run(1, 1, 1, stream, wide.function, wide.packed_metadata, None, None, None, *bufs, *ints, 128)
+
     return {"bare Triton launch (2 args, kernel[grid])": lambda: _fill_kernel[(1,)](buf, 128, BLOCK=128),
-            "same kernel, launcher called directly": direct}
+            "same kernel, launcher called directly": direct,
+            "wide Triton launch (20 args, kernel[grid])": lambda: _wide_kernel[(1,)](*bufs, *ints, BLOCK=128),
+            "wide kernel, launcher called directly": wide_direct}
 
 
 def profile_top(fn: Callable[[], object], calls: int = 300, top: int = 15) -> str:

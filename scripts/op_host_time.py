@@ -84,6 +84,9 @@ def probe_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int
         for _ in range(2):  # the first call measures l0 on the dense path, the second builds the plan
             mlp(x)
         plan = mlp._hot_cold._plan
+        # no l0 refresh inside a timed window: its host read (one call in 64) would wait out the whole GPU hold
+        # (session 40's first run read 3.0-4.0 ms a module call that way)
+        mlp.l0_refresh_every = 1 << 40
         if plan is None:  # the module runs dense or its decode path here: time the op on the module's hot-set rule
             print(f"M={m} l0={l0}: the module took no hot/cold plan; the op runs the default hot set", flush=True)
             plan = build_hot_cold_plan(wg, wu, wd, choose_hot_units(unit_frequency(x, wg)), fused_tile=DEFAULT_TILE)
@@ -103,8 +106,15 @@ def main() -> None:
     ap = probe_parser(__doc__)
     ap.add_argument("--shape", type=parse_shape, default=(1024, 3072), help="hidden x FFN, e.g. 2048x5632")
     ap.add_argument("--points", nargs="+", type=parse_point, default=None, help="M:l0 pairs")
+    ap.add_argument("--stub-launches", action="store_true",
+                    help="every Triton kernel of twell.ops a no-op (module_overhead.py's stubs): the host time "
+                         "left is the Python and torch ops around the launches (the outputs are then garbage)")
     a = ap.parse_args()
     dev = probe_device(a.device)
+    if a.stub_launches:
+        from module_overhead import stub_triton_kernels
+
+        print(f"Triton launches stubbed ({len(stub_triton_kernels())} kernels): host times without them", flush=True)
     (d, f), calls = a.shape, CALLS
     points = a.points or [(1024, 30.0), (4096, 30.0), (16384, 30.0)]
     if a.tiny:  # infer_op_profile.py's smoke point, where the module takes a hot/cold plan
