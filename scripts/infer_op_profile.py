@@ -32,7 +32,8 @@ CALLS = 64
 TIMELINE_CALLS = 16
 
 
-def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int, timeline: bool) -> None:
+def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int, timeline: bool,
+                  hold_ms: float = 0.0) -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
     x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
@@ -50,8 +51,8 @@ def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: i
         for name, fn in fns.items():
             fn()
             if timeline:
-                print(f"M={m} l0={l0} {name} timeline:", flush=True)
-                print(timeline_lines(call_timelines(fn, dev, min(calls, TIMELINE_CALLS))), flush=True)
+                print(f"M={m} l0={l0} {name} timeline (GPU held {hold_ms:g} ms before each call):", flush=True)
+                print(timeline_lines(call_timelines(fn, dev, min(calls, TIMELINE_CALLS), hold_ms=hold_ms)), flush=True)
             if dev.type != "cuda":  # the smoke test: the calls run, there is no GPU kernel to profile
                 print(f"M={m} l0={l0} {name}: ran (no CUDA profile on {dev})", flush=True)
                 continue
@@ -66,12 +67,15 @@ def main() -> None:
     ap.add_argument("--points", type=parse_point, nargs="+", default=[(16384, 28.0), (131072, 28.0)])
     ap.add_argument("--shape", type=parse_shape, default=(2048, 5632), help="HIDDENxFFN (default 2048x5632)")
     ap.add_argument("--timeline", action="store_true", help="also each call's kernel timeline: busy, idle, gaps")
+    ap.add_argument("--hold-ms", type=float, default=0.0,
+                    help="the timeline's GPU hold before each call (0: each call starts on an idle GPU, so its gaps "
+                         "include the host's issuing; 2: the benchmarks' timing)")
     a = ap.parse_args()
     dev = probe_device(a.device)
     (d, f), calls, points = a.shape, CALLS, a.points
     if a.tiny:
         d, f, calls, points = 64, 700, 2, [(300, 6.0)]
-    run_points(points, lambda m, l0: profile_point(m, l0, d, f, dev, calls, a.timeline), dev)
+    run_points(points, lambda m, l0: profile_point(m, l0, d, f, dev, calls, a.timeline, a.hold_ms), dev)
 
 
 if __name__ == "__main__":

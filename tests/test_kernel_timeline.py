@@ -62,3 +62,29 @@ def test_call_timelines_on_the_cpu_see_the_gap_between_two_operators():
     assert text.startswith("  2 calls, medians: span ") and "gap " in text and "aten::mm" in text
     with pytest.raises(ValueError, match="calls must be >= 1"):
         call_timelines(fn, torch.device("cpu"), calls=0)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="hold_ms must be >= 0"):
+            call_timelines(fn, torch.device("cpu"), calls=1, hold_ms=bad)
+    held, = call_timelines(fn, torch.device("cpu"), calls=1, hold_ms=2.0)  # off CUDA a hold does nothing
+    assert [iv.name for iv in held.intervals] == ["aten::mm", "aten::mm"]
+
+
+@pytest.mark.gpu
+def test_gpu_held_calls_leave_out_the_hold_and_its_wait():
+    """On the GPU, with a hold before each call: the hold's kernel is not in the timeline, and two matmuls issued
+    while the GPU spins run back to back (the host's time between them is hidden behind the hold)."""
+    dev = torch.device("cuda")
+    a = torch.randn(2048, 2048, device=dev, dtype=torch.bfloat16)
+
+    def fn() -> None:
+        torch.mm(a, a)
+        time.sleep(0.005)  # 5 ms of host time between the two launches, inside the 20 ms hold
+        torch.mm(a, a)
+
+    fn()
+    held = call_timelines(fn, dev, calls=2, hold_ms=20.0)
+    idle = call_timelines(fn, dev, calls=2)
+    for t in held:
+        assert len(t.intervals) == 2 and not any("spin_kernel" in iv.name for iv in t.intervals)
+        assert t.idle_us < 1000, t  # back to back: no 5 ms wait for the host
+    assert all(t.idle_us > 4000 for t in idle), idle  # without the hold the GPU waits for the second launch

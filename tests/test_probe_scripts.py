@@ -27,7 +27,8 @@ PROBES = {
                                                     "bit for bit: True"]),
     "hot_threshold_probe.py": ((), "M=", ["dense FFN: ", "threshold 0.030 H=", "bound  1.0 H=", "rel vs first"]),
     "epilogue_ablation_probe.py": ((), "M=", ["cold epilogue skipped", "hot epilogue skipped", "mainloop alone"]),
-    "infer_op_profile.py": (("--timeline",), "M=", ["module: ran", "module timeline:"]),
+    "infer_op_profile.py": (("--timeline", "--hold-ms", "2"), "M=", ["module: ran",
+                                                                      "module timeline (GPU held 2 ms"]),
     "op_host_time.py": ((), "M=", ["dense chain : host", "module      : host", "hot/cold op : host", "cProfile of 2"]),
     "forward_layer_times.py": ((), "layer", ["overflowing cold tiles"]),
     "forward_unions.py": ((), "", ["layer  0: l0", "independent", "synthetic M=256 l0 target 28"]),
@@ -60,7 +61,7 @@ def test_probe_runs_on_the_interpreter(script):
         assert any(want in ln for ln in lines), (want, proc.stdout)
     assert not any(bad in proc.stdout for bad in ("FAILED", "same False", "ok False", "bit for bit: False"))
     if script == "infer_op_profile.py":  # a timeline under each function's header: medians, then the median call
-        assert proc.stdout.count("calls, medians: span") == proc.stdout.count(" timeline:") >= 1, proc.stdout
+        assert proc.stdout.count("calls, medians: span") == proc.stdout.count(" timeline (GPU held") >= 1, proc.stdout
     if script == "hot_cold_gate_probe.py":  # every configuration timed: counts equal and the op identical
         n_configs = len(runpy.run_path(str(ROOT / "scripts" / script), run_name="probe_configs")["CONFIGS"])
         assert proc.stdout.count("counts equal 2/2") == n_configs

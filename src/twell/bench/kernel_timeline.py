@@ -94,13 +94,28 @@ def events_of(prof: Any, device_type: torch.autograd.DeviceType) -> list[Interva
             for ev in prof.events() if ev.device_type == device_type]
 
 
-def call_timelines(fn: Callable[[], Any], device: torch.device, calls: int) -> list[CallTimeline]:
+#: The kernel ``torch.cuda._sleep`` launches (ATen's Sleep.cu): a hold's interval, left out of the call's timeline
+HOLD_KERNEL = "spin_kernel"
+#: SM clock cycles per millisecond of a hold (the H100's and H200's top SM clock, 1980 MHz: at least as long as asked)
+HOLD_CYCLES_PER_MS = 1.98e6
+
+
+def call_timelines(fn: Callable[[], Any], device: torch.device, calls: int, *, hold_ms: float = 0.0
+                   ) -> list[CallTimeline]:
     """``calls`` timelines of ``fn``, each call profiled on its own after a synchronize.  On CUDA the intervals are
-    the GPU's kernels; elsewhere the host's top-level operators (the CPU tests' stand-in: nothing runs on a GPU)."""
+    the GPU's kernels; elsewhere the host's top-level operators (the CPU tests' stand-in: nothing runs on a GPU).
+
+    ``hold_ms`` (CUDA; >= 0): the GPU spins this long before each call (``torch.cuda._sleep``), so the host issues
+    the call's launches while the GPU is busy, as in the benchmarks' timing (``bench.timing.DEFAULT_HOLD_MS``) and in
+    a model whose host runs ahead; the hold's kernel is left out.  With 0 a call starts on an idle GPU and its gaps
+    include the host's issuing: session 40 saw 450-560 us before the fused gate kernel that way
+    (``bench_results/h100/timeline_*_calltimeline_session40.log``), about the op's host time a call."""
     from torch.profiler import ProfilerActivity, profile
 
     if calls < 1:
         raise ValueError(f"calls must be >= 1, got {calls}")
+    if not hold_ms >= 0:  # also refuses NaN
+        raise ValueError(f"hold_ms must be >= 0, got {hold_ms}")
     cuda = device.type == "cuda"
     activity = ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU
     kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
@@ -108,9 +123,11 @@ def call_timelines(fn: Callable[[], Any], device: torch.device, calls: int) -> l
     for _ in range(calls):
         synchronize(device)
         with profile(activities=[activity]) as prof:
+            if cuda and hold_ms > 0:
+                torch.cuda._sleep(int(hold_ms * HOLD_CYCLES_PER_MS))
             fn()
             synchronize(device)
-        ivs = events_of(prof, kind)
+        ivs = [iv for iv in events_of(prof, kind) if HOLD_KERNEL not in iv.name]
         out.append(timeline_of(ivs if cuda else outermost(ivs)))
     return out
 
