@@ -30,13 +30,15 @@ def test_small_calls_take_the_decode_kernels_and_larger_ones_the_table(backend, 
     policy = DispatchPolicy(table=((0, 1.0),), decode_max_tokens=8, force=True)
     # every call an l0-refresh call: a decode call measures l0 on those only
     layer = make_layer(torch.float32, backend=backend, policy=policy, l0_refresh_every=1).eval()
-    # eager Triton decode calls go to the launchers directly; the custom op is for torch.compile and "torch"
+    # eager Triton decode and hot/cold calls go to the launchers directly; the custom ops are for torch.compile and
+    # "torch"
     decode_calls = (_count_calls(monkeypatch, "launch_decode_ffn", mlp_mod) if backend == "triton"
                     else _count_calls(monkeypatch, "decode_gated_ffn_unchecked"))
     # the table's sparse path: the plain TwELL op, or the hot/cold op where the layer's hot set is not empty (which
     # depends on the hot-set rule of hot_cold_plan, not on the dispatch this test is about)
     table_calls = _count_calls(monkeypatch, "sparse_gated_ffn_unchecked")
-    hot_cold_calls = _count_calls(monkeypatch, "hot_cold_gated_ffn_unchecked")
+    hot_cold_calls = (_count_calls(monkeypatch, "launch_hot_cold_ffn", mlp_mod) if backend == "triton"
+                      else _count_calls(monkeypatch, "hot_cold_gated_ffn_unchecked"))
     for m in (1, 8, 9):
         x = make_x((m, D), seed=m, dtype=torch.float32)
         with torch.no_grad():

@@ -64,6 +64,7 @@ from ..format.twell import DEFAULT_TILE, MAX_TILE, default_capacity
 from ..ops._runtime import BACKENDS, cuda_capability, resolve_backend
 from ..ops.active_count import mean_active_per_token
 from ..ops.decode import launch_decode_ffn
+from ..ops.hot_cold import launch_hot_cold_ffn
 from ..ops.hot_cold_plan import fused_gate_tile, plan_weight_copies
 from ..ops.hot_cold_training import HotUnits, choose_training_hot_units, twell_gated_ffn_l1_hot_cold
 from ..ops.inference import PRECISIONS, TRITON_TILES, _check_triton_dtype
@@ -771,11 +772,19 @@ class SparseGatedMLP(nn.Module):
                 out, counts = torch.ops.twell.decode_gated_ffn_unchecked(x, w_gate, w_up, w_down_t, self.precision,
                                                                         prep.backend)
         elif plan is not None:
-            out, counts = torch.ops.twell.hot_cold_gated_ffn_unchecked(
-                x, w_gate, w_up, w_down_t, plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t, self.tile,
-                prep.capacity, prep.backend, plan.fused_tile, self._hot_cold.dense_rows(x.shape[0]),
-                None if residual is None else residual.contiguous(),
-            )
+            res = None if residual is None else residual.contiguous()
+            if prep.backend == "triton" and not torch.compiler.is_compiling():
+                # Eager calls go to the launcher, as decode calls do: the custom op's dispatch and the plan rebuilt
+                # from its tensors were host time on every call (session 40: the op's host time a call, 442-957 us on
+                # the GPU machine, bench_results/h200/session40_runs.md); torch.compile captures the custom op.
+                out, counts = launch_hot_cold_ffn(x, plan, w_gate, w_up, w_down_t, tile=self.tile,
+                                                  capacity=prep.capacity,
+                                                  dense_rows=self._hot_cold.dense_rows(x.shape[0]), residual=res)
+            else:
+                out, counts = torch.ops.twell.hot_cold_gated_ffn_unchecked(
+                    x, w_gate, w_up, w_down_t, plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t, self.tile,
+                    prep.capacity, prep.backend, plan.fused_tile, self._hot_cold.dense_rows(x.shape[0]), res,
+                )
             residual = None  # added
         else:
             out, counts = torch.ops.twell.sparse_gated_ffn_unchecked(

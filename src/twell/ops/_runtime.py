@@ -43,6 +43,16 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for b > 0, Triton's ``triton.cdiv`` formula in plain Python.  The launchers' host code calls this
+    instead: ``triton.cdiv`` is a ``ConstexprFunction``, whose every call unwraps its arguments through a list and a
+    dict, and a hot/cold op call made ~10 of them (session 40's profile on the GPU machine, where issuing one op call
+    took the host 442-957 us, bench_results/h200/session40_runs.md; with this, one read of the environment per launch
+    and the module's eager launch, the module's hot/cold call went 97.5 -> 55.2 us on the development CPU with the
+    launches stubbed, bench_results/cpu/module_overhead_session40_{before,after}.log)."""
+    return (a + b - 1) // b
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (>= 1): block sizes of tl.arange must be powers of two."""
     return 1 << max(0, (n - 1).bit_length())

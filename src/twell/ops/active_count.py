@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from ._runtime import interpreting, sm_count, triton_available
+from ._runtime import cdiv, interpreting, sm_count, triton_available
 
 __all__ = ["mean_active_per_token"]
 
@@ -84,7 +84,7 @@ def mean_active_per_token(a: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         if _use_kernel(a):
             n = a.numel()
-            programs = min(triton.cdiv(n, _BLOCK),
+            programs = min(cdiv(n, _BLOCK),
                            _programs_cap(a.device.index) if a.device.type == "cuda" else _DEFAULT_PROGRAMS)
             work = torch.zeros(2, dtype=torch.int64, device=a.device)
             out = torch.empty((), dtype=torch.float32, device=a.device)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import next_pow2
+from ._runtime import cdiv, next_pow2
 from .gate_kernel import relu_keep_nan, round_to
 from .twell_ffn_kernel import _row_input_and_acc, _tile_of_entry, _units_contribution
 
@@ -137,11 +137,11 @@ def launch_pack_bitmap(g: torch.Tensor, tile: int, *, block_m: int = 16,
     if tile % WORD:
         raise ValueError(f"the bitmap path needs a tile that is a multiple of {WORD}, got {tile}")
     m, f = g.shape
-    n_tiles = triton.cdiv(f, tile)
+    n_tiles = cdiv(f, tile)
     bits = torch.empty((m, n_tiles, tile // WORD), dtype=torch.int32, device=g.device)
     counts = torch.empty((m, n_tiles), dtype=torch.int32, device=g.device)
     if m and n_tiles:
-        _pack_bitmap_kernel[(triton.cdiv(m, block_m), n_tiles)](
+        _pack_bitmap_kernel[(cdiv(m, block_m), n_tiles)](
             g, bits, counts, m, f, g.stride(0), n_tiles, TILE=tile, BLOCK_M=block_m, num_warps=num_warps
         )
     return bits, counts

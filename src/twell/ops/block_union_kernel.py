@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import interpreting, next_pow2
+from ._runtime import cdiv, interpreting, next_pow2
 from .gate_kernel import dot_acc, relu_keep_nan, round_to
 from .twell_ffn_kernel import _tile_of_entry
 
@@ -162,11 +162,11 @@ def launch_block_union_ffn(
     """
     m, d = x.shape
     f = g.shape[1]
-    n_tiles = triton.cdiv(f, tile)
+    n_tiles = cdiv(f, tile)
     interp = interpreting()
     if interp:
         block_m = min(block_m, 16)
-    n_blocks = triton.cdiv(m, block_m)
+    n_blocks = cdiv(m, block_m)
     counts = torch.empty((m, n_tiles), dtype=torch.int32, device=x.device)
     out = torch.empty((m, d), dtype=x.dtype, device=x.device)
     if m == 0:
@@ -190,7 +190,7 @@ def launch_block_union_ffn(
         )
     else:
         h = g
-    _union_down_kernel[(n_blocks, triton.cdiv(d, block_d))](
+    _union_down_kernel[(n_blocks, cdiv(d, block_d))](
         h, w_down_t, out, ucnt, ucols, m, d, h.stride(0), out.stride(0), n_tiles,
         BLOCK_M=block_m, BLOCK_D=block_d, BLOCK_U=block_u, TILE=tile, NT_PAD=nt_pad,
         H_IS_GATE=w_up is None, DOT_FP32=dot_fp32, num_warps=num_warps, num_stages=num_stages,

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._runtime import interpreting, next_pow2
+from ._runtime import cdiv, interpreting, next_pow2
 from .gate_kernel import dot_acc, round_to, tile_coords
 from .twell_ffn_kernel import _hidden, _listed_entries
 
@@ -213,7 +213,7 @@ def launch_down_cold(
     h_hot, w_down_hot_t = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (h_hot, w_down_hot_t))
     h_desc = TensorDescriptor.from_tensor(h_hot, [bm, bk])
     wd_desc = TensorDescriptor.from_tensor(w_down_hot_t, [bk, bn])
-    grid = (triton.cdiv(m, bm) * triton.cdiv(d, bn),)
+    grid = (cdiv(m, bm) * cdiv(d, bn),)
     _down_cold_kernel[grid](
         h_desc, wd_desc, list_h, list_id, list_len, w_down_t, out, init, m, d, h_hot.shape[1],
         BM=bm, BN=bn, BK=bk, LIST=LIST, STEPS=steps, GROUP_M=8, DOT_FP32=interpreting() or x.dtype == torch.float32,

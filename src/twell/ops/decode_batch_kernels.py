@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._runtime import interpreting, next_pow2, pdl_supported, sm_count
+from ._runtime import cdiv, interpreting, next_pow2, pdl_supported, sm_count
 from .decode_kernels import _HIDDEN_BU, gather_wdt, list_firing, program_tile, up_projection
 from .gate_kernel import dot_acc, relu_keep_nan, round_to
 
@@ -244,15 +244,15 @@ def down_split(m: int, d: int, f: int, n_sm: int) -> tuple[int, int, int]:
     units each (R a multiple of 64, S x R >= F, no range empty).  Cached: decode calls are host-bound."""
     bd, _, _, _, per_sm = _DOWN_CONFIG
     bd = min(bd, max(16, next_pow2(d)))
-    n_cols = triton.cdiv(d, bd)
-    s = max(1, min(triton.cdiv(per_sm * n_sm, n_cols), _MAX_PARTIAL_BYTES // (m * d * 4), triton.cdiv(f, 64)))
+    n_cols = cdiv(d, bd)
+    s = max(1, min(cdiv(per_sm * n_sm, n_cols), _MAX_PARTIAL_BYTES // (m * d * 4), cdiv(f, 64)))
     return (bd, *unit_ranges(f, s))
 
 
 def unit_ranges(f: int, splits: int) -> tuple[int, int]:
     """``(S, R)``: F units cut into at most ``splits`` ranges of R units, R a multiple of 64, none empty."""
-    r = triton.cdiv(triton.cdiv(f, max(1, splits)), 64) * 64
-    return triton.cdiv(f, r), r
+    r = cdiv(cdiv(f, max(1, splits)), 64) * 64
+    return cdiv(f, r), r
 
 
 def launch_batch_up(
@@ -262,14 +262,14 @@ def launch_batch_up(
     [M, F] (rows contiguous), Wu [F, d] rows contiguous; h^T rows are written only for firing units."""
     m, d = x.shape
     f = g.shape[1]
-    n_blocks = triton.cdiv(f, _HIDDEN_BU)
+    n_blocks = cdiv(f, _HIDDEN_BU)
     ht = torch.empty((f, m), dtype=x.dtype if match else torch.float32, device=x.device)
     fires = torch.empty((f,), dtype=torch.int8, device=x.device)
     counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
     bm = max(16, next_pow2(m))
     bt = up_tile(bm)
     bk, stages, warps = up_config(bt)
-    _batch_up_kernel[(n_blocks, triton.cdiv(m, bt))](
+    _batch_up_kernel[(n_blocks, cdiv(m, bt))](
         x, g, w_up, ht, fires, counts, m, d, f, x.stride(0), g.stride(0), w_up.stride(0), ht.stride(0), n_blocks,
         BM=bm, BT=bt, BU=_HIDDEN_BU, BK=min(bk, max(16, next_pow2(d))),
         DOT_FP32=x.dtype == torch.float32 or interpreting(), MATCH=match, K_STAGES=stages, **_pdl(x.device),
@@ -291,7 +291,7 @@ def launch_batch_down(
     bd, s, r = down_split(m, d, f, n_sm)
     if splits is not None:
         s, r = unit_ranges(f, splits)
-    n_cols = triton.cdiv(d, bd)
+    n_cols = cdiv(d, bd)
     out = torch.empty((m, d), dtype=out_dtype, device=ht.device)
     dst = out if s == 1 else torch.empty((s, m, d), dtype=torch.float32, device=ht.device)
     scratch = torch.empty((s * n_cols, r), dtype=torch.int32, device=ht.device)  # per-program unit lists
@@ -303,7 +303,7 @@ def launch_batch_down(
     )
     if s > 1:
         n = m * d
-        _partial_sum_kernel[(triton.cdiv(n, _SUM_BLOCK),)](dst, out, n, S=s, BLOCK=_SUM_BLOCK, **_pdl(ht.device, False),
+        _partial_sum_kernel[(cdiv(n, _SUM_BLOCK),)](dst, out, n, S=s, BLOCK=_SUM_BLOCK, **_pdl(ht.device, False),
                                                            num_warps=4)
     return out
 

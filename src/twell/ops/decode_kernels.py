@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import interpreting, next_pow2
+from ._runtime import cdiv, interpreting, next_pow2
 from .gate_kernel import dot_acc, relu_keep_nan, round_to
 
 #: Largest token count of the decode path: the hidden kernel keeps a [BM, BU] tile per program with
@@ -230,14 +230,14 @@ def _meta(m: int, d: int, f: int) -> tuple[int, ...]:
     bk, hidden_stages, hidden_warps, fused_up = _HIDDEN_SMALL_M if bm <= 16 else _HIDDEN_LARGE_M
     bd = min(bd, max(16, next_pow2(d)))
     bu = min(bu, max(16, next_pow2(f)))
-    return (bm, min(bk, max(16, next_pow2(d))), triton.cdiv(f, _HIDDEN_BU), bd, bu,
-            min(_DOWN_BC, max(16, next_pow2(f))), triton.cdiv(d, bd), warps, stages, hidden_stages, hidden_warps,
+    return (bm, min(bk, max(16, next_pow2(d))), cdiv(f, _HIDDEN_BU), bd, bu,
+            min(_DOWN_BC, max(16, next_pow2(f))), cdiv(d, bd), warps, stages, hidden_stages, hidden_warps,
             fused_up)
 
 
 def decode_blocks(n_units: int) -> int:
     """Unit blocks of the hidden kernel: the second dimension of its per-token counts."""
-    return triton.cdiv(n_units, _HIDDEN_BU)
+    return cdiv(n_units, _HIDDEN_BU)
 
 
 def launch_decode_hidden(

@@ -53,7 +53,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import next_pow2
+from ._runtime import cdiv, next_pow2
 from .decode_kernels import _HIDDEN_BU
 from .gate_kernel import relu_keep_nan, round_to
 
@@ -260,9 +260,9 @@ def _meta(m: int, d: int, f: int) -> tuple[int, ...]:
     """``(BM, BK, NK, NUD, blocks, warps, BD, BP, column-sum warps)`` of a shape (cached: launch-time host
     cost)."""
     bk, warps, bd, bp, sum_warps, unroll, ud_chunks = _ONEPASS_CONFIG
-    n_blocks = triton.cdiv(f, _BU)
+    n_blocks = cdiv(f, _BU)
     bk = min(bk, max(16, next_pow2(d)))
-    nk = triton.cdiv(d, bk)
+    nk = cdiv(d, bk)
     return (next_pow2(m), bk, nk if unroll else 0, nk if nk <= ud_chunks else 0, n_blocks, warps,
             min(bd, max(16, next_pow2(d))), min(bp, max(16, next_pow2(n_blocks))), sum_warps)
 
@@ -313,7 +313,7 @@ def launch_column_sum(partials: torch.Tensor, flags: torch.Tensor, out_dtype: to
     m, n_blocks, d = partials.shape
     bd, bp, sum_warps = _meta(m, d, n_blocks * _BU)[6:]
     out = torch.empty((m, d), dtype=out_dtype, device=partials.device)
-    _decode_column_sum_kernel[(triton.cdiv(d, bd), m)](
+    _decode_column_sum_kernel[(cdiv(d, bd), m)](
         partials, flags, out, d, n_blocks, out.stride(0), BD=bd, BP=bp, num_warps=sum_warps,
     )
     return out

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import interpreting
+from ._runtime import cdiv, interpreting
 
 #: The interpreter casts fp32 -> bf16 by truncation (Triton 3.6; its "rtne" path rounds ties up and
 #: misses the carry), so under the interpreter bf16 rounding is done by hand, bit-exactly.
@@ -249,7 +249,7 @@ def launch_gate_twell(
     """
     m, d = x.shape
     f = w.shape[0]
-    n_tiles = triton.cdiv(f, tile)
+    n_tiles = cdiv(f, tile)
     if epilogue == 2:
         values = torch.empty((m, f), dtype=x.dtype, device=x.device)
     else:
@@ -262,7 +262,7 @@ def launch_gate_twell(
     m_bucket = 1 << max(0, (m - 1).bit_length())
 
     def grid(meta: dict) -> tuple[int]:
-        return (triton.cdiv(m, meta["BLOCK_M"]) * n_tiles,)
+        return (cdiv(m, meta["BLOCK_M"]) * n_tiles,)
 
     _gate_twell_kernel[grid](
         x,
@@ -299,7 +299,7 @@ def launch_pack_twell(
     ``unit_map`` (int32 [F], values < 2**15): the indices are ``unit_map[column]`` instead of the
     column inside its tile (the row-gather kernel then reads weight rows without a map lookup)."""
     m, f = g.shape
-    n_tiles = triton.cdiv(f, tile)
+    n_tiles = cdiv(f, tile)
     values = torch.empty((m, n_tiles, capacity), dtype=g.dtype, device=g.device)
     indices = torch.empty((m, n_tiles, capacity), dtype=torch.int16, device=g.device)
     counts = torch.empty((m, n_tiles), dtype=torch.int32, device=g.device)
@@ -313,7 +313,7 @@ def launch_pack_twell(
         block_m = 16
     if unit_map is not None and (unit_map.dtype != torch.int32 or unit_map.shape != (f,)):
         raise ValueError(f"unit_map must be int32 of shape ({f},), got {unit_map.dtype} {tuple(unit_map.shape)}")
-    _pack_twell_kernel[(triton.cdiv(m, block_m), n_tiles)](
+    _pack_twell_kernel[(cdiv(m, block_m), n_tiles)](
         g, values, indices, counts, unit_map if unit_map is not None else counts, m, f, g.stride(0), n_tiles,
         TILE=tile, CAP=capacity, BLOCK_M=block_m,
         # tl.cumsum on the blocked layout of a plain load beat the tensor-core prefix here: 2.13 vs 2.75 ms

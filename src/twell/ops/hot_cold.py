@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import hot_cold_gate_kernel
-from ._runtime import interpreting, pdl_supported
+from ._runtime import cdiv, interpreting, pdl_supported
 from .bitmap_kernels import launch_bitmap_ffn, launch_pack_bitmap
 from .cold_down_kernel import down_cold_supported, launch_down_cold
 from .gate_kernel import launch_pack_twell, relu_keep_nan, round_to
@@ -188,12 +188,12 @@ def launch_hot_hidden(gu: torch.Tensor, n_hot: int, n_units: int, tile: int) -> 
     """``(h_hot [M, H], hot_counts [M, cdiv(H, tile)])`` from the split's GEMM output gu [M, F + H] (columns
     ``Wg[hot]``, ``Wg[cold]``, ``Wu[hot]``; F = ``n_units``) through :func:`_hot_hidden_kernel`."""
     m = gu.shape[0]
-    n_hot_tiles = triton.cdiv(n_hot, tile)
+    n_hot_tiles = cdiv(n_hot, tile)
     h_hot = torch.empty((m, n_hot), dtype=gu.dtype, device=gu.device)
     hot_counts = torch.empty((m, n_hot_tiles), dtype=torch.int32, device=gu.device)
     if n_hot and m:
         block_m = 32
-        _hot_hidden_kernel[(triton.cdiv(m, block_m), n_hot_tiles)](
+        _hot_hidden_kernel[(cdiv(m, block_m), n_hot_tiles)](
             gu, h_hot, hot_counts, m, n_hot, n_units, gu.stride(0), n_hot_tiles, BLOCK_M=block_m, TILE=tile,
             num_warps=4,
         )
@@ -268,7 +268,7 @@ def launch_hot_cold_ffn(
         h_hot, hot_counts, *cold = gate(x, plan.w_gemm, n_hot, n_cold, plan.cold, tile=tile, capacity=capacity,
                                         unit_ids=unit_ids, **extra)
         if beside is not None:
-            target = triton.cdiv(triton.cdiv(n_cold, tile), 2)  # the cold output tiles of a row block
+            target = cdiv(cdiv(n_cold, tile), 2)  # the cold output tiles of a row block
             lists = launch_list_twell_rows(*cold, tile=tile, unit_map=plan.cold, idx_is_unit=unit_ids, heavy=heavy,
                                            after_gate=(extra["done"], target, gate_row_block()))
     else:
@@ -325,7 +325,7 @@ def _lists_beside_gate(x: torch.Tensor, n_cold: int) -> int | None:
         return None
     if not (pdl_supported(x.device) or interpreting()):
         return None
-    return triton.cdiv(m, gate_row_block())
+    return cdiv(m, gate_row_block())
 
 
 def joined_counts(cold_counts: torch.Tensor, hot_counts: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._runtime import interpreting, pdl_supported, prefer_max_shared_carveout, sm_count
+from ._runtime import cdiv, interpreting, pdl_supported, prefer_max_shared_carveout, sm_count
 from .cold_slots_ptx import cold_slots_asm
 from .gate_kernel import _twell_epilogue, dot_acc, nonzeros_and_counts, relu_keep_nan, round_to, tile_coords
 from .hot_cold_plan import FUSED_TILES
@@ -608,8 +608,8 @@ def launch_hot_cold_gate(
     if tile not in FUSED_TILES:
         raise ValueError(f"the fused hot/cold gate takes tiles {FUSED_TILES}, got {tile}")
     m, d = x.shape
-    n_hot_tiles = triton.cdiv(n_hot, tile)
-    n_cold_tiles = triton.cdiv(n_cold, tile)
+    n_hot_tiles = cdiv(n_hot, tile)
+    n_cold_tiles = cdiv(n_cold, tile)
     if w_fused.shape != (2 * tile * n_hot_tiles + n_cold, d):
         raise ValueError(f"w_fused has shape {tuple(w_fused.shape)}; for {n_hot} hot and {n_cold} cold units at tile "
                          f"{tile} it needs ({2 * tile * n_hot_tiles + n_cold}, {d})")
@@ -619,15 +619,16 @@ def launch_hot_cold_gate(
     cold_counts, hot_counts = counts[:, :n_cold_tiles], counts[:, n_cold_tiles:]
     values = torch.empty((m, n_cold_tiles, capacity), dtype=x.dtype, device=dev)
     indices = torch.empty((m, n_cold_tiles, capacity), dtype=torch.int16, device=dev)
-    n_out_tiles = n_hot_tiles + triton.cdiv(n_cold_tiles, 2)
+    n_out_tiles = n_hot_tiles + cdiv(n_cold_tiles, 2)
     if m == 0 or n_out_tiles == 0:
         if zero is not None:
             zero[:1].zero_()
         return h_hot, hot_counts, values, indices, cold_counts
     # TMA reads from 16-byte aligned addresses: a view starting mid-way (a flat buffer's slice) is copied
     x, w_fused = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (x, w_fused))
-    bm, bk, stages, warps = _INTERPRET_CONFIG if interpreting() else _GPU_CONFIG
-    tiles = triton.cdiv(m, bm) * n_out_tiles
+    interp = interpreting()  # read once: each read is an os.environ lookup, and a launch made eight
+    bm, bk, stages, warps = _INTERPRET_CONFIG if interp else _GPU_CONFIG
+    tiles = cdiv(m, bm) * n_out_tiles
     programs = min(tiles, FUSED_PROGRAMS_PER_SM * sm_count(dev.index)) if dev.type == "cuda" else tiles
     x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
     w_desc = TensorDescriptor.from_tensor(w_fused, [2 * tile, bk])
@@ -636,8 +637,8 @@ def launch_hot_cold_gate(
     if done is not None:
         if tma_slots:  # a TMA store is asynchronous: the release after the CTA barrier would not cover it
             raise ValueError("launch_hot_cold_gate: `done` does not combine with FUSED_TMA_SLOTS")
-        if not (pdl_supported(dev) or interpreting()) or done.dtype != torch.int32 or done.numel() < triton.cdiv(m, bm):
-            raise ValueError(f"launch_hot_cold_gate: `done` needs int32 [>= {triton.cdiv(m, bm)}] and programmatic "
+        if not (interp or pdl_supported(dev)) or done.dtype != torch.int32 or done.numel() < cdiv(m, bm):
+            raise ValueError(f"launch_hot_cold_gate: `done` needs int32 [>= {cdiv(m, bm)}] and programmatic "
                              f"dependent launch (CUDA, compute capability >= 9.0); got {done.dtype} "
                              f"[{done.numel()}] on {dev}")
     if trigger_rounds is not None and (done is None or trigger_rounds < 1):
@@ -652,7 +653,7 @@ def launch_hot_cold_gate(
         hot_tma = {"h_desc": TensorDescriptor.from_tensor(h_hot, [bm, tile]), "TMA_HOT": True}
     else:
         hot_tma = {}
-    ptx_ok = lean and not interpreting() and ptx_slots_supported(triton.__version__)
+    ptx_ok = lean and not interp and ptx_slots_supported(triton.__version__)
     if FUSED_PTX_HOT and ptx_ok:
         hot_tma["PTX_HOT"] = True
     asm = {}
@@ -666,14 +667,14 @@ def launch_hot_cold_gate(
         n_cold_tiles, counts.stride(0), n_out_tiles, programs,
         BM=bm, BK=bk, TILE=tile, CAP=capacity, GROUP_M=8, MAP_IDS=unit_ids,
         # the interpreter's dot needs fp32 operands, so its prefix is the scan
-        PREFIX_DOT=FUSED_PREFIX_DOT and not interpreting() and x.dtype != torch.float32,
-        DOT_FP32=interpreting() or x.dtype == torch.float32, FLATTEN=FUSED_FLATTEN and not interpreting(),
-        RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, LEAN_KEYS=lean, LEAN_PTX=lean and not interpreting(),
+        PREFIX_DOT=FUSED_PREFIX_DOT and not interp and x.dtype != torch.float32,
+        DOT_FP32=interp or x.dtype == torch.float32, FLATTEN=FUSED_FLATTEN and not interp,
+        RANK_SLOTS=FUSED_RANK_SLOTS and x.element_size() == 2, LEAN_KEYS=lean, LEAN_PTX=lean and not interp,
         val_desc=val_desc, idx_desc=idx_desc, TMA_SLOTS=tma_slots, num_stages=stages, num_warps=warps, **asm,
         **hot_tma, **({"SKIP_COLD": bool(PROBE_SKIP_EPILOGUE & 1), "SKIP_HOT": bool(PROBE_SKIP_EPILOGUE & 2)}
            if PROBE_SKIP_EPILOGUE else {}), **({"zero_ptr": zero, "ZERO": True} if zero is not None else {}),
-        **({"done_ptr": done, "DONE": True, "PDL_TRIGGER": not interpreting(), "trigger_from": trigger_from,
-            "DONE_PTX": not interpreting()} if done is not None else {}), **({"HOT_LAST": True} if hot_last else {}),
+        **({"done_ptr": done, "DONE": True, "PDL_TRIGGER": not interp, "trigger_from": trigger_from,
+            "DONE_PTX": not interp} if done is not None else {}), **({"HOT_LAST": True} if hot_last else {}),
     )
     if done is not None and BESIDE_MAX_CARVEOUT and dev.type == "cuda":
         prefer_max_shared_carveout(kernel)

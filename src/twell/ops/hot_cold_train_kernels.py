@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import interpreting, next_pow2
+from ._runtime import cdiv, interpreting, next_pow2
 from .gate_kernel import relu_keep_nan, round_to
 from .train_kernels import (
     _NUM_WARPS,
@@ -222,14 +222,14 @@ def launch_pack(
     if m == 0:
         return ids, vals, counts, a_hot, h_hot, hot_l1, hot_nz
     if n_hot:
-        _hot_pack_kernel[(triton.cdiv(m, _HOT_PACK_BM),)](
+        _hot_pack_kernel[(cdiv(m, _HOT_PACK_BM),)](
             g, u_hot, a_hot, h_hot, hot_l1, hot_nz, m, n_hot, g.stride(0),
             BM=_HOT_PACK_BM, BH=min(next_pow2(n_hot), 32 if interpreting() else _HOT_PACK_BH), num_warps=4,
         )
     if f > n_hot:
         bm = block_m or _PACK_BM
         bf = block_f or min(next_pow2(f - n_hot), 64 if interpreting() else _PACK_BF)
-        _cold_pack_kernel[(triton.cdiv(m, bm),)](
+        _cold_pack_kernel[(cdiv(m, bm),)](
             g, unit, ids, vals, counts, m, f - n_hot, n_hot, width, g.stride(0),
             BM=bm, BF=bf, WP=next_pow2(width), num_warps=num_warps or _PACK_WARPS,
         )
@@ -429,7 +429,7 @@ def launch_hot_backward(
     m, n_hot = a_hot.shape
     dgu = torch.empty((m, 2 * n_hot), dtype=a_hot.dtype, device=a_hot.device)
     h_hot = torch.empty_like(a_hot)
-    grid = (triton.cdiv(m, _HOT_BM), triton.cdiv(n_hot, _HOT_BH))
+    grid = (cdiv(m, _HOT_BM), cdiv(n_hot, _HOT_BH))
     _hot_backward_kernel[grid](dh_raw, a_hot, u_hot, grad_l1, dgu, h_hot, m, n_hot, BM=_HOT_BM, BH=_HOT_BH,
                                num_warps=4)
     return dgu, h_hot

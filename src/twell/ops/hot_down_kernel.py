@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._runtime import interpreting, tma_capable
+from ._runtime import cdiv, interpreting, tma_capable
 from .gate_kernel import dot_acc, tile_coords
 
 #: ``(BM, BN, BK, stages, warps, TMA store)`` on the GPU, and the interpreter's small tiles.  The GPU's was
@@ -98,7 +98,7 @@ def launch_hot_down(h_hot: torch.Tensor, w_down_hot_t: torch.Tensor, config: tup
     h_desc = TensorDescriptor.from_tensor(h_hot, [bm, bk])
     w_desc = TensorDescriptor.from_tensor(w_down_hot_t, [bk, bn])
     c_desc = TensorDescriptor.from_tensor(out, [bm, bn]) if tma_store else None
-    grid = (triton.cdiv(m, bm) * triton.cdiv(d, bn),)
+    grid = (cdiv(m, bm) * cdiv(d, bn),)
     _hot_down_kernel[grid](h_desc, w_desc, c_desc, out, m, d, n_hot, out.stride(0), BM=bm, BN=bn, BK=bk, GROUP_M=8,
                            TMA_STORE=tma_store, DOT_FP32=interpreting(), num_stages=stages, num_warps=warps)
     return out

@@ -36,7 +36,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._runtime import sm_count
+from ._runtime import cdiv, sm_count
 from .cold_slots_ptx import cold_slots_asm
 from .hot_cold_gate_kernel import PTX_SLOTS_TRITON, _hot_pair_asm, ptx_slots_supported
 
@@ -268,8 +268,8 @@ def kernel_args(x: torch.Tensor, w_fused: torch.Tensor, n_hot: int, n_cold: int,
     """``(positional arguments, constexpr keywords, outputs)`` of one launch; the outputs as
     ``launch_hot_cold_gate`` returns them but for the hot counts, one column per half hot tile."""
     m, d = x.shape
-    n_hot_tiles = triton.cdiv(n_hot, tile)
-    n_cold_tiles = triton.cdiv(n_cold, tile)
+    n_hot_tiles = cdiv(n_hot, tile)
+    n_cold_tiles = cdiv(n_cold, tile)
     dev = x.device
     h_hot = torch.empty((m, n_hot), dtype=x.dtype, device=dev)
     half_counts = torch.empty((m, 2 * n_hot_tiles), dtype=torch.int32, device=dev)
@@ -281,7 +281,7 @@ def kernel_args(x: torch.Tensor, w_fused: torch.Tensor, n_hot: int, n_cold: int,
     layout = _operand_layout(x.dtype)
     x_desc = TensorDescriptor.from_tensor(x, [BM, BK], layout)
     w_desc = TensorDescriptor.from_tensor(w_fused, [BN, BK], layout)
-    tiles = triton.cdiv(m, BM) * (2 * n_hot_tiles + n_cold_tiles)
+    tiles = cdiv(m, BM) * (2 * n_hot_tiles + n_cold_tiles)
     programs = min(tiles, sm_count(dev.index)) if dev.type == "cuda" else tiles
     args = (x_desc, w_desc, h_hot, half_counts, values, indices, cold_counts, cold_map, m, n_hot, n_cold, d,
             n_hot_tiles, n_cold_tiles, programs)
@@ -298,13 +298,13 @@ def launch_pingpong_gate(x: torch.Tensor, w_fused: torch.Tensor, n_hot: int, n_c
         raise ValueError(f"the ping-pong gate takes bf16 / fp16 CUDA inputs on compute capability 9.x, tile {BN}, "
                          f"rows of a multiple of 16 bytes and Triton {' / '.join(PTX_SLOTS_TRITON)}x; got {x.dtype} "
                          f"on {x.device}, tile {tile}, d={x.shape[1]}, Triton {triton.__version__}")
-    n_hot_tiles = triton.cdiv(n_hot, tile)
+    n_hot_tiles = cdiv(n_hot, tile)
     if w_fused.shape != (2 * tile * n_hot_tiles + n_cold, x.shape[1]):
         raise ValueError(f"w_fused has shape {tuple(w_fused.shape)}; for {n_hot} hot and {n_cold} cold units at tile "
                          f"{tile} and d={x.shape[1]} it needs ({2 * tile * n_hot_tiles + n_cold}, {x.shape[1]})")
     m = x.shape[0]
     if m == 0 or n_hot + n_cold == 0:  # nothing to launch (a TMA descriptor takes no empty tensor)
-        n_cold_tiles = triton.cdiv(n_cold, tile)
+        n_cold_tiles = cdiv(n_cold, tile)
         return (torch.empty((m, n_hot), dtype=x.dtype, device=x.device),
                 torch.zeros((m, n_hot_tiles), dtype=torch.int32, device=x.device),
                 torch.empty((m, n_cold_tiles, capacity), dtype=x.dtype, device=x.device),

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._runtime import interpreting, next_pow2
+from ._runtime import cdiv, interpreting, next_pow2
 from .gate_kernel import dot_acc, round_to
 
 #: Tokens per program (the M side of both products: the smallest ``tl.dot`` operand side).
@@ -202,7 +202,7 @@ def launch_twell_ffn_tc(
     d_pad = next_pow2(d)
     bk, bd = min(BK, d_pad), min(BD, d_pad)
     dummy = values
-    _twell_ffn_tc_kernel[(triton.cdiv(m, BT),)](
+    _twell_ffn_tc_kernel[(cdiv(m, BT),)](
         x, w_up if w_up is not None else dummy, w_down_t, out, values, indices, counts,
         unit_map if unit_map is not None else counts, init if init is not None else dummy, taken,
         m, d, n_tiles, x.stride(0), out.stride(0), init.stride(0) if init is not None else 0,

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from ._runtime import interpreting, next_pow2, pdl_supported, prefer_max_shared_carveout
+from ._runtime import cdiv, interpreting, next_pow2, pdl_supported, prefer_max_shared_carveout
 
 #: List entries per row (int32 each: 67 MB at M=131072, a fifth of the cold container's 335 MB).  Rows with more entries
 #: keep the searched path.  The hot/cold split at d=2048, F=5632 leaves ~7 cold pairs per token at 0.5 % density (l0 28)
@@ -227,7 +227,7 @@ def launch_list_twell_rows(values: torch.Tensor, indices: torch.Tensor, counts: 
         pdl = gpu
         wait = {"done_ptr": done, "done_target": target, "GATE_BM": row_block, "WAIT_DONE": True, "PTX_WAIT": gpu,
                 "CACHE": ".cg" if gpu else ""}
-    kernel = _list_twell_rows_kernel[(triton.cdiv(m, rows),)](
+    kernel = _list_twell_rows_kernel[(cdiv(m, rows),)](
         values, indices, counts, unit_map if unit_map is not None else counts, lst, lst_n, m, n_tiles, counts.stride(0),
         TILE=tile, CAP=cap, NT_PAD=nt_pad, LIST_MAX=list_max, ROWS=rows, HAS_MAP=unit_map is not None,
         IDX_IS_UNIT=idx_is_unit, heavy_ptr=heavy[0] if heavy else lst_n, heavy_n_ptr=heavy[1] if heavy else lst_n,
@@ -248,5 +248,5 @@ def heavy_queue(m: int, device: torch.device, *, zeroed: bool = True) -> tuple[t
     ``heavy`` (the zero is one small fill on the device; with ``zeroed=False`` the counter is left as allocated,
     for a caller that has an earlier kernel write its zero)."""
     queued = torch.zeros if zeroed else torch.empty
-    return (torch.empty(triton.cdiv(m, HEAVY_SLOT_EVERY), dtype=torch.int32, device=device),
+    return (torch.empty(cdiv(m, HEAVY_SLOT_EVERY), dtype=torch.int32, device=device),
             queued(1, dtype=torch.int32, device=device))
