@@ -35,7 +35,8 @@ from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 #: Calls issued per host-time sample, and samples per function (the median is printed)
 CALLS, SAMPLES = 40, 5
-#: GPU hold per call issued (ms): longer than any host time per call seen (~1 ms under the profiler)
+#: GPU hold per call issued (ms): longer than any host time per call seen (~1 ms under the profiler); a piece of
+#: ``--pieces`` is timed 200 calls at a time, behind 200 x this
 HOLD_MS_PER_CALL = 3.0
 #: SM cycles per ms for ``torch.cuda._sleep`` (1980 MHz, the H200's and H100's top SM clock)
 CYCLES_PER_MS = 1.98e6
@@ -71,6 +72,32 @@ def profile_text(fn: Callable[[], object], dev: torch.device, calls: int, top: i
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
     return text.getvalue()
+
+
+def torch_op_costs(dev: torch.device, m: int = 16384, d: int = 2048, h: int = 512) -> None:
+    """Host us per call of the pieces an op call is built from, the GPU held: allocations, cuBLAS's fp32-output GEMM
+    (the hot down projection) against the same GEMM in bf16, a TMA descriptor, one Triton launch."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from twell.ops.active_count import mean_active_per_token
+
+    dt = torch.bfloat16
+    x = torch.randn(m, d, device=dev, dtype=dt)
+    hh = torch.randn(m, h, device=dev, dtype=dt)
+    wt = torch.randn(h, d, device=dev, dtype=dt)
+    a = torch.relu(torch.randn(64, 256, device=dev, dtype=dt))
+    pieces: dict[str, Callable[[], object]] = {
+        "torch.empty [m, d] bf16": lambda: torch.empty((m, d), dtype=dt, device=dev),
+        "torch.zeros [33] int32": lambda: torch.zeros(33, dtype=torch.int32, device=dev),
+        "torch.mm [m, h] x [h, d], out_dtype fp32": lambda: torch.mm(hh, wt, out_dtype=torch.float32),
+        "torch.mm [m, h] x [h, d], bf16": lambda: torch.mm(hh, wt),
+        "x.contiguous() (already)": lambda: x.contiguous(),
+        "TensorDescriptor.from_tensor(x, [128, 64])": lambda: TensorDescriptor.from_tensor(x, [128, 64]),
+        "a Triton launch (l0 count, 6 args)": lambda: mean_active_per_token(a),
+    }
+    for name, fn in pieces.items():
+        fn()
+        print(f"piece {name:45s}: host {host_us(fn, dev, 200):8.1f} us/call (GPU held)", flush=True)
 
 
 def probe_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int) -> None:
@@ -109,6 +136,8 @@ def main() -> None:
     ap.add_argument("--stub-launches", action="store_true",
                     help="every Triton kernel of twell.ops a no-op (module_overhead.py's stubs): the host time "
                          "left is the Python and torch ops around the launches (the outputs are then garbage)")
+    ap.add_argument("--pieces", action="store_true",
+                    help="also the host time of the torch ops an op call is built from")
     a = ap.parse_args()
     dev = probe_device(a.device)
     if a.stub_launches:
@@ -120,6 +149,8 @@ def main() -> None:
     if a.tiny:  # infer_op_profile.py's smoke point, where the module takes a hot/cold plan
         d, f, calls, points = 64, 700, 2, [(300, 6.0)]
     run_points(points, lambda m, l0: probe_point(m, l0, d, f, dev, calls), dev)
+    if a.pieces and dev.type == "cuda":
+        torch_op_costs(dev)
 
 
 if __name__ == "__main__":
