@@ -1,0 +1,1 @@
+"""Measurement harness: timing, environment capture, result files, and the benchmark sweeps."""

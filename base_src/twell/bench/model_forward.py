@@ -1,0 +1,253 @@
+"""``twell bench model`` forward part: the backbone forward, dense ReLU FFN vs the sparse FFN.
+
+The backbone (embeddings, decoder layers, final norm; no LM head, as in the published tokens/ms) runs
+on the benchmark batch (``--batch`` x ``--seq`` tokens, default 64 x 2048 = 131,072) under
+``torch.inference_mode`` with ``use_cache=False``.  Variants: ``dense`` (the same weights with
+:class:`~twell.nn.DenseReluGatedMLP`, cuBLAS) and one sparse variant per dispatch policy
+(``sparse:default`` = what a user of :class:`~twell.nn.SparseGatedMLP` gets, ``sparse:always-sparse`` =
+the TwELL kernels in every layer).  Attention and everything else are the same modules.
+
+Per variant: median ms over interleaved reps, tokens/ms, speedup, peak memory of one call, energy per
+token (board energy over back-to-back calls), and which layers the policy sent to the sparse kernels.
+Correctness: the final hidden states vs the dense variant (relative L2 and max-abs relative), and both
+against a float32 copy of the model on the first ``--check-seqs`` sequences, so the sparse error can be
+read against the dense bf16 error (a sparse error within ``1.5x`` the dense one, or within the bf16
+tolerance, is ``ok``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..nn import SparseGatedMLP
+from ..tolerances import MODEL_DENSE_ERROR_FACTOR, within_tolerance
+from .model_energy import EnergyMeter
+from .model_measure import (
+    PROFILE_TOP,
+    Timings,
+    compile_backend,
+    describe_error,
+    free_device_memory,
+    kernel_lines,
+    peak_memory,
+    profile_kernels,
+    time_compiled_variants,
+    time_interleaved,
+)
+from .model_setup import BenchModel
+from .model_sparsity import measure_layers
+
+__all__ = ["ForwardConfig", "run_forward"]
+
+
+@dataclass(frozen=True)
+class ForwardConfig:
+    warmup: int = 2
+    reps: int = 5
+    energy_seconds: float = 3.0
+    check_seqs: int = 2
+    policies: tuple[str, ...] = ("default", "always-sparse")
+    profile: bool = False  # one more forward per variant under torch.profiler: its largest GPU kernels
+    #: also time every variant's backbone under torch.compile (inductor, default mode: the elementwise
+    #: work outside the FFN fused, the sparse FFN as its custom ops), one variant after another
+    compile: bool = False
+
+
+
+def _rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    o, r = out.float(), ref.float()
+    return float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r))
+
+
+def _max_rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    o, r = out.float(), ref.float()
+    return float((o - r).abs().max() / r.abs().max())
+
+
+def _fp32_reference(bench: BenchModel, ids: torch.Tensor) -> torch.Tensor:
+    """Final hidden states of a float32 copy of the backbone with the dense FFN (freed on return)."""
+    bench.sets.use("dense")
+    ref_model = copy.deepcopy(bench.model.model).float()
+    try:
+        return ref_model(input_ids=ids, use_cache=False).last_hidden_state
+    finally:
+        del ref_model
+        free_device_memory(bench.device)
+
+
+def _store_timings(result: dict[str, Any], names: list[str], timings: Timings, n_tokens: int,
+                   prefix: str = "") -> None:
+    """``<prefix>ms``, ``<prefix>ms_samples``, ``<prefix>tokens_per_ms``, ``<prefix>speedup`` (vs dense) or
+    ``<prefix>error`` of each variant."""
+    dense_ms = timings.median_ms("dense")
+    for name in names:
+        entry = result["variants"][name]
+        if name in timings.errors:
+            entry[f"{prefix}error"] = timings.errors[name]
+            continue
+        ms = timings.median_ms(name)
+        entry.update({f"{prefix}ms": ms, f"{prefix}ms_samples": timings.samples[name],
+                      f"{prefix}tokens_per_ms": n_tokens / ms})
+        if dense_ms is not None:
+            entry[f"{prefix}speedup"] = dense_ms / ms
+
+
+def _time_compiled(bench: BenchModel, ids: torch.Tensor, runnable: list[str], result: dict[str, Any],
+                   cfg: ForwardConfig, log: Callable[[str], None]) -> None:
+    """``compiled_ms``, ``compiled_speedup`` (vs the compiled dense backbone) and ``compiled_rel_l2_vs_eager``
+    per variant: the backbone under torch.compile (inductor; ``aot_eager`` off CUDA, for tests)."""
+    backbone = bench.model.model
+    backend = compile_backend(bench.device)
+    compiled = torch.compile(backbone, backend=backend)
+    names = [n for n in runnable if "error" not in result["variants"][n]]
+    log(f"forward: timing {', '.join(names)} compiled ({backend}; {cfg.reps} reps, one variant after another)")
+
+    def call(name: str) -> Callable[[], torch.Tensor]:
+        def fn() -> torch.Tensor:
+            bench.sets.use(name)
+            return compiled(input_ids=ids, use_cache=False).last_hidden_state
+
+        return fn
+
+    timings = time_compiled_variants({n: call(n) for n in names}, bench.device, cfg.reps)
+    _store_timings(result, names, timings, ids.numel(), prefix="compiled_")
+    for name in names:
+        entry = result["variants"][name]
+        if "compiled_ms" not in entry:
+            continue
+        bench.sets.use(name)
+        eager = backbone(input_ids=ids, use_cache=False).last_hidden_state
+        entry["compiled_rel_l2_vs_eager"] = _rel_l2(timings.last[name], eager)
+        del eager
+    del timings
+    torch._dynamo.reset()
+    free_device_memory(bench.device)
+
+
+def run_forward(bench: BenchModel, cfg: ForwardConfig, log: Callable[[str], None],
+                update: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Run the forward part; ``update(result)`` is called whenever a piece is done (partial results survive)."""
+    ids = bench.tokens
+    n_tokens = ids.numel()
+    device = bench.device
+    backbone = bench.model.model
+    names = ["dense", *(f"sparse:{p}" for p in cfg.policies)]
+    result: dict[str, Any] = {"batch": ids.shape[0], "seq": ids.shape[1], "tokens": n_tokens,
+                              "variants": {n: {} for n in names}}
+
+    def call(name: str) -> Callable[[], None]:
+        def fn() -> None:
+            bench.sets.use(name)
+            backbone(input_ids=ids, use_cache=False)
+
+        return fn
+
+    with torch.inference_mode():
+        log(f"forward: per-layer sparsity of the benchmark batch ({n_tokens} tokens)")
+        result["layers"] = measure_layers(bench.model, bench.sets.use("dense"), ids)
+        update(result)
+
+        log("forward: outputs of each variant vs dense and vs a float32 copy")
+        dense_out = backbone(input_ids=ids, use_cache=False).last_hidden_state
+        k = min(cfg.check_seqs, ids.shape[0])
+        ref = None
+        if k > 0:
+            try:
+                ref = _fp32_reference(bench, ids[:k])
+                result["variants"]["dense"]["rel_err_vs_fp32"] = _rel_l2(dense_out[:k], ref)
+            except Exception as exc:  # noqa: BLE001 - the check is optional; the timing goes on
+                result["fp32_reference_error"] = describe_error(exc)
+        for name in names[1:]:
+            entry = result["variants"][name]
+            try:
+                bench.sets.use(name)
+                backbone(input_ids=ids, use_cache=False)  # first call measures l0 (dense path) per layer
+                out = backbone(input_ids=ids, use_cache=False).last_hidden_state
+                entry["rel_l2_vs_dense"] = _rel_l2(out, dense_out)
+                entry["max_rel_vs_dense"] = _max_rel(out, dense_out)
+                if ref is not None:
+                    err = _rel_l2(out[:k], ref)
+                    entry["rel_err_vs_fp32"] = err
+                    dense_err = result["variants"]["dense"]["rel_err_vs_fp32"]
+                    entry["ok"] = within_tolerance(err, bench.dtype, dense_err, MODEL_DENSE_ERROR_FACTOR)
+                mlps = bench.sets.sets[name]
+                entry["sparse_layers"] = [
+                    i for i, m in enumerate(mlps)
+                    if isinstance(m, SparseGatedMLP) and m._use_sparse(n_tokens, device.type)
+                ]
+                del out
+            except Exception as exc:  # noqa: BLE001 - recorded; the variant is then skipped
+                entry["error"] = describe_error(exc)
+                free_device_memory(device)
+        del dense_out, ref
+        free_device_memory(device)
+        update(result)
+
+        runnable = [n for n in names if "error" not in result["variants"][n]]
+        log(f"forward: timing {', '.join(runnable)} ({cfg.warmup} warm-up + {cfg.reps} interleaved reps)")
+        timings = time_interleaved({n: call(n) for n in runnable}, device=device, warmup=cfg.warmup, reps=cfg.reps)
+        _store_timings(result, runnable, timings, n_tokens)
+        update(result)
+
+        if cfg.compile:
+            _time_compiled(bench, ids, runnable, result, cfg, log)
+            update(result)
+
+        if cfg.profile and device.type == "cuda":
+            # Where the time goes, attention included: the dense model's non-FFN time at 1.5B, 64 x 2048
+            # tokens (~650 of 1040 ms) is ~2x its FLOP count.
+            for name in runnable:
+                entry = result["variants"][name]
+                if "error" not in entry:
+                    entry["profile"] = profile_kernels(call(name), device, PROFILE_TOP)
+                    log(f"forward: {name}: kernels of one forward (ms, calls):\n" + kernel_lines(entry["profile"]))
+            update(result)
+
+        meter = EnergyMeter(device)
+        result["energy_method"] = meter.method or f"unavailable ({meter.reason})"
+        for name in runnable:
+            entry = result["variants"][name]
+            if "error" in entry:
+                continue
+            try:
+                entry["memory"] = peak_memory(call(name), device)
+                if meter.method is not None and cfg.energy_seconds > 0:
+                    energy = meter.measure(call(name), min_seconds=cfg.energy_seconds)
+                    energy["mJ_per_token"] = energy["joules"] * 1e3 / (energy["calls"] * n_tokens)
+                    entry["energy"] = energy
+            except Exception as exc:  # noqa: BLE001 - timing stands; memory/energy marked failed
+                entry["memory_energy_error"] = describe_error(exc)
+                free_device_memory(device)
+            update(result)
+        for name in names[1:]:
+            entry = result["variants"][name]
+            entry["layer_l0_sparse_path"] = [
+                None if getattr(m, "last_l0", None) is None else float(m.last_l0) for m in bench.sets.sets[name]
+            ]
+    return result
+
+
+def forward_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Flat CSV/table rows of a forward result."""
+    rows = []
+    layers = result.get("layers") or []
+    l0 = sum(r["l0_mean"] for r in layers) / len(layers) if layers else None
+    for name, v in result.get("variants", {}).items():
+        mem = v.get("memory") or {}
+        energy = v.get("energy") or {}
+        rows.append({
+            "part": "forward", "variant": name, "batch": result.get("batch"), "tokens": result.get("tokens"),
+            "ms": v.get("ms"), "tokens_per_ms": v.get("tokens_per_ms"), "speedup": v.get("speedup"),
+            "peak_gb": mem.get("peak_gb"), "mJ_per_token": energy.get("mJ_per_token"), "l0_mean": l0,
+            "sparse_layers": None if "sparse_layers" not in v else len(v["sparse_layers"]),
+            "rel_err_vs_fp32": v.get("rel_err_vs_fp32"), "rel_l2_vs_dense": v.get("rel_l2_vs_dense"),
+            "max_rel_vs_dense": v.get("max_rel_vs_dense"),
+            "compiled_ms": v.get("compiled_ms"), "compiled_speedup": v.get("compiled_speedup"),
+            "ok": v.get("ok"), "error": (v.get("error") or "").split("\n")[0] or None,
+        })
+    return rows

@@ -1,0 +1,183 @@
+"""A layer's hot/cold plan (``twell.ops.hot_cold``), kept current by ``SparseGatedMLP``.
+
+The hot units are re-chosen from a sample of the call's tokens on the layer's l0-refresh calls (the
+only calls that may synchronise with the host: the hot count sets tensor sizes; a new set that
+differs from the current one in under 10 % of its units is ignored); the plan's weight
+copies are rebuilt when a parameter changes (its version counter or storage moves), so an optimizer
+step or a ``load_state_dict`` between inference calls never leaves stale copies in use.
+
+Everything the cache holds is built with inference mode off (and grad mode off): a refresh or a
+rebuild that happens inside ``torch.inference_mode()`` would otherwise store inference tensors, which
+outlive that block and make a later in-place update or autograd use of them fail ("Inference tensors
+cannot be saved for backward").
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..format.twell import DEFAULT_TILE, default_capacity
+from ..ops.hot_cold_dense_rows import dense_row_budget
+from ..ops.hot_cold_plan import (
+    HOT_MIN_FREQUENCY,
+    HotColdPlan,
+    active_frequency,
+    build_hot_cold_plan,
+    check_max_cold_l0,
+    default_max_cold_l0,
+    hot_units_for_call,
+    overflow_row_fraction,
+    sample_active,
+)
+
+#: The hot/cold op's dense rows (``twell.ops.hot_cold_dense_rows``): the tokens with an overflowing cold tile
+#: computed by three dense GEMMs, as many as the refresh sample predicts (below).  Why: in the 1.5B forward's
+#: calibrated sparsity on the H200 the first layers' few dense tokens cost the most (layer 0: 10.504 ms sparse
+#: with 13,353 overflowing cold tiles in 739 of 131,072 tokens, against 6.0-6.5 ms for layers without any;
+#: bench_results/h200/forward_layer_times_session22.log).  Measured on (session 22, same process, on / off):
+#: layer 0 6.725 / 10.889 ms, layer 1 6.814 / 7.924, the 28 FFNs 189.477 / 201.061 ms; the whole forward 1.348x /
+#: 1.326x of dense (514.2 / 522.0 ms; bench_results/h200/model_forward_inproc_*dense_rows_session22.json).  On.
+#: Off: every overflowing row in the row kernel.
+DENSE_OVERFLOW_ROWS = True
+#: The dense-row budget of a call: the refresh sample's fraction of rows with an overflowing cold tile times the
+#: call's tokens, times this margin (the sample holds 4096 rows: ~23 such rows at layer 0 above), plus the
+#: slack below, rounded up to the multiple.  Unused budget costs GEMM rows (~3 x 2 x d x F FLOPs each), a budget
+#: short of the rows leaves the rest to the row kernel.
+DENSE_ROWS_MARGIN = 1.5
+DENSE_ROWS_SLACK = 32
+DENSE_ROWS_MULTIPLE = 64
+#: ... and none where the call is expected to hold fewer overflowing rows than this: the pass has a fixed cost that a
+#: few rows do not repay.  Measured on the H200 in session 29 (bench_results/h200/ffn_16384_rows_{on,off}
+#: _session29.json, d=2048, F=5632, 16,384 tokens at 2 %): one overflowing row in the 4096-row sample gave a budget of
+#: 64 rows and the module 1.216 ms against 1.137 with no dense pass (1.34x against 1.43x of dense), the op without one
+#: 1.136 ms, so the ~4 expected rows cost nothing in the row kernel while the pass cost 0.079 ms. Rows that overflow
+#: many tiles cost far more there: ~5.2-5.6 us each in the 1.5B forward's layers 0 and 1 (session 22 above: 4.16 ms for
+#: 739 rows, 1.11 ms for 213), so the pass repays ~0.079 ms from ~15 such rows.
+DENSE_ROWS_MIN_EXPECTED = 16.0
+
+
+def _check_takes_two(rule: Callable) -> None:
+    """Raise TypeError unless ``rule`` can be called with two positional arguments (tokens, density)."""
+    try:
+        inspect.signature(rule).bind(0, 0.0)
+    except TypeError:
+        raise TypeError(
+            "max_cold_l0 must be None, a number, or a function of two positional arguments (the refresh call's "
+            f"token count and its sample's density, active units per token over F), got {rule!r}"
+        ) from None
+    except ValueError:  # a builtin without a signature: it is called as documented and fails there if it must
+        pass
+
+
+def _weights_key(*weights: torch.Tensor) -> tuple:
+    return tuple((w.data_ptr(), w._version, tuple(w.shape), w.dtype, w.device) for w in weights)
+
+
+class HotColdCache:
+    """Holds the current plan of one layer (None: no unit fires often enough to be worth a dense pass)."""
+
+    def __init__(
+        self,
+        min_frequency: float = HOT_MIN_FREQUENCY,
+        max_cold_l0: float | None | Callable[[int, float], float | None] = default_max_cold_l0,
+    ) -> None:
+        """``min_frequency`` and ``max_cold_l0``: :func:`twell.ops.choose_hot_units`'s (None: no bound).
+        ``max_cold_l0`` may also be a function of the refresh call's token count and its sample's density (active
+        units per token over F; two positional arguments); the default,
+        :func:`twell.ops.hot_cold_plan.default_max_cold_l0`, allows more cold pairs on the largest calls and fewer on
+        small calls and dense layers."""
+        if not 0.0 < min_frequency <= 1.0:
+            raise ValueError(f"min_frequency must be in (0, 1], got {min_frequency}")
+        if callable(max_cold_l0):
+            _check_takes_two(max_cold_l0)
+        else:
+            check_max_cold_l0(max_cold_l0)
+        self.min_frequency = min_frequency
+        self.max_cold_l0 = max_cold_l0
+        self._hot: torch.Tensor | None = None
+        self._plan: HotColdPlan | None = None
+        self._key: Any = None
+        #: fraction of the last refresh sample's rows with an overflowing cold tile under the current hot set
+        self.overflow_fraction = 0.0
+
+    @property
+    def chosen(self) -> bool:
+        """Whether the hot units have been chosen at least once (since the last :meth:`clear`)."""
+        return self._hot is not None
+
+    @property
+    def n_hot(self) -> int | None:
+        """How many hot units the current set holds (None: not chosen since the last :meth:`clear`)."""
+        return None if self._hot is None else int(self._hot.numel())
+
+    def refresh(self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *,
+                tile: int = DEFAULT_TILE, capacity: int | None = None) -> None:
+        """Re-choose the hot units from (a sample of) the tokens ``x``, and measure on the same sample the
+        fraction of rows whose cold tiles (of ``tile`` units, ``capacity`` slots; None: the default) overflow
+        (:attr:`overflow_fraction`, for :meth:`dense_rows`); synchronises with the host twice."""
+        with torch.inference_mode(False), torch.no_grad():
+            active = sample_active(x, w_gate)
+            frequency = active_frequency(active)
+            hot = hot_units_for_call(frequency, x.shape[0], min_frequency=self.min_frequency,
+                                     max_cold_l0=self.max_cold_l0)
+            if not (self._hot is not None and self._hot.device == hot.device and self._close_enough(self._hot, hot)):
+                self._hot = hot
+                self._plan = None
+                self._key = None
+            cap = default_capacity(tile) if capacity is None else capacity
+            self.overflow_fraction = overflow_row_fraction(active, self._hot, tile, cap) if self._hot.numel() else 0.0
+
+    def dense_rows(self, n_tokens: int) -> int:
+        """The dense-row budget of a call of ``n_tokens`` (``hot_cold_gated_ffn``'s ``dense_rows``): 0 with
+        :data:`DENSE_OVERFLOW_ROWS` off, or where the last refresh sample's overflowing rows predict fewer than
+        :data:`DENSE_ROWS_MIN_EXPECTED` in the call."""
+        if not DENSE_OVERFLOW_ROWS:
+            return 0
+        return dense_row_budget(n_tokens, self.overflow_fraction, margin=DENSE_ROWS_MARGIN, slack=DENSE_ROWS_SLACK,
+                                multiple=DENSE_ROWS_MULTIPLE, min_expected=DENSE_ROWS_MIN_EXPECTED)
+
+    #: A re-chosen hot set that shares at least this fraction of units with the current one (and has the
+    #: same size) is ignored: units near the frequency threshold flip in and out of a 4096-token sample,
+    #: and each change would rebuild the plan (a reordered copy of Wg and host syncs) for no speed gain.
+    KEEP_OVERLAP = 0.9
+
+    @classmethod
+    def _close_enough(cls, old: torch.Tensor, new: torch.Tensor) -> bool:
+        if old.numel() != new.numel():
+            return False
+        if old.numel() == 0:
+            return True
+        return int(torch.isin(new, old).sum()) >= cls.KEEP_OVERLAP * old.numel()
+
+    def plan(
+        self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, key: Any = None,
+        fused_tile: int = 0,
+    ) -> HotColdPlan | None:
+        """The plan for the current weights (rebuilt if they changed), or None when there is no hot unit.
+
+        ``key``: a fingerprint of the three weights that the caller has already computed (anything
+        that compares equal exactly while the weights are unchanged; ``SparseGatedMLP`` passes its
+        own, identity included), which saves building one here per call; None: this cache's own
+        (storage pointer, version, shape, dtype, device of each weight).  ``fused_tile``: the plan's
+        gate weight layout (see ``HotColdPlan``); a change rebuilds the plan.
+        """
+        if self._hot is None or self._hot.numel() == 0:
+            return None
+        if key is None:
+            key = _weights_key(w_gate, w_up, w_down)
+        if self._plan is None or key != self._key or self._plan.fused_tile != fused_tile:
+            with torch.inference_mode(False), torch.no_grad():
+                self._plan = build_hot_cold_plan(w_gate.detach(), w_up.detach(), w_down.detach(), self._hot,
+                                                 fused_tile=fused_tile)
+            self._key = key
+        return self._plan
+
+    def clear(self) -> None:
+        self._hot = None
+        self._plan = None
+        self._key = None
+        self.overflow_fraction = 0.0

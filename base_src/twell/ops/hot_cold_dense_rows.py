@@ -1,0 +1,72 @@
+"""The hot/cold op's dense rows: tokens with an overflowing cold tile computed by three dense GEMMs.
+
+A cold tile of a row holds at most ``capacity`` non-zeros in the TwELL container; the row-gather kernel
+recomputes a tile with more densely, one token at a time on CUDA cores (``twell_ffn_kernel``: per token and
+overflowing tile, the tile's 128 Wg rows, 512 KB at d=2048), in one latency-bound program per row.  Such rows
+are rare but not uniform: in the 1.5B forward's calibrated sparsity (``twell bench model``) the first positions
+of each sequence fire hundreds of units in the first layers, and on the H200 layer 0 had 13,353 overflowing
+tiles in 739 of its 131,072 tokens and took 10.504 ms sparse against 6.0-6.5 ms for the layers without any
+(layer 1: 1,675 tiles in 213 tokens, 7.659 ms; bench_results/h200/forward_layer_times_session22.log).
+
+With a budget of ``K`` rows the op instead (all on the device, no host synchronisation, so CUDA graphs and
+torch.compile keep it):
+
+1. picks the first ``K`` rows (in row order) that have an overflowing cold tile, from the gate's cold counts
+   (:func:`select_overflow_rows`); the row kernel skips them (``skip_overflow_rows``);
+2. computes those rows' whole FFN as the dense PyTorch FFN does in the input dtype (:func:`dense_rows_ffn`:
+   ``relu(x Wg^T) * (x Wu^T)`` rounded, then ``@ Wd^T``), and writes them into the output.
+
+Rows past the budget keep the row kernel's exact dense pass, so nothing is dropped; the budget only moves time.
+Unused budget slots compute row 0 again and write the same dense result over it (a valid value for that row).
+
+Measured (H200, session 22, the same forward): layer 0 10.889 -> 6.725 ms and layer 1 7.924 -> 6.814 ms with budgets
+of 1152 and 384 rows (bench_results/h200/forward_layer_times_{no_,}dense_rows_session22.log); the 1.5B forward
+1.326x -> 1.348x of dense.  The budget comes from ``twell.nn.hot_cold_cache``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def select_overflow_rows(cold_counts: torch.Tensor, capacity: int, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(skip int8 [M], rows int64 [budget])``: the first ``budget`` rows with a cold tile of more than
+    ``capacity`` non-zeros, flagged in ``skip`` and listed in ``rows`` in row order (unused slots hold 0).
+
+    ``cold_counts``: int32 [M, n_cold_tiles], the cold part of the op's counts.  Deterministic (a prefix sum,
+    then a scatter whose only repeated target is a discarded slot).
+    """
+    m = cold_counts.shape[0]
+    over = cold_counts.amax(1) > capacity
+    rank = torch.cumsum(over, 0, dtype=torch.int64)  # inclusive: the k-th overflowing row has rank k
+    take = over & (rank <= budget)
+    slot = torch.where(take, rank - 1, budget)  # slot ``budget`` collects the rest and is dropped
+    rows = torch.zeros(budget + 1, dtype=torch.int64, device=cold_counts.device)
+    rows.scatter_(0, slot, torch.arange(m, dtype=torch.int64, device=cold_counts.device))
+    return take.to(torch.int8), rows[:budget]
+
+
+def dense_rows_ffn(x: torch.Tensor, rows: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                   w_down_t: torch.Tensor, out: torch.Tensor, *, residual: torch.Tensor | None = None) -> None:
+    """``out[rows] = FFN(x[rows])``, the dense FFN's own ops in the input dtype (u, relu(g) and h rounded to it,
+    fp32 accumulation in every GEMM, the output rounded once); ``w_down_t`` is Wd^T [F, d].  With ``residual``
+    ([M, d]) ``out[rows] = residual[rows] + FFN(x[rows])``, the sum rounded again (the row kernel's bits)."""
+    xr = x.index_select(0, rows)
+    h = F.relu(F.linear(xr, w_gate)) * F.linear(xr, w_up)
+    y = torch.mm(h, w_down_t)
+    if residual is not None:
+        y += residual.index_select(0, rows)
+    out.index_copy_(0, rows, y)
+
+
+def dense_row_budget(n_tokens: int, overflow_fraction: float, *, margin: float, slack: int, multiple: int,
+                     min_expected: float = 0.0) -> int:
+    """Rows to set aside for the dense pass in a call of ``n_tokens``: 0 where no overflowing row is expected
+    or fewer than ``min_expected`` are, else ``margin`` times the expected count plus ``slack``, rounded up to
+    ``multiple`` and at most ``n_tokens``."""
+    expected = n_tokens * overflow_fraction
+    if overflow_fraction <= 0.0 or n_tokens <= 0 or expected < min_expected:
+        return 0
+    want = int(expected * margin) + slack
+    return min(n_tokens, -(-want // multiple) * multiple)
