@@ -1,28 +1,16 @@
 #!/usr/bin/env bash
-# Session 40: the hot/cold path's host time after a04fb03 (plain-Python cdiv in the launchers, one environment read per
-# fused-gate launch, the module's eager hot/cold calls straight to the launcher) against 8e73124, whose src/ travels
-# untracked as base_src/ for this call only.  First the GPU tests of the module and model paths that the change
-# touches (the module's eager path, no synchronisation on non-refresh calls), then `op_host_time.py` alternating
-# base / new in separate processes, then the host time of the pieces an op call is built from.
-# Predicted (CPU with launches stubbed: the module's call 97.5 -> 55.2 us, the op's 60.4 -> 51.5): on the GPU machine's
-# slower host the op -30 to -60 us a call of its ~450-950, the module -60 to -120 us.  ~4 minutes.
-#   TWELL_SESSION=session40 TWELL_COMMIT=<sha> bash scripts/gpu_pending_host_ab.sh
+# Session 40's host-time trim (a04fb03: plain-Python cdiv in the launchers, one environment read per fused-gate launch,
+# the module's eager hot/cold calls straight to the launcher), timed inside one process.  Session 40's first A/B ran the
+# two source trees in separate processes and the spread between them (the op 522 then 784 us a call at one point)
+# exceeded the change (bench_results/h200/session40_runs.md, call hostab); `op_host_time.py --ab` flips the launch path
+# round by round in one process instead (`nn.mlp.EAGER_HOT_COLD_LAUNCH`, `triton.cdiv` patched back in), with the
+# outputs compared.  Predicted (CPU with launches stubbed: the module's call 97.5 -> 55.2 us, the op's 60.4 -> 51.5;
+# the GPU machine's host ~2-3x slower): the module -60 to -120 us a call, the op -20 to -40.  ~2 minutes.
+#   TWELL_SESSION=session41 TWELL_COMMIT=<sha> bash scripts/gpu_pending_host_ab.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
-call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session40}" hostab
-stage pytest_gpu_module "$(left 200)" "passed|failed|FAILED|Error" \
-  python3 -m pytest tests/test_nn_mlp.py tests/test_nn_mlp_hot_cold.py tests/test_nn_overhead.py tests/test_nn_residual.py \
-  tests/test_nn_decode.py tests/test_models_gpu.py tests/test_ops_hot_cold_dense_rows.py -q -m gpu -p no:cacheprovider
-for round in 1 2; do
-  for v in base new; do
-    src=src; [ "$v" = base ] && src=base_src
-    stage "host_${v}_2048x5632_r$round" "$(left 420)" ": host|Error" env PYTHONPATH="$src:scripts" \
-      python3 scripts/op_host_time.py --shape 2048x5632 --points 1024:28 16384:28
-  done
+call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session41}" hostab
+for shape in 2048x5632 1024x3072; do
+  stage "host_ab_$shape" "$(left 240)" "A/B|Error" \
+    python3 scripts/op_host_time.py --shape "$shape" --points 1024:28 16384:28 --ab 7
 done
-for v in base new; do
-  src=src; [ "$v" = base ] && src=base_src
-  stage "host_${v}_1024x3072" "$(left 500)" ": host|Error" env PYTHONPATH="$src:scripts" \
-    python3 scripts/op_host_time.py --shape 1024x3072 --points 16384:30
-done
-stage host_pieces "$(left 560)" "piece|Error" python3 scripts/op_host_time.py --shape 1024x3072 --points 1024:30 --pieces
 call_end

@@ -15,11 +15,13 @@ Usage (GPU machine): ``PYTHONPATH=src python3 scripts/op_host_time.py [--shape 1
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import io
 import pstats
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from hot_threshold_probe import parse_point  # scripts/ (the script's own directory is on sys.path)
@@ -29,7 +31,7 @@ from twell.bench.probe import probe_device, probe_parser, run_points
 from twell.bench.shape_arg import parse_shape
 from twell.bench.timing import synchronize, time_ms
 from twell.format.twell import DEFAULT_TILE
-from twell.nn import SparseGatedMLP
+from twell.nn import DispatchPolicy, SparseGatedMLP
 from twell.ops.hot_cold_plan import build_hot_cold_plan, choose_hot_units, unit_frequency
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
@@ -100,6 +102,72 @@ def torch_op_costs(dev: torch.device, m: int = 16384, d: int = 2048, h: int = 51
         print(f"piece {name:45s}: host {host_us(fn, dev, 200):8.1f} us/call (GPU held)", flush=True)
 
 
+@contextlib.contextmanager
+def launch_path(before: bool) -> Iterator[None]:
+    """The host-side launch path as shipped, or (``before``) as it was before session 40's trim: the module's eager
+    hot/cold calls through the custom op (``nn.mlp.EAGER_HOT_COLD_LAUNCH`` off) and every launcher's grid on
+    ``triton.cdiv`` (the ``ConstexprFunction``) instead of ``ops._runtime.cdiv``."""
+    import importlib
+    import pkgutil
+
+    import triton
+
+    import twell.nn.mlp as mlp_mod
+    import twell.ops
+    from twell.ops import _runtime
+
+    patched = [(mlp_mod, "EAGER_HOT_COLD_LAUNCH", not before)]
+    if before:
+        for info in pkgutil.iter_modules(twell.ops.__path__, prefix="twell.ops."):
+            mod = importlib.import_module(info.name)
+            if mod is not _runtime and getattr(mod, "cdiv", None) is _runtime.cdiv:
+                patched.append((mod, "cdiv", triton.cdiv))
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patched]
+    try:
+        for mod, name, value in patched:
+            setattr(mod, name, value)
+        yield
+    finally:
+        for mod, name, value in saved:
+            setattr(mod, name, value)
+
+
+def ab_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int, rounds: int) -> None:
+    """The module's and the op's host time a call, shipped against :func:`launch_path`'s before, alternating in this
+    process round by round (separate processes on the GPU machine's host differed by more than the change)."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
+    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
+    # off CUDA (the smoke test) the Triton path under the interpreter, sparse whatever the size
+    kw = {} if dev.type == "cuda" else {"backend": "triton", "policy": DispatchPolicy.always_sparse()}
+    mlp = SparseGatedMLP.from_weights(wg, wu, wd, **kw).eval()
+    wd_t = wd.t().contiguous().t()
+    with torch.no_grad():
+        for _ in range(2):
+            mlp(x)
+        mlp.l0_refresh_every = 1 << 40  # as in probe_point
+        plan = mlp._hot_cold._plan
+        if plan is None:
+            print(f"M={m} l0={l0}: the module took no hot/cold plan; A/B skipped", flush=True)
+            return
+        be = kw.get("backend", "auto")
+        fns = {"module": lambda: mlp(x),
+               "hot/cold op": lambda: ops.hot_cold_gated_ffn(x, wg, wu, wd_t, plan, backend=be)}
+        times: dict[tuple[str, bool], list[float]] = {(k, b): [] for k in fns for b in (False, True)}
+        outs = {}
+        for _ in range(rounds):
+            for before in (False, True):
+                with launch_path(before):
+                    for name, fn in fns.items():
+                        outs[(name, before)] = fn()
+                        times[(name, before)].append(host_us(fn, dev, calls, samples=1))
+        for name in fns:
+            new, old = (statistics.median(times[(name, b)]) for b in (False, True))
+            same = bool(torch.equal(outs[(name, False)], outs[(name, True)]))
+            print(f"M={m} l0={l0} A/B {name:12s}: host shipped {new:8.1f} us/call, before {old:8.1f} "
+                  f"(medians of {rounds} rounds; shipped/before {new / old:.3f}; same output {same})", flush=True)
+
+
 def probe_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int) -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
     p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
@@ -136,6 +204,9 @@ def main() -> None:
     ap.add_argument("--stub-launches", action="store_true",
                     help="every Triton kernel of twell.ops a no-op (module_overhead.py's stubs): the host time "
                          "left is the Python and torch ops around the launches (the outputs are then garbage)")
+    ap.add_argument("--ab", type=int, default=0, metavar="ROUNDS",
+                    help="instead: the module and the op, shipped launch path against the one before session 40's "
+                         "trim, alternating for this many rounds in this process")
     ap.add_argument("--pieces", action="store_true",
                     help="also the host time of the torch ops an op call is built from")
     a = ap.parse_args()
@@ -148,7 +219,12 @@ def main() -> None:
     points = a.points or [(1024, 30.0), (4096, 30.0), (16384, 30.0)]
     if a.tiny:  # infer_op_profile.py's smoke point, where the module takes a hot/cold plan
         d, f, calls, points = 64, 700, 2, [(300, 6.0)]
-    run_points(points, lambda m, l0: probe_point(m, l0, d, f, dev, calls), dev)
+    if a.ab:
+        if a.tiny:  # the interpreter runs the kernels: a smaller problem than the smoke point, two rounds
+            d, f, points = 64, 256, [(16, 6.0)]
+        run_points(points, lambda m, l0: ab_point(m, l0, d, f, dev, calls, 2 if a.tiny else a.ab), dev)
+    else:
+        run_points(points, lambda m, l0: probe_point(m, l0, d, f, dev, calls), dev)
     if a.pieces and dev.type == "cuda":
         torch_op_costs(dev)
 

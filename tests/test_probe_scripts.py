@@ -162,3 +162,15 @@ def test_hot_threshold_probe_parses_points_and_bounds(monkeypatch):
     for bad in ("0", "1.5", "nan", "x"):
         with pytest.raises(argparse.ArgumentTypeError, match="threshold is a firing frequency"):
             ns["parse_threshold"](bad)
+
+
+def test_op_host_time_ab_alternates_both_launch_paths_with_the_same_output():
+    """``op_host_time.py --ab``: the module and the op timed on the shipped launch path and on the one before session
+    40's trim (the custom op, ``triton.cdiv``), in one process, with bit-identical outputs."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT / "src"))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "op_host_time.py"), "--ab", "2", "--device", "cpu",
+                           "--tiny"], env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if " A/B " in ln]
+    assert [ln.split(" A/B ")[1].split(":")[0].strip() for ln in lines] == ["module", "hot/cold op"], proc.stdout
+    assert all("same output True" in ln and "medians of 2 rounds" in ln for ln in lines), proc.stdout

@@ -187,6 +187,13 @@ class _SparsePrep(NamedTuple):
 #: forward's dense variant moved 187.5 -> 187.6 tokens/ms with it: off, so the dense path's residual add is the
 #: unfused ``residual + F.linear(...)`` and its bits are the unfused layer's.  (Off the GPU it is never used.)
 DENSE_RESIDUAL_ADDMM = False
+#: Eager inference calls on the hot/cold split call its launcher directly, as eager decode calls do, instead of going
+#: through the ``twell::hot_cold_gated_ffn_unchecked`` custom op (which torch.compile captures; traced calls always
+#: take it).  On the CPU with the launches stubbed the module's call went 97.5 -> 55.2 us with this and the launchers'
+#: plain-Python ``cdiv`` (bench_results/cpu/module_overhead_session40_{before,after}.log); on the GPU machine's host
+#: the change was inside the spread between processes (session 40, bench_results/h200/session40_runs.md), so
+#: ``scripts/op_host_time.py --ab`` flips this switch within one process.  On.
+EAGER_HOT_COLD_LAUNCH = True
 
 
 def _dense_ffn(
@@ -773,10 +780,8 @@ class SparseGatedMLP(nn.Module):
                                                                         prep.backend)
         elif plan is not None:
             res = None if residual is None else residual.contiguous()
-            if prep.backend == "triton" and not torch.compiler.is_compiling():
-                # Eager calls go to the launcher, as decode calls do: the custom op's dispatch and the plan rebuilt
-                # from its tensors were host time on every call (session 40: the op's host time a call, 442-957 us on
-                # the GPU machine, bench_results/h200/session40_runs.md); torch.compile captures the custom op.
+            if EAGER_HOT_COLD_LAUNCH and prep.backend == "triton" and not torch.compiler.is_compiling():
+                # the custom op's dispatch and the plan rebuilt from its tensors skipped (EAGER_HOT_COLD_LAUNCH)
                 out, counts = launch_hot_cold_ffn(x, plan, w_gate, w_up, w_down_t, tile=self.tile,
                                                   capacity=prep.capacity,
                                                   dense_rows=self._hot_cold.dense_rows(x.shape[0]), residual=res)
