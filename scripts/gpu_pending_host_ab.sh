@@ -11,6 +11,6 @@
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session41}" hostab
 stage host_ab_2048x5632 "$(left 240)" "A/B|Error" \
   python3 scripts/op_host_time.py --shape 2048x5632 --points 1024:28 16384:28 --ab 7
-stage host_ab_1024x3072 "$(left 240)" "A/B|Error|skipped" \
+stage host_ab_1024x3072 "$(left 480)" "A/B|Error|skipped" \
   python3 scripts/op_host_time.py --shape 1024x3072 --points 4096:30 16384:30 --ab 7
 call_end
