@@ -1,1 +1,0 @@
-"""Measurement harness: timing, environment capture, result files, and the benchmark sweeps."""
