@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from twell.nn import DispatchPolicy, SparseGatedMLP
@@ -137,3 +138,40 @@ def test_fused_gate_switch_gives_the_same_output_eager_and_compiled(monkeypatch)
         traced = compiled(x)
     assert len(calls) >= 2  # the compiled call ran the fused kernel too
     assert torch.equal(got, want) and torch.equal(traced, want)
+
+
+@pytest.mark.gpu
+def test_gpu_call_recorded_in_a_cuda_graph_under_static_dispatch():
+    """What a caller whose host is the bottleneck can do (README, "Host time"; session 40 measured the op's host time
+    at 442-957 us a call): eager calls first (they measure l0 and choose the hot set), then the layer's call of a
+    fixed token count recorded in a CUDA graph inside ``static_dispatch`` on a side stream; a replay after new
+    tokens are copied into the recorded input gives the eager layer's output for them.  Default policy, bf16,
+    d=2048, F=5632 at 4096 tokens (sparse there by the H200 table)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from twell.nn import static_dispatch
+    from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+    d, f, m = 2048, 5632, 4096
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    p = synthetic_ffn_problem(2 * m, d, f, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
+    mlp = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"]).eval()
+    x, x_new = p["x"][:m].clone(), p["x"][m:].contiguous()
+    with torch.no_grad():
+        for _ in range(3):  # the first measures l0 on the dense path, the next choose the hot set and build the plan
+            mlp(x)
+        assert mlp._path(m, x.device) == "sparse" and mlp._hot_cold._plan is not None
+        want = mlp(x_new)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), static_dispatch():
+            mlp(x)  # the traced path once outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side):
+                out = mlp(x)
+        torch.cuda.current_stream().wait_stream(side)
+        x.copy_(x_new)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert not bool(torch.isnan(out).any())
+    assert rel_error(out, want) <= REL_TOL[torch.bfloat16]
