@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 from test_train_helpers import corpus_dir, stand_in_fn
+
+#: Seconds the two ranks get (a run took ~6 s alone on the 2-core development machine): a hang fails the test
+#: instead of holding CI until its limit
+RANKS_TIMEOUT_S = 180
 
 
 def _free_port() -> int:
@@ -38,7 +44,14 @@ def test_two_process_gloo_ddp(tmp_path) -> None:
 
     prepare_data([os.path.join(root, "corpus")], seq_len=16, vocab_size=256, cache_dir=os.path.join(root, "c"),
                  heldout_every=3)  # warm the cache once
-    mp.spawn(_worker, args=(2, _free_port(), root, root), nprocs=2, join=True)
+    ranks = mp.spawn(_worker, args=(2, _free_port(), root, root), nprocs=2, join=False)
+    deadline = time.monotonic() + RANKS_TIMEOUT_S
+    while not ranks.join(timeout=2):  # raises if a rank failed
+        if time.monotonic() > deadline:
+            for proc in ranks.processes:
+                proc.kill()
+            pytest.fail(f"the two ranks did not finish within {RANKS_TIMEOUT_S} s (a hang; session 40's CI run hung "
+                        f"in the gloo group's teardown, since fixed in trainer.train)")
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
     for k, v in r0["state"].items():

@@ -323,6 +323,7 @@ def train(
     from tqdm.auto import tqdm
 
     rank, world, device, created_pg = _dist_setup(config.device)
+    finished = False
     try:
         if data is None:
             if rank == 0:
@@ -457,9 +458,22 @@ def train(
                  "seconds": seconds, "logs": logs, "eval_logs": eval_logs}, indent=1))
         if monitor is not None:
             monitor.close()
+        finished = True
         return result
     finally:
         if created_pg:
+            import gc
+
             import torch.distributed as dist
 
+            # The DDP wrapper goes before the process group.  Freed after destroy_process_group (when this frame
+            # ended), its reducer dropped the gloo group's last reference from Python: the group's destructor then
+            # joined its worker threads with the GIL held while a worker waited for the GIL to free a tensor of its
+            # last work.  A deadlock; the two-process CPU test hung so in session 40's CI run (rank 1 in
+            # ~ProcessGroupGloo under ~Reducer, its pt_gloo_runloop thread in take_gil).  Freed here, the reducer
+            # drops a reference the registry still backs, and after a barrier no worker holds a tensor of ours.
+            run_model = None  # noqa: F841 - the DDP wrapper's last reference
+            gc.collect()
+            if finished:  # on an error another rank may never reach a barrier
+                dist.barrier()
             dist.destroy_process_group()
