@@ -9,8 +9,11 @@ and the op: the host's microseconds per call while a ``torch.cuda._sleep`` holds
 drains and the host clock measures the issuing alone), the device's milliseconds per call (CUDA events), and a
 cProfile of the op's calls by own time (which Python functions the host time is).
 
-Usage (GPU machine): ``PYTHONPATH=src python3 scripts/op_host_time.py [--shape 1024x3072] [--points 16384:30 ...]``;
-``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke test (the host times then include the interpreter).
+Usage (GPU machine): ``PYTHONPATH=src:scripts python3 scripts/op_host_time.py [--shape 1024x3072] [--points 16384:30
+...] [--stub-launches] [--pieces] [--ab ROUNDS]``: ``--stub-launches`` makes every Triton kernel a no-op (the host
+time of the Python and torch ops alone), ``--pieces`` adds the host time of the torch ops an op call is built from,
+``--ab`` times the shipped launch path against the one before session 40's trim in one process.  ``--device cpu
+--tiny`` under TRITON_INTERPRET=1 is the smoke test (the host times then include the interpreter).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from hot_threshold_probe import parse_point  # scripts/ (the script's own direct
 from twell import ops
 from twell.bench.probe import probe_device, probe_parser, run_points
 from twell.bench.shape_arg import parse_shape
-from twell.bench.timing import synchronize, time_ms
+from twell.bench.timing import SLEEP_CYCLES_PER_MS, synchronize, time_ms
 from twell.format.twell import DEFAULT_TILE
 from twell.nn import DispatchPolicy, SparseGatedMLP
 from twell.ops.hot_cold_plan import build_hot_cold_plan, choose_hot_units, unit_frequency
@@ -40,8 +43,6 @@ CALLS, SAMPLES = 40, 5
 #: GPU hold per call issued (ms): longer than any host time per call seen (~1 ms under the profiler); a piece of
 #: ``--pieces`` is timed 200 calls at a time, behind 200 x this
 HOLD_MS_PER_CALL = 3.0
-#: SM cycles per ms for ``torch.cuda._sleep`` (1980 MHz, the H200's and H100's top SM clock)
-CYCLES_PER_MS = 1.98e6
 
 
 def host_us(fn: Callable[[], object], dev: torch.device, calls: int = CALLS, samples: int = SAMPLES) -> float:
@@ -50,7 +51,7 @@ def host_us(fn: Callable[[], object], dev: torch.device, calls: int = CALLS, sam
     for _ in range(samples):
         synchronize(dev)
         if dev.type == "cuda":
-            torch.cuda._sleep(int(HOLD_MS_PER_CALL * calls * CYCLES_PER_MS))
+            torch.cuda._sleep(int(HOLD_MS_PER_CALL * calls * SLEEP_CYCLES_PER_MS))
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -64,7 +65,7 @@ def profile_text(fn: Callable[[], object], dev: torch.device, calls: int, top: i
     """cProfile of ``calls`` calls behind a GPU hold, the ``top`` functions by own time."""
     synchronize(dev)
     if dev.type == "cuda":
-        torch.cuda._sleep(int(HOLD_MS_PER_CALL * calls * CYCLES_PER_MS))
+        torch.cuda._sleep(int(HOLD_MS_PER_CALL * calls * SLEEP_CYCLES_PER_MS))
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):

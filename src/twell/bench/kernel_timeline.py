@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .timing import synchronize
+from .timing import SLEEP_CYCLES_PER_MS, synchronize
 
 __all__ = ["CallTimeline", "Interval", "call_timelines", "events_of", "outermost", "timeline_lines", "timeline_of"]
 
@@ -96,8 +96,6 @@ def events_of(prof: Any, device_type: torch.autograd.DeviceType) -> list[Interva
 
 #: The kernel ``torch.cuda._sleep`` launches (ATen's Sleep.cu): a hold's interval, left out of the call's timeline
 HOLD_KERNEL = "spin_kernel"
-#: SM clock cycles per millisecond of a hold (the H100's and H200's top SM clock, 1980 MHz: at least as long as asked)
-HOLD_CYCLES_PER_MS = 1.98e6
 
 
 def call_timelines(fn: Callable[[], Any], device: torch.device, calls: int, *, hold_ms: float = 0.0
@@ -124,7 +122,7 @@ def call_timelines(fn: Callable[[], Any], device: torch.device, calls: int, *, h
         synchronize(device)
         with profile(activities=[activity]) as prof:
             if cuda and hold_ms > 0:
-                torch.cuda._sleep(int(hold_ms * HOLD_CYCLES_PER_MS))
+                torch.cuda._sleep(int(hold_ms * SLEEP_CYCLES_PER_MS))
             fn()
             synchronize(device)
         ivs = [iv for iv in events_of(prof, kind) if HOLD_KERNEL not in iv.name]
