@@ -32,6 +32,7 @@ import os
 import pstats
 import sys
 import time
+import types
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -85,26 +86,31 @@ class _NoLaunch:
         return lambda *args, **kwargs: None
 
 
+def twell_ops_modules() -> list[types.ModuleType]:
+    """Every module of the ``twell.ops`` package, imported."""
+    import importlib
+    import pkgutil
+
+    import twell.ops
+
+    return [importlib.import_module(info.name) for info in pkgutil.iter_modules(twell.ops.__path__,
+                                                                                 prefix="twell.ops.")]
+
+
 def stub_triton_kernels() -> list[str]:
     """Replace every Triton kernel object of the ``twell.ops`` modules by a no-op launcher; return their names.
 
     All modules are imported first and all of them patched, since kernels call ``@triton.jit``
     helpers of other modules (a kernel left real would run into a stubbed helper).
     """
-    import importlib
-    import pkgutil
-
     from triton.runtime.jit import KernelInterface
 
-    import twell.ops
-
     names = []
-    for info in pkgutil.iter_modules(twell.ops.__path__, prefix="twell.ops."):
-        mod = importlib.import_module(info.name)
+    for mod in twell_ops_modules():
         for name, value in list(vars(mod).items()):
             if isinstance(value, KernelInterface):
                 setattr(mod, name, _NoLaunch())
-                names.append(f"{info.name}.{name}")
+                names.append(f"{mod.__name__}.{name}")
     return names
 
 

@@ -45,13 +45,18 @@ CALLS, SAMPLES = 40, 5
 HOLD_MS_PER_CALL = 3.0
 
 
+def _hold_gpu(dev: torch.device, calls: int) -> None:
+    """After a synchronize, the GPU spins long enough that ``calls`` calls issued now all queue behind it (CUDA)."""
+    synchronize(dev)
+    if dev.type == "cuda":
+        torch.cuda._sleep(int(HOLD_MS_PER_CALL * calls * SLEEP_CYCLES_PER_MS))
+
+
 def host_us(fn: Callable[[], object], dev: torch.device, calls: int = CALLS, samples: int = SAMPLES) -> float:
     """Median over ``samples`` of the host microseconds per call of ``calls`` calls issued behind a GPU hold."""
     out = []
     for _ in range(samples):
-        synchronize(dev)
-        if dev.type == "cuda":
-            torch.cuda._sleep(int(HOLD_MS_PER_CALL * calls * SLEEP_CYCLES_PER_MS))
+        _hold_gpu(dev, calls)
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -63,9 +68,7 @@ def host_us(fn: Callable[[], object], dev: torch.device, calls: int = CALLS, sam
 
 def profile_text(fn: Callable[[], object], dev: torch.device, calls: int, top: int = 25) -> str:
     """cProfile of ``calls`` calls behind a GPU hold, the ``top`` functions by own time."""
-    synchronize(dev)
-    if dev.type == "cuda":
-        torch.cuda._sleep(int(HOLD_MS_PER_CALL * calls * SLEEP_CYCLES_PER_MS))
+    _hold_gpu(dev, calls)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(calls):
@@ -108,19 +111,15 @@ def launch_path(before: bool) -> Iterator[None]:
     """The host-side launch path as shipped, or (``before``) as it was before session 40's trim: the module's eager
     hot/cold calls through the custom op (``nn.mlp.EAGER_HOT_COLD_LAUNCH`` off) and every launcher's grid on
     ``triton.cdiv`` (the ``ConstexprFunction``) instead of ``ops._runtime.cdiv``."""
-    import importlib
-    import pkgutil
-
     import triton
+    from module_overhead import twell_ops_modules
 
     import twell.nn.mlp as mlp_mod
-    import twell.ops
     from twell.ops import _runtime
 
     patched = [(mlp_mod, "EAGER_HOT_COLD_LAUNCH", not before)]
     if before:
-        for info in pkgutil.iter_modules(twell.ops.__path__, prefix="twell.ops."):
-            mod = importlib.import_module(info.name)
+        for mod in twell_ops_modules():
             if mod is not _runtime and getattr(mod, "cdiv", None) is _runtime.cdiv:
                 patched.append((mod, "cdiv", triton.cdiv))
     saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patched]
@@ -133,20 +132,31 @@ def launch_path(before: bool) -> Iterator[None]:
             setattr(mod, name, value)
 
 
+def _warm_layer(m: int, l0: float, d: int, f: int, dev: torch.device, **kw: object
+                ) -> tuple[dict[str, torch.Tensor], SparseGatedMLP]:
+    """The synthetic problem (with ``w_down_t``, Wd^T unit-major) and its ``SparseGatedMLP`` (``kw``: its options),
+    after the two calls that measure l0 on the dense path and build the hot/cold plan, with the l0 refresh off: its
+    host read (one call in 64) would wait out a whole GPU hold (session 40's first run read 3.0-4.0 ms a module call
+    that way)."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
+    p["w_down_t"] = p["w_down"].t().contiguous().t()
+    mlp = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"], **kw).eval()
+    with torch.no_grad():
+        for _ in range(2):
+            mlp(p["x"])
+    mlp.l0_refresh_every = 1 << 40
+    return p, mlp
+
+
 def ab_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int, rounds: int) -> None:
     """The module's and the op's host time a call, shipped against :func:`launch_path`'s before, alternating in this
     process round by round (separate processes on the GPU machine's host differed by more than the change)."""
-    gen = torch.Generator(device=dev).manual_seed(0)
-    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
-    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
     # off CUDA (the smoke test) the Triton path under the interpreter, sparse whatever the size
     kw = {} if dev.type == "cuda" else {"backend": "triton", "policy": DispatchPolicy.always_sparse()}
-    mlp = SparseGatedMLP.from_weights(wg, wu, wd, **kw).eval()
-    wd_t = wd.t().contiguous().t()
+    p, mlp = _warm_layer(m, l0, d, f, dev, **kw)
+    x, wg, wu, wd_t = p["x"], p["w_gate"], p["w_up"], p["w_down_t"]
     with torch.no_grad():
-        for _ in range(2):
-            mlp(x)
-        mlp.l0_refresh_every = 1 << 40  # as in probe_point
         plan = mlp._hot_cold._plan
         if plan is None:
             print(f"M={m} l0={l0}: the module took no hot/cold plan; A/B skipped", flush=True)
@@ -170,19 +180,11 @@ def ab_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int, r
 
 
 def probe_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int) -> None:
-    gen = torch.Generator(device=dev).manual_seed(0)
-    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
-    x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
-    mlp = SparseGatedMLP.from_weights(wg, wu, wd).eval()
-    wd_t = wd.t().contiguous().t()
+    p, mlp = _warm_layer(m, l0, d, f, dev)
+    x, wg, wu, wd, wd_t = p["x"], p["w_gate"], p["w_up"], p["w_down"], p["w_down_t"]
     lin = torch.nn.functional.linear
     with torch.no_grad():
-        for _ in range(2):  # the first call measures l0 on the dense path, the second builds the plan
-            mlp(x)
         plan = mlp._hot_cold._plan
-        # no l0 refresh inside a timed window: its host read (one call in 64) would wait out the whole GPU hold
-        # (session 40's first run read 3.0-4.0 ms a module call that way)
-        mlp.l0_refresh_every = 1 << 40
         if plan is None:  # the module runs dense or its decode path here: time the op on the module's hot-set rule
             print(f"M={m} l0={l0}: the module took no hot/cold plan; the op runs the default hot set", flush=True)
             plan = build_hot_cold_plan(wg, wu, wd, choose_hot_units(unit_frequency(x, wg)), fused_tile=DEFAULT_TILE)

@@ -82,10 +82,11 @@ _UP_LARGE_M_CONFIG = {32: (128, 3, 1), 64: (128, 3, 4)}
 #: Token rows each up program computes, by BM (absent: all BM rows, one program per unit block).  With a smaller tile
 #: the grid gets BM / tile programs per unit block, each flagging the block's firing units over all M tokens (the
 #: gate values are 2 KB a block at BM = 64) and projecting its own rows; the second program reads the same Wu rows,
-#: from L2.  Not shipped: at 33-64 tokens (BM = 64) two programs of 32 rows could each run one warp, as 17-32 tokens
-#: do (9.8-10.2 us at d=2048 against 12.1-12.2 us at 64 tokens with four warps; bench_results/h200/
-#: decode_probe_call1_session39.log), where one warp over 64 rows spills; no GPU has timed it yet
-#: (``scripts/batch_up_probe.py``'s tile variants).
+#: from L2.  Tried for 33-64 tokens (BM = 64), where one warp over 64 rows spills: two programs of 32 rows, one warp
+#: each, as 17-32 tokens run.  Measured (H100, session 40, bench_results/h100/batch_up_probe_calluptiles_session40.log,
+#: ``scripts/batch_up_probe.py``'s tile variants): slower everywhere, d=2048 12.3 -> 16.0 us, 4096 x 14336 53.0 -> 63.8
+#: (likely because the two tiles read most of the same Wu rows at 0.5 %; not profiled).  Not shipped; kept for the
+#: probe.
 _UP_TOKEN_TILE: dict[int, int] = {}
 
 

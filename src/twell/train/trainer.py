@@ -475,5 +475,5 @@ def train(
             run_model = None  # noqa: F841 - the DDP wrapper's last reference
             gc.collect()
             if finished:  # on an error another rank may never reach a barrier
-                dist.barrier()
+                _barrier(world)
             dist.destroy_process_group()
