@@ -43,12 +43,8 @@ from twell.tolerances import REL_TOL, rel_error
 #: shipped until session 39, which shipped session 38's faster (256, 3, 2) and, at 17-32 tokens, (128, 3, 1).
 UP_VARIANTS = [(512, 3, 4), (512, 3, 2), (256, 3, 2), (512, 3, 1), (256, 3, 1), (1024, 2, 1), (512, 1, 4),
                (2048, 1, 4)]
-#: Token tiles timed at 33-64 tokens (BM = 64): ``(tile rows, (BK, stages, warps) of a tile's program)``; each unit
-#: block gets 64 / tile programs (``dbk._UP_TOKEN_TILE``).  Predicted from the 17-32 token times with one warp
-#: (d=2048 9.8-10.2 us, 4096 x 14336 30.2-31.5) against 64 tokens' four warps (12.1-12.2 / 51.5-55.1 us,
-#: decode_probe_call1_session39.log): two one-warp programs of 32 rows ~10-10.5 us at d=2048 and ~31-35 at
-#: 4096 x 14336, the second program's Wu rows coming from L2.
-TILE_VARIANTS = [(32, (128, 3, 1)), (32, (128, 3, 2)), (16, (256, 3, 2))]
+#: Token tiles (two programs of 32 rows a unit block at 33-64 tokens) were timed here in session 40 and lost everywhere
+#: (bench_results/h100/batch_up_probe_calluptiles_session40.log); the kernel dropped them in session 41.
 
 
 @triton.jit
@@ -75,20 +71,16 @@ def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float
         return graph_ms(fns, reps) if device.type == "cuda" else eager_ms(fns, device, rep_ms)
 
     bm = max(16, triton.next_power_of_2(m))
-    warps = dbk.up_config(dbk.up_tile(bm))[2]
+    warps = dbk.up_config(bm)[2]
     cols = {"empty": timed([lambda: _empty_kernel[(n_blocks,)](scratch, num_warps=warps)])}
     for k, gk in gs.items():
         cols[k] = timed([lambda w=w, gk=gk: dbk.launch_batch_up(x, gk, w, match=True) for w in wus])
-    default = dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG, dbk._UP_TOKEN_TILE
+    default = dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG
     shipped_ht, shipped_fires = flags["real"][0], flags["real"][1].bool()
-    variants = [(f"real{cfg}", {}, cfg, {b: (c[0], *cfg[1:]) for b, c in default[1].items()}) for cfg in UP_VARIANTS]
-    for tile, cfg in TILE_VARIANTS:
-        if tile < bm:  # the tile's program takes the configuration of a call of `tile` rows (dbk.up_config)
-            variants.append((f"tile{tile}{cfg}", {bm: tile}, cfg if tile <= 16 else default[0],
-                             default[1] if tile <= 16 else {**default[1], tile: cfg}))
+    variants = [(f"real{cfg}", cfg, {b: (c[0], *cfg[1:]) for b, c in default[1].items()}) for cfg in UP_VARIANTS]
     try:
-        for name, tiles, small, large in variants:
-            dbk._UP_TOKEN_TILE, dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG = tiles, small, large
+        for name, small, large in variants:
+            dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG = small, large
             try:  # h^T against the shipped launch's: the sums' order inside a K step may differ (wgmma, mma.sync)
                 ht_v = dbk.launch_batch_up(x, g, wu, match=True)[0]
                 if rel_error(ht_v[shipped_fires], shipped_ht[shipped_fires]) > REL_TOL[ht_v.dtype]:
@@ -98,7 +90,7 @@ def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float
             except Exception as exc:  # noqa: BLE001 - a configuration that does not build: report, go on
                 cols[name] = f"FAILED {type(exc).__name__}: {str(exc)[:60]}"
     finally:
-        dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG, dbk._UP_TOKEN_TILE = default
+        dbk._UP_CONFIG, dbk._UP_LARGE_M_CONFIG = default
     for k in ("none", "real"):
         ht, fires, _ = flags[k]
         cols[f"down_{k}"] = timed([lambda: dbk.launch_batch_down(ht, fires, wdt, x.dtype)])
@@ -108,27 +100,25 @@ def probe(d: int, f: int, m: int, device: torch.device, reps: int, rep_ms: float
             f"{fired['all']} | weight sets {n_sets}")
 
 
-def ptx_counts(configs: list[tuple[int, int, int]], bm: int = 16, tile: int | None = None) -> list[str]:
+def ptx_counts(configs: list[tuple[int, int, int]], bm: int = 16) -> list[str]:
     """Per (BK, stages, warps): ptxas's registers, the shared memory Triton allots, and the PTX's per-thread
-    ldmatrix / mma.sync / cp.async counts of one K step (the loop body is emitted once) for BM = ``bm`` (programs of
-    ``tile`` rows, default all), sm_90a, compiled as a launch at d = 2048 specialises it.  Every warp of a program runs
-    this code, so ldmatrix x warps is how many ldmatrix a program issues per K step to read its dot operands from
-    shared memory, duplicates included."""
+    ldmatrix / mma.sync / cp.async counts of one K step (the loop body is emitted once) for BM = ``bm``, sm_90a,
+    compiled as a launch at d = 2048 specialises it.  Every warp of a program runs this code, so ldmatrix x warps is how
+    many ldmatrix a program issues per K step to read its dot operands from shared memory, duplicates included."""
     from triton.backends.compiler import GPUTarget
 
     from twell.ops import compile_check as cc
 
     out = []
-    bt = bm if tile is None else tile
     for bk, stages, warps in configs:
-        cons = {"BM": bm, "BT": bt, "BU": _HIDDEN_BU, "BK": bk, "DOT_FP32": False, "MATCH": True, "K_STAGES": stages,
+        cons = {"BM": bm, "BU": _HIDDEN_BU, "BK": bk, "DOT_FP32": False, "MATCH": True, "K_STAGES": stages,
                 "PDL": True, "EARLY": False}
         kernel = cc._compiled(dbk._batch_up_kernel, cc.BATCH_UP_SIGNATURE, cons, GPUTarget("cuda", 90, 32),
                               divisible=("D", "stride_xm", "stride_wu"), num_warps=warps)
         ptx = kernel.asm["ptx"]
         use = cc._usage(ptx, 90)
         ldm = ptx.count("ldmatrix")
-        out.append(f"({bk}, {stages}, {warps}) BM={bm} tile {bt}: {use.get('registers')} registers, spill "
+        out.append(f"({bk}, {stages}, {warps}) BM={bm}: {use.get('registers')} registers, spill "
                    f"{use.get('spill_bytes')} B, shared {kernel.metadata.shared} B; per thread: ldmatrix {ldm}, "
                    f"mma.sync {ptx.count('mma.sync')}, cp.async {ptx.count('cp.async.cg') + ptx.count('cp.async.ca')}"
                    f"; ldmatrix x warps {ldm * warps}")
@@ -145,13 +135,11 @@ def main() -> None:
     if args.ptx:
         for line in ptx_counts([dbk._UP_CONFIG, *UP_VARIANTS]):
             print(line, flush=True)
-        for tile, cfg in TILE_VARIANTS:
-            print(ptx_counts([cfg], bm=64, tile=tile)[0], flush=True)
         print(ptx_counts([dbk.up_config(64)], bm=64)[0], "(shipped at 33-64 tokens)", flush=True)
         return
     device = torch.device(args.device)
     shapes, ms_, rep_ms, dens = [(2048, 5632), (1536, 8960), (4096, 14336)], (2, 8, 32, 64), 100.0, 0.5
-    if args.tiny:  # 5 %: some of the 160 units fire; 40 tokens: BM = 64, every token tile variant
+    if args.tiny:  # 5 %: some of the 160 units fire; 40 tokens: BM = 64, the 33-64 token configuration
         shapes, ms_, rep_ms, dens = [(64, 160)], (2, 40), 1.0, 5.0
     if device.type == "cuda":
         print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)

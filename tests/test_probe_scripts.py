@@ -43,8 +43,7 @@ PROBES = {
                                  "back to back | op beside"]),
     "fp8_screen_probe.py": ((), "M=", ["margin est k=0.1:", "margin norms k=0.05:", "speed: not timed"]),
     # every up-kernel configuration built and the down kernel timed on both flag sets; none/real/all firing counts
-    "batch_up_probe.py": ((), "d=", ["real(2048, 1, 4) ", "tile16(256, 3, 2) ", "down_real ",
-                                 "firing units none/real/all 0/"]),
+    "batch_up_probe.py": ((), "d=", ["real(2048, 1, 4) ", "down_real ", "firing units none/real/all 0/"]),
 }
 
 

@@ -385,11 +385,10 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
     # as launched: on sm_90 and up programmatic dependents that trigger after their last store (griddepcontrol, which
     # ptxas rejects below sm_90), below it plain launches (decode_batch_kernels._pdl)
     pdl = {"PDL": arch >= 90, "EARLY": dbk.PDL_EARLY}
-    for bm in (16, 32, 64):  # every token tile with its own up configuration (dbk.up_tile, dbk.up_config)
-        bt = dbk.up_tile(bm)
-        ubk, ustages, uwarps = dbk.up_config(bt)
+    for bm in (16, 32, 64):  # every token tile with its own up configuration (dbk.up_config)
+        ubk, ustages, uwarps = dbk.up_config(bm)
         kernel = _compiled(dbk._batch_up_kernel, BATCH_UP_SIGNATURE,
-                           {"BM": bm, "BT": bt, "BU": _HIDDEN_BU, "BK": ubk, "DOT_FP32": False, "MATCH": True,
+                           {"BM": bm, "BU": _HIDDEN_BU, "BK": ubk, "DOT_FP32": False, "MATCH": True,
                             "K_STAGES": ustages, **pdl}, target, num_warps=uwarps)
         results[f"batch_up_bm{bm}"] = {**_stats(kernel, arch),
                                        "griddepcontrol": _contains(kernel, "griddepcontrol.wait")}

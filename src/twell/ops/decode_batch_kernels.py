@@ -18,9 +18,7 @@ Here:
    token" flag per unit and the per-(token, block) counts; blocks where some unit fires run the up
    projection of those units only (masked loads fetch no other Wu row) and store h = round(a round(u))
    unit-major, h^T [F, M]: a firing unit's M values are contiguous.  Rows of units that do not fire are
-   neither computed nor written.  With a token tile smaller than BM (``_UP_TOKEN_TILE``, not shipped) each block
-   gets one program per tile of rows: all flag the block's firing units over every token, the first stores the
-   flags and counts, and each projects and stores its own rows.
+   neither computed nor written.
 3. :func:`_batch_down_kernel`, a (column block, unit range) grid: each program lists the firing units of
    its range (a prefix sum of their flags) and sums h^T[units]^T Wd^T[units, cols] over them, BU units a
    step, in ascending unit order, into an fp32 partial [M, BD] of its own range.  With ``S`` ranges the
@@ -79,28 +77,15 @@ _UP_CONFIG = (256, 3, 2)
 #: session 39: 10.1 and 30.4 with it shipped).  Four at 33-64 tokens (BM = 64): one warp spills 932 bytes a thread
 #: built for sm_90 and two 200 (four: 52).
 _UP_LARGE_M_CONFIG = {32: (128, 3, 1), 64: (128, 3, 4)}
-#: Token rows each up program computes, by BM (absent: all BM rows, one program per unit block).  With a smaller tile
-#: the grid gets BM / tile programs per unit block, each flagging the block's firing units over all M tokens (the
-#: gate values are 2 KB a block at BM = 64) and projecting its own rows; the second program reads the same Wu rows,
-#: from L2.  Tried for 33-64 tokens (BM = 64), where one warp over 64 rows spills: two programs of 32 rows, one warp
-#: each, as 17-32 tokens run.  Measured (H100, session 40, bench_results/h100/batch_up_probe_calluptiles_session40.log,
-#: ``scripts/batch_up_probe.py``'s tile variants): slower everywhere, d=2048 12.3 -> 16.0 us, 4096 x 14336 53.0 -> 63.8
-#: (likely because the two tiles read most of the same Wu rows at 0.5 %; not profiled).  Not shipped; kept for the
-#: probe.
-_UP_TOKEN_TILE: dict[int, int] = {}
-
-
-def up_tile(bm: int) -> int:
-    """The token rows each up program computes for a call of ``bm`` rows (BM: 16, 32 or 64)."""
-    tile = _UP_TOKEN_TILE.get(bm, bm)
-    if not (16 <= tile <= bm and bm % tile == 0):
-        raise ValueError(f"the up kernel's token tile must divide BM = {bm} and be at least 16, got {tile}")
-    return tile
+#: Token tiles were tried for 33-64 tokens (BM = 64): two programs of 32 rows a unit block, one warp each, as 17-32
+#: tokens run, each flagging the block's firing units over all M tokens and projecting its own rows.  Measured (H100,
+#: session 40, bench_results/h100/batch_up_probe_calluptiles_session40.log): slower everywhere, d=2048 12.3 -> 16.0 us,
+#: 4096 x 14336 53.0 -> 63.8 (likely because the two tiles read most of the same Wu rows at 0.5 %; not profiled).
+#: Removed in session 41 (the kernel is 2c8cb42's again); the variant is in git history at 5dc5870.
 
 
 def up_config(bm: int) -> tuple[int, int, int]:
-    """The up kernel's ``(BK, K-loop stages, warps)`` for a program computing ``bm`` token rows (16, 32 or 64):
-    launches take the values of their tile (:func:`up_tile`)."""
+    """The up kernel's ``(BK, K-loop stages, warps)`` for a token tile of ``bm`` rows (16, 32 or 64)."""
     return _UP_CONFIG if bm <= 16 else _UP_LARGE_M_CONFIG[bm]
 
 
@@ -136,8 +121,8 @@ PDL_EARLY = False
 def _batch_up_kernel(
     x_ptr, g_ptr, wu_ptr, ht_ptr, fires_ptr, cnt_ptr, M, D, F, stride_xm, stride_gm, stride_wu, stride_ht,
     n_blocks,
-    BM: tl.constexpr, BT: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr,
-    MATCH: tl.constexpr, K_STAGES: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
+    BM: tl.constexpr, BU: tl.constexpr, BK: tl.constexpr, DOT_FP32: tl.constexpr, MATCH: tl.constexpr,
+    K_STAGES: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
     units = tl.program_id(0) * BU + tl.arange(0, BU)
     u_ok = units < F
@@ -150,34 +135,20 @@ def _batch_up_kernel(
     g = tl.load(g_ptr + rows[:, None] * stride_gm + units[None, :], mask=r_ok[:, None] & u_ok[None, :], other=0.0)
     a = relu_keep_nan(g.to(tl.float32))
     act = (a != 0) & r_ok[:, None] & u_ok[None, :]
-    unit_act = tl.max(act.to(tl.int32), axis=0) > 0  # over all M tokens, in every tile's program alike
-    if tl.program_id(1) == 0:
-        tl.store(fires_ptr + units, unit_act.to(tl.int8), mask=u_ok)
-        tl.store(cnt_ptr + rows * n_blocks + tl.program_id(0), tl.sum(act.to(tl.int32), axis=1), mask=r_ok)
+    unit_act = tl.max(act.to(tl.int32), axis=0) > 0
+    tl.store(fires_ptr + units, unit_act.to(tl.int8), mask=u_ok)
+    tl.store(cnt_ptr + rows * n_blocks + tl.program_id(0), tl.sum(act.to(tl.int32), axis=1), mask=r_ok)
     if tl.sum(unit_act.to(tl.int32), axis=0) > 0:
-        if BT == BM:  # one program per unit block: its rows are all of them
-            t_rows = rows
-            t_ok = r_ok
-            t_a = a
-            t_act = act
-        else:  # this tile's rows of the gate again (1 KB at 32 rows, from L1 / L2)
-            t_rows = tl.program_id(1) * BT + tl.arange(0, BT)
-            t_ok = t_rows < M
-            t_g = tl.load(g_ptr + t_rows[:, None] * stride_gm + units[None, :], mask=t_ok[:, None] & u_ok[None, :],
-                          other=0.0)
-            t_a = relu_keep_nan(t_g.to(tl.float32))
-            t_act = (t_a != 0) & t_ok[:, None] & u_ok[None, :]
-        acc = up_projection(x_ptr, wu_ptr, t_rows, t_ok, units.to(tl.int64), unit_act, tl.zeros((BT, BU), tl.float32),
+        acc = up_projection(x_ptr, wu_ptr, rows, r_ok, units.to(tl.int64), unit_act, tl.zeros((BM, BU), tl.float32),
                             D, stride_xm, stride_wu, BK, K_STAGES, DOT_FP32)
         if MATCH:
-            h = round_to(t_a * round_to(acc, x_ptr.dtype.element_ty).to(tl.float32), ht_ptr.dtype.element_ty)
+            h = round_to(a * round_to(acc, x_ptr.dtype.element_ty).to(tl.float32), ht_ptr.dtype.element_ty)
         else:
-            h = t_a * acc
-        h = tl.where(t_act, h, 0.0)
-        # h^T [F, M]: only the firing units' rows, which are all that the down kernel reads; a tile writes its rows of
-        # each unit that fires for any token (zeros where its own tokens do not fire it)
-        tl.store(ht_ptr + units.to(tl.int64)[None, :] * stride_ht + t_rows[:, None], h,
-                 mask=t_ok[:, None] & unit_act[None, :])
+            h = a * acc
+        h = tl.where(act, h, 0.0)
+        # h^T [F, M]: only the firing units' rows, which are all that the down kernel reads
+        tl.store(ht_ptr + units.to(tl.int64)[None, :] * stride_ht + rows[:, None], h,
+                 mask=r_ok[:, None] & unit_act[None, :])
     if PDL and not EARLY:
         gdc_launch_dependents()
 
@@ -268,11 +239,10 @@ def launch_batch_up(
     fires = torch.empty((f,), dtype=torch.int8, device=x.device)
     counts = torch.empty((m, n_blocks), dtype=torch.int32, device=x.device)
     bm = max(16, next_pow2(m))
-    bt = up_tile(bm)
-    bk, stages, warps = up_config(bt)
-    _batch_up_kernel[(n_blocks, cdiv(m, bt))](
+    bk, stages, warps = up_config(bm)
+    _batch_up_kernel[(n_blocks,)](
         x, g, w_up, ht, fires, counts, m, d, f, x.stride(0), g.stride(0), w_up.stride(0), ht.stride(0), n_blocks,
-        BM=bm, BT=bt, BU=_HIDDEN_BU, BK=min(bk, max(16, next_pow2(d))),
+        BM=bm, BU=_HIDDEN_BU, BK=min(bk, max(16, next_pow2(d))),
         DOT_FP32=x.dtype == torch.float32 or interpreting(), MATCH=match, K_STAGES=stages, **_pdl(x.device),
         num_warps=warps,
     )
@@ -305,7 +275,7 @@ def launch_batch_down(
     if s > 1:
         n = m * d
         _partial_sum_kernel[(cdiv(n, _SUM_BLOCK),)](dst, out, n, S=s, BLOCK=_SUM_BLOCK, **_pdl(ht.device, False),
-                                                           num_warps=4)
+                                                    num_warps=4)
     return out
 
 
