@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Session 41, call 1: the whole GPU suite (the last H200 run is session 38's 188 passed at 2e01b81; since then the
-# plain-Python cdiv in every launcher, the module's eager hot/cold launch, the timeline, a layer's call recorded in a
-# CUDA graph inside static_dispatch, and the batch up kernel back to 2c8cb42's without its token-tile branch), then, with
-# what is left of the call, session 40's host-time trim timed in one process at 2048 x 5632
-# (scripts/gpu_pending_host_ab.sh's first stage).  ~6-9 minutes.
-#   TWELL_COMMIT=<sha> bash scripts/gpu_session41_call1.sh
+# Prepared in session 41, which was lent no device machine: the whole GPU suite (the last H200 run is session 38's 188
+# passed at 2e01b81; since then the plain-Python cdiv in every launcher, the module's eager hot/cold launch, the
+# timeline, a layer's call recorded in a CUDA graph inside static_dispatch, and the batch up kernel back to 2c8cb42's
+# without its token-tile branch), then, with what is left of the call, session 40's host-time trim timed in one process
+# at 2048 x 5632 (scripts/gpu_pending_host_ab.sh's first stage).  The suite took 345.87 s on the H200 in session 38 and
+# 432.01 s on an H100 in session 40.  ~6-9 minutes.
+#   TWELL_SESSION=session42 TWELL_COMMIT=<sha> bash scripts/gpu_pending_suite.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
-call_begin session41 1
+call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session42}" suite
 nvidia-smi --query-gpu=name --format=csv,noheader
 stage pytest_gpu_all "$(left 470)" "passed|failed|FAILED|Error" python3 -m pytest tests -q -m gpu -p no:cacheprovider
 stage host_ab_2048x5632 "$(left 575)" "A/B|Error" \
