@@ -8,6 +8,7 @@ import pytest
 
 from twell import cli
 from twell.bench.timing import INTERLEAVED_ROUNDS
+from twell.tolerances import REL_TOL_FP32_CLI
 
 
 def test_bench_ffn_cli_writes_checked_rows(tmp_path, capsys):
@@ -19,7 +20,7 @@ def test_bench_ffn_cli_writes_checked_rows(tmp_path, capsys):
     assert len(rows) == 1
     r = rows[0]
     assert r["m"] == 12 and r["ok"]
-    assert r["rel_err"] < 1e-4 and r["hotcold_rel_err"] < 1e-4
+    assert r["rel_err"] < REL_TOL_FP32_CLI and r["hotcold_rel_err"] < REL_TOL_FP32_CLI
     assert r["dense_ms"] > 0 and r["hotcold_ms"] > 0 and r["twell_ms"] > 0
     for path in ("dense", "hotcold", "dispatch", "dense_module"):  # timed interleaved, rounds kept
         assert len(r[f"{path}_rounds_ms"]) == INTERLEAVED_ROUNDS and min(r[f"{path}_rounds_ms"]) <= r[f"{path}_ms"]

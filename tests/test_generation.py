@@ -17,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 import twell.models as tm  # noqa: E402
 from twell.generation import GreedyDecoder, greedy_decode  # noqa: E402
 from twell.nn import DispatchPolicy, SparseGatedMLP, static_dispatch  # noqa: E402
+from twell.tolerances import REL_TOL_FP64_REORDER  # noqa: E402
 
 ARCH, TWELL = TINY_ARCH, TINY_TWELL
 
@@ -237,7 +238,7 @@ def test_static_dispatch_reads_the_cached_unit_major_down_only_when_asked() -> N
         mlp._wd_unit_major = torch.zeros_like(mlp._wd_unit_major)
         with static_dispatch():
             view = mlp(x)
-        torch.testing.assert_close(view, want, rtol=1e-12, atol=0.0)  # float64: summation order only
+        torch.testing.assert_close(view, want, rtol=REL_TOL_FP64_REORDER, atol=0.0)  # float64: summation order only
         with static_dispatch(unit_major_down=True):
             assert torch.count_nonzero(mlp(x)) == 0
         mlp._wd_unit_major = None  # none cached: the weight's view

@@ -14,6 +14,7 @@ pytest.importorskip("transformers", reason="twell.models needs the hf extra")
 from test_models_hf import _twell_model  # noqa: E402
 
 from twell.nn import DispatchPolicy, SparseGatedMLP  # noqa: E402
+from twell.tolerances import FP32_ELEMENT_TOL, FP32_ROUNDING_TOL, FP32_UNIT_ABS_TOL  # noqa: E402
 
 
 def _sparse_everywhere(model: torch.nn.Module) -> None:
@@ -47,7 +48,7 @@ def test_compiled_training_step_matches_eager():
         grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
         results.append((out.loss.detach(), out.l1_loss.detach(), grads))
     (loss_e, l1_e, g_e), (loss_c, l1_c, g_c) = results
-    assert torch.allclose(loss_c, loss_e, rtol=1e-6) and torch.allclose(l1_c, l1_e, rtol=1e-6)
+    assert torch.allclose(loss_c, loss_e, rtol=FP32_ROUNDING_TOL) and torch.allclose(l1_c, l1_e, rtol=FP32_ROUNDING_TOL)
     assert len(g_c) == len(g_e) > 0
     for a, b in zip(g_c, g_e, strict=True):
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+        assert torch.allclose(a, b, rtol=FP32_ELEMENT_TOL, atol=FP32_UNIT_ABS_TOL)

@@ -28,6 +28,7 @@ from transformers import (  # noqa: E402
 
 import twell.models as tm  # noqa: E402
 from twell.nn import DenseReluGatedMLP, DispatchPolicy, SparseGatedMLP  # noqa: E402
+from twell.tolerances import L0_ABS_TOL_FP32  # noqa: E402
 
 ARCH, TWELL = TINY_ARCH, TINY_TWELL
 FAMILIES = {
@@ -159,7 +160,7 @@ def test_training_loss_adds_l1_and_matches_dense_gradients(family: str) -> None:
     assert out.loss.dtype == ref.loss.dtype
     torch.testing.assert_close(out.loss, total)
     assert out.layer_l0.shape == (ARCH["num_hidden_layers"],) and out.layer_l0.dtype == torch.float32
-    torch.testing.assert_close(out.layer_l0.double(), torch.stack(l0s), atol=1e-4, rtol=0)
+    torch.testing.assert_close(out.layer_l0.double(), torch.stack(l0s), atol=L0_ABS_TOL_FP32, rtol=0)
 
     out.loss.backward()
     total.backward()

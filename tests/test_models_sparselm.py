@@ -19,6 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import twell.models as tm  # noqa: E402
 from twell.nn import SparseGatedMLP  # noqa: E402
+from twell.tolerances import FP32_ELEMENT_TOL  # noqa: E402
 
 ARCH = {
     "hidden_size": 64,
@@ -146,7 +147,8 @@ def test_load_dtype_and_overrides(reference: LlamaForCausalLM, tmp_path: Path) -
     assert model.model.layers[0].mlp.tile == 64
     ids = _ids()
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits.float(), reference(ids).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(ids).logits.float(), reference(ids).logits,
+                                   rtol=FP32_ELEMENT_TOL, atol=FP32_ELEMENT_TOL)
 
 
 def test_plain_llama_config_needs_relu(reference: LlamaForCausalLM, tmp_path: Path) -> None:

@@ -161,12 +161,12 @@ def test_training_matches_dense_autograd(shape):
     out_d, l1_d, l0_d = dense_gated_ffn_l1(x_dense.reshape(-1, D), *dense_w)
     (out_d.sum() + 1e-3 * l1_d).backward()
 
-    assert rel_error(out, out_d.reshape(shape)) < 1e-10
-    assert abs(l1.item() - l1_d.item()) <= 1e-10 * abs(l1_d.item())
+    assert rel_error(out, out_d.reshape(shape)) < REL_TOL[F64]
+    assert abs(l1.item() - l1_d.item()) <= REL_TOL[F64] * abs(l1_d.item())
     assert layer.last_l0.item() == pytest.approx(l0_d.item())
-    assert rel_error(x.grad, x_dense.grad) < 1e-10
+    assert rel_error(x.grad, x_dense.grad) < REL_TOL_GRAD[F64]
     for p, ref in zip((layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight), dense_w, strict=True):
-        assert rel_error(p.grad, ref.grad) < 1e-10
+        assert rel_error(p.grad, ref.grad) < REL_TOL_GRAD[F64]
 
 
 def test_l1_loss_needs_a_training_forward():
@@ -551,9 +551,9 @@ def test_train_impls_agree_in_float64(impl):
     x2 = x.detach().clone().requires_grad_(True)
     ref = ref_mlp(x2)
     (ref.sum() + 1e-3 * ref_mlp.l1_loss()).backward()
-    assert rel_error(out, ref) < 1e-10 and rel_error(x.grad, x2.grad) < 1e-10
+    assert rel_error(out, ref) < REL_TOL[F64] and rel_error(x.grad, x2.grad) < REL_TOL_GRAD[F64]
     for p, q in zip(mlp.parameters(), ref_mlp.parameters(), strict=True):
-        assert rel_error(p.grad, q.grad) < 1e-10
+        assert rel_error(p.grad, q.grad) < REL_TOL_GRAD[F64]
     assert torch.allclose(mlp.last_l0, ref_mlp.last_l0)
 
 

@@ -9,7 +9,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from twell.models import TwellLlamaConfig, TwellLlamaForCausalLM
 from twell.nn import FusedRMSNorm, fuse_rms_norms, unfuse_rms_norms
-from twell.tolerances import REL_TOL, rel_error
+from twell.tolerances import FP32_ROUNDING_TOL, REL_TOL, rel_error
 
 
 @pytest.mark.parametrize("cls", [LlamaRMSNorm, Qwen2RMSNorm])
@@ -28,7 +28,7 @@ def test_matches_the_transformers_norm_forward_and_backward(cls, dtype):
     got = fused(x)
     (gx, gw) = torch.autograd.grad(got, (x, fused.weight), gy)
     assert got.dtype == want.dtype == dtype
-    tol = 1e-6 if dtype == torch.float32 else REL_TOL[dtype]  # one rounding of the dtype apart
+    tol = FP32_ROUNDING_TOL if dtype == torch.float32 else REL_TOL[dtype]  # one rounding of the dtype apart
     assert rel_error(got, want) <= tol
     assert rel_error(gx, gx_want) <= 2 * tol and rel_error(gw, gw_want) <= 2 * tol
 
@@ -60,7 +60,7 @@ def test_fuse_and_unfuse_a_model_in_place():
     assert list(model.state_dict()) == keys  # same parameter names: checkpoints load either way
     with torch.no_grad():
         got = model(ids).logits
-    assert rel_error(got, want) <= 1e-5
+    assert rel_error(got, want) <= REL_TOL[torch.float32]
     assert unfuse_rms_norms(model) == 5
     assert [m for m in model.modules() if isinstance(m, LlamaRMSNorm)] == originals
     with torch.no_grad():

@@ -24,7 +24,7 @@ from twell.nn.train_dispatch import (
 )
 from twell.ops.training import twell_gated_ffn_l1
 from twell.reference.training import dense_gated_ffn_l1, gated_ffn_l1
-from twell.tolerances import REL_TOL, REL_TOL_GRAD, rel_error
+from twell.tolerances import REL_TOL, REL_TOL_FP64_REORDER, REL_TOL_GRAD, rel_error
 
 D, FF = 16, 64
 #: Sparse from 0 tokens up to 25 % density, for the test shape only, on every device and dtype.
@@ -142,7 +142,7 @@ def test_dense_branch_is_the_dense_function():
     x, wg, wu, wd = make_inputs(12, D, FF, 0.3, 1)
     out, l1, l0 = dense_train_ffn_l1(x, wg, wu, wd)
     ref_out, ref_l1, ref_l0 = dense_gated_ffn_l1(x, wg, wu, wd)
-    assert rel_error(out, ref_out) < 1e-12 and rel_error(l1, ref_l1) < 1e-12
+    assert rel_error(out, ref_out) < REL_TOL_FP64_REORDER and rel_error(l1, ref_l1) < REL_TOL_FP64_REORDER
     assert l1.dtype == torch.float64 and torch.equal(l0, ref_l0)
     assert dense_train_ffn_l1(x, wg, wu, wd, with_l0=False)[2] is None
 

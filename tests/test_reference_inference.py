@@ -25,7 +25,14 @@ from twell.reference import (
     unit_frequency,
 )
 from twell.reference import inference as inference_mod
-from twell.tolerances import REL_TOL, rel_error
+from twell.tolerances import (
+    ABS_TOL_FP64_STAT,
+    FP32_ROUNDING_TOL,
+    FP32_UNIT_ABS_TOL,
+    REL_TOL,
+    REL_TOL_FP64_CHUNKED,
+    rel_error,
+)
 
 DENSITIES = [0.0, 0.005, 0.05, 0.5, 1.0]
 
@@ -131,7 +138,7 @@ def test_chunking_does_not_change_the_result(monkeypatch):
     whole = twell_gated_ffn(x, gate, wu, wd)
     monkeypatch.setattr(inference_mod, "_MAX_CHUNK_ELEMENTS", 100)  # ~4 pairs per chunk
     chunked = twell_gated_ffn(x, gate, wu, wd)
-    assert rel_error(chunked, whole) < 1e-14
+    assert rel_error(chunked, whole) < REL_TOL_FP64_CHUNKED
 
 
 def test_sparse_ops_never_densify(monkeypatch):
@@ -175,8 +182,8 @@ def test_gate_is_rounded_dense_gate(dtype):
 def test_float32_match_is_plain_pytorch():
     x, wg, wu, wd = make_inputs(16, 32, 128, 0.3, seed=11, dtype=torch.float32)
     plain = (torch.relu(x @ wg.T) * (x @ wu.T)) @ wd.T
-    assert rel_error(dense_gated_ffn(x, wg, wu, wd), plain) < 1e-6
-    assert rel_error(twell_gated_ffn(x, gate_twell(x, wg), wu, wd), plain) < 1e-6
+    assert rel_error(dense_gated_ffn(x, wg, wu, wd), plain) < FP32_ROUNDING_TOL
+    assert rel_error(twell_gated_ffn(x, gate_twell(x, wg), wu, wd), plain) < FP32_ROUNDING_TOL
 
 
 def test_fp32_precision_is_more_accurate_for_bf16():
@@ -211,12 +218,12 @@ def test_stats_dense_and_twell_agree():
     for act in (dense, gate):
         assert torch.equal(row_l0(act), counts.to(torch.int64))
         assert row_l0(act).dtype == torch.int64
-        assert abs(float(l0(act)) - float(counts.double().mean())) < 1e-6
+        assert abs(float(l0(act)) - float(counts.double().mean())) < FP32_ROUNDING_TOL
         freq = unit_frequency(act)
         assert freq.shape == (300,)
-        assert torch.allclose(freq.double(), (dense != 0).double().mean(dim=0), atol=1e-7)
+        assert torch.allclose(freq.double(), (dense != 0).double().mean(dim=0), atol=FP32_UNIT_ABS_TOL)
         assert torch.equal(dead_units(act), (dense != 0).sum(dim=0) == 0)
-        assert abs(float(l1(act)) - float(dense.abs().sum(dim=1).mean())) < 1e-10
+        assert abs(float(l1(act)) - float(dense.abs().sum(dim=1).mean())) < ABS_TOL_FP64_STAT
     assert bool(dead_units(gate).any())  # 5 % density over 40 rows leaves some units silent
 
 

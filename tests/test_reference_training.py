@@ -8,7 +8,7 @@ from _helpers import F64
 from _helpers import make_inputs as make_ffn_inputs
 
 from twell.reference import GatedFFNL1, dense_gated_ffn_l1, gated_ffn_l1
-from twell.tolerances import REL_TOL, REL_TOL_GRAD, rel_error
+from twell.tolerances import GRADCHECK, REL_TOL, REL_TOL_GRAD, rel_error
 
 DENSITIES = [0.0, 0.005, 0.05, 0.5, 1.0]
 
@@ -41,8 +41,9 @@ def test_gradcheck(density):
             break
     else:
         pytest.fail("no input set with gates away from 0")
-    assert torch.autograd.gradcheck(GatedFFNL1.apply, tuple(inputs), eps=1e-6, atol=1e-8, rtol=1e-6)
-    assert torch.autograd.gradcheck(lambda *a: GatedFFNL1.apply(*a)[1], tuple(inputs), eps=1e-6, atol=1e-8)
+    assert torch.autograd.gradcheck(GatedFFNL1.apply, tuple(inputs), **GRADCHECK)
+    assert torch.autograd.gradcheck(lambda *a: GatedFFNL1.apply(*a)[1], tuple(inputs),
+                                    eps=GRADCHECK["eps"], atol=GRADCHECK["atol"])  # rtol: gradcheck's default
 
 
 @pytest.mark.parametrize("density", DENSITIES)

@@ -22,6 +22,7 @@ from twell.synthetic import (
     synthetic_gate_logits,
     unit_frequencies,
 )
+from twell.tolerances import FP32_ELEMENT_TOL
 
 M = 4096
 
@@ -185,7 +186,7 @@ def test_ffn_problem_weight_scales() -> None:
     assert math.isclose(float(prob["w_up"].std()), 1 / math.sqrt(d), rel_tol=0.05)
     assert math.isclose(float(prob["w_down"].std()), 1 / math.sqrt(f), rel_tol=0.05)
     row_norm = prob["w_gate"][:, 2:].norm(dim=1)
-    assert torch.allclose(row_norm, torch.ones_like(row_norm), atol=1e-5)
+    assert torch.allclose(row_norm, torch.ones_like(row_norm), atol=FP32_ELEMENT_TOL)
 
 
 # --------------------------------------------------------------------------- reproducibility

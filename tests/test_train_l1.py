@@ -4,6 +4,7 @@ import pytest
 import torch
 from test_train_helpers import StandIn
 
+from twell.tolerances import FP32_ELEMENT_TOL, FP32_ROUNDING_TOL
 from twell.train.l1 import DEFAULT_L1_COEF, L1Schedule, l1_term, layer_l0, mean_l0, sparse_layers
 
 
@@ -36,7 +37,7 @@ def test_l1_term_matches_manual_computation() -> None:
         h = torch.relu(x2 @ layer.gate_proj.weight.T) * (x2 @ layer.up_proj.weight.T)
         manual.append(h.abs().sum(1).mean())
     term = l1_term(model)
-    torch.testing.assert_close(term, torch.stack(manual).mean(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(term, torch.stack(manual).mean(), rtol=FP32_ELEMENT_TOL, atol=FP32_ROUNDING_TOL)
     term.backward()  # differentiable
     assert sparse_layers(model)[0].gate_proj.weight.grad is not None
     l0s = layer_l0(model)

@@ -5,6 +5,7 @@ import json
 import torch
 from test_train_helpers import StandIn
 
+from twell.tolerances import ABS_TOL_MEAN_OF_MEANS
 from twell.train.stats import SCHEMA, collect_sparsity, load_patterns, plot_history, save_patterns, save_sparsity
 
 
@@ -19,7 +20,7 @@ def test_report_schema_plots_and_patterns(tmp_path) -> None:
         assert set(lay) >= {"index", "n_units", "l0_mean", "l0_max", "dead_fraction", "top10_share",
                             "l0_by_position", "firing_frequency_hist", "density"}
         assert len(lay["l0_by_position"]) == 12
-        assert abs(sum(lay["l0_by_position"]) / 12 - lay["l0_mean"]) < 1e-9
+        assert abs(sum(lay["l0_by_position"]) / 12 - lay["l0_mean"]) < ABS_TOL_MEAN_OF_MEANS
         h = lay["firing_frequency_hist"]
         assert sum(h["counts"]) + h["zero_units"] == 64
     # the recorded pattern is exactly relu(x Wg^T) != 0 of the layer input

@@ -44,6 +44,58 @@ REL_TOL_GRAD: dict[torch.dtype, float] = {
 }
 
 
+# Cross-checks of one quantity computed two ways (the tests).  Each bound is sized from the unit roundoff of the dtype
+# compared: 2**-53 ~ 1.1e-16 for float64 (an ulp is 2**-52 ~ 2.2e-16), 2**-24 ~ 6e-8 for float32.
+
+#: Relative error between float64 results of the same sums added in another order (the training dispatcher's dense
+#: branch against the reference, a decode step through the unit-major down weight): each reordered addition moves the
+#: result by a few ulps of 2**-52 ~ 2.2e-16, over tens to hundreds of terms ~1e-14 at most; hence 1e-12.
+REL_TOL_FP64_REORDER = 1e-12
+#: Relative error between float64 results of the same sums split at other chunk boundaries (the reference's chunked
+#: twell product): the terms and their order inside a chunk are unchanged, only the few additions that join chunk
+#: results differ, each a few ulps of 2.2e-16; hence 1e-14, 100x tighter than a free reordering.
+REL_TOL_FP64_CHUNKED = 1e-14
+#: Absolute gap of a float64 statistic summed from the twell entries and from the dense tensor (the mean over rows of
+#: ``sum |h|``, of order 1-10): the REL_TOL[float64] figure taken absolutely, orders of magnitude above the ~1e-15
+#: that the two summation orders give and far below any missed or doubled entry.
+ABS_TOL_FP64_STAT = 1e-10
+#: Absolute gap between a sparsity report's ``l0_mean`` and the Python (float64) mean of its per-position means (values
+#: below 64 units): a dozen divisions and additions of a few ulps each, ~1e-14; 1e-9 catches a wrong count (>= 1e-2)
+#: and never rounding.
+ABS_TOL_MEAN_OF_MEANS = 1e-9
+#: ``torch.autograd.gradcheck`` in float64, tighter than its defaults (atol 1e-5, rtol 1e-3): central differences with
+#: step ``eps`` 1e-6 are off by O(eps**2) ~1e-12 (truncation) plus ~ulp(f) / eps ~1e-10 (rounding), so the analytic
+#: Jacobian must match within atol 1e-8 + rtol 1e-6; the inputs keep every gate >= 1e-2 (1e4 x eps) from the ReLU kink.
+GRADCHECK: dict[str, float] = {"eps": 1e-6, "atol": 1e-8, "rtol": 1e-6}
+#: fp32 results one or a few roundings apart (the same ops through another module or graph, a float64 count ratio
+#: rounded once to float32): each rounding moves a value by at most 2**-24 ~ 6e-8 of it, so a few stay below 1e-6.
+#: Relative, or absolute on values of order 1 to 15 (an l0 mean of ~15 rounded once is within 15 * 6e-8 = 9e-7).
+FP32_ROUNDING_TOL = 1e-6
+#: Absolute floor for fp32 values of at most ~1 (unit firing frequencies in [0, 1] rounded once from float64, gradient
+#: entries near 0 of a compiled training step against eager): one rounding of a value <= 1 is <= 2**-24 ~ 6e-8.
+FP32_UNIT_ABS_TOL = 1e-7
+#: Elementwise gap between fp32 results of the same function along different paths (another summation order over up
+#: to a few hundred terms, the L1 term by module and by hand, a float64 model cast to fp32 against the fp32 model, row
+#: norms of normalised fp32 weights): relative, or absolute on values of order 1.  Per element the REL_TOL[float32]
+#: figure: a few hundred roundings of 6e-8 partly cancel to ~1e-6, 1e-5 leaves a margin.
+FP32_ELEMENT_TOL = 1e-5
+#: Absolute gap of an l0 (mean active units per token) a module accumulates in fp32 (``layer_l0``, ``last_l0``) against
+#: a count made elsewhere: the counts are exact in fp32 below 2**24 and the mean rounds once, ~1e-6 on l0 of 10-100;
+#: 1e-4 is far above that and far below one miscounted unit (1 / tokens >= 1e-2 here).
+L0_ABS_TOL_FP32 = 1e-4
+#: The error figures that ``twell bench ffn`` (Frobenius, fp32) and ``twell train evidence``'s speed rows (max |out -
+#: ref| / max |ref|, fp32) record, checked by the tests of those CLIs: fp32-sized, 10x REL_TOL[float32] because the
+#: largest single element of a max-based ratio sits above the norm ratio (the CLIs' own ``ok`` applies REL_TOL).
+REL_TOL_FP32_CLI = 1e-4
+#: Fraction of the GPU gate's (token, tile) active counts allowed to differ from those of cuBLAS's dense gate: only
+#: gates that round to exactly 0 one way and not the other flip, vanishingly rare on random data; 1e-4 of the test's
+#: 4096 x 44 counts is 18.
+GATE_COUNT_MISMATCH_FRACTION = 1e-4
+#: Relative gap (floored at one unit) of the GPU training kernels' l0 against the float64 oracle: gates within fp32
+#: accumulation noise of 0 may fall on the other side of the ReLU, up to 0.1 % of the active units.
+L0_REL_TOL_GATE_FLIPS = 1e-3
+
+
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``||out - ref|| / ||ref||`` in float64; NaN anywhere in ``out`` that is not in ``ref`` gives inf."""
     o = out.detach().to(torch.float64).cpu()
