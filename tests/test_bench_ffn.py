@@ -36,7 +36,7 @@ def test_bench_ffn_records_what_the_module_ran(tmp_path, capsys, monkeypatch):
     split's)."""
     from twell.nn import SparseGatedMLP
 
-    monkeypatch.setattr(SparseGatedMLP, "_path", lambda self, n_tokens, device_type: "sparse")
+    monkeypatch.setattr(SparseGatedMLP, "_path", lambda self, n_tokens, device_type, eager=False: "sparse")
     assert cli.main(["bench", "ffn", "--ms", "8", "--densities", "10", "--shape", "64x256", "--extra", "--rep-ms",
                      "1", "--dtype", "float32", "--out", str(tmp_path), "--stem", "sparse", "--backend", "triton"]) == 0
     r = json.loads((tmp_path / "sparse.json").read_text())["rows"][0]

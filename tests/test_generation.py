@@ -375,8 +375,8 @@ def _spy_paths(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     paths: list[str] = []
     original = SparseGatedMLP._path
 
-    def path(self: SparseGatedMLP, n_tokens: int, device_type: str) -> str:
-        chosen = original(self, n_tokens, device_type)
+    def path(self: SparseGatedMLP, n_tokens: int, device_type: str, eager: bool = False) -> str:
+        chosen = original(self, n_tokens, device_type, eager)
         paths.append(chosen)
         return chosen
 

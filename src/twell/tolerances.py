@@ -94,6 +94,64 @@ GATE_COUNT_MISMATCH_FRACTION = 1e-4
 #: Relative gap (floored at one unit) of the GPU training kernels' l0 against the float64 oracle: gates within fp32
 #: accumulation noise of 0 may fall on the other side of the ReLU, up to 0.1 % of the active units.
 L0_REL_TOL_GATE_FLIPS = 1e-3
+#: The max-based error figure of ``twell demo``'s speed rows (as :data:`REL_TOL_FP32_CLI`) where the model runs in bf16
+#: (on a GPU): dense and sparse round differently, so 10x REL_TOL[bfloat16], for the reason REL_TOL_FP32_CLI is 10x
+#: REL_TOL[float32].
+REL_TOL_BF16_CLI = 5e-2
+#: Relative gap between logit differences (a top-2 gap, the gap between two chosen tokens) or the std of a logit row
+#: that ``twell bench model``'s divergence diagnostic takes from one batched teacher-forced fp32 forward, and the same
+#: figures from a forward per prefix.  The logits (of order 1) agree within ~2e-7; a difference of two of them keeps
+#: that absolute error, so its relative error grows as the gap shrinks: 2.4e-5 at a near tie of 6e-3 on the tiny
+#: preset.  With :data:`FP32_ELEMENT_TOL` as the absolute floor for gaps closer still.
+REL_TOL_FP32_LOGIT_GAP = 1e-4
+#: Elementwise relative gap between bf16 results of one function that two kernels each round once from fp32 (the fused
+#: add + RMS norm against PyTorch's): bf16 keeps 8 significant bits, so nearly equal fp32 values round at most one bf16
+#: step apart, 2**-8 to 2**-7 of the value; hence 2**-7.
+BF16_ONE_ROUNDING_REL_TOL = 2**-7
+#: Float64 values that a closed-form solve makes exact in exact arithmetic (synthetic unit frequencies clipped at their
+#: cap, the position scale's mean 1 over a sequence and its head equal to ``early_boost``): relative, or absolute on
+#: values of order 1.  Only the roundings of the solve and of a sum over up to a few thousand terms remain (measured
+#: 0 to 2.2e-16); 1e-12, as :data:`REL_TOL_FP64_REORDER`.
+FP64_CLOSED_FORM_TOL = 1e-12
+#: Relative gap between a target and the float64 sum (or mean) of the values rescaled to hit it (synthetic unit
+#: frequencies water-filled to ``mean_l0``, layer profiles to a mean l0): the scale is solved in closed form, so only
+#: roundings remain (measured <= 6.7e-16 over up to 5632 terms); 1e-9 still fails any error of the solve itself.
+REL_TOL_FP64_SCALED_SUM = 1e-9
+#: The same two bounds for any profile the property test draws (up to 3000 units, tail exponents up to 3, so weights
+#: down to ~4e-11 of the largest, and the cap binding on most live units, where the scale ``(T - k cap) / S_k``
+#: subtracts nearly equal numbers): the sum's relative gap and the largest frequency's excess over the cap.  3000 such
+#: draws gave at most 4e-15 and 0; the bars are 100x and 1000x looser than the fixed profiles' so an extreme draw's
+#: cancellation does not fail them, and still far below a wrong solve.
+REL_TOL_WATER_FILL_ANY_PROFILE = 1e-7
+ABS_TOL_WATER_FILL_CAP_ANY_PROFILE = 1e-9
+#: Relative gap of a seeded random weight matrix's std from the scale it is drawn at (``synthetic_ffn_problem``'s
+#: ``w_up ~ N(0, 1/d)``, ``w_down ~ N(0, 1/F)``, 256 x 1024 entries): the std of n = 262144 normal samples has a
+#: standard error of 1/sqrt(2n) ~ 1.4e-3 of it (measured 1.0e-3 and 4e-4); 0.05 is ~35 of those and still catches a
+#: wrong scale (1/sqrt(d) and 1/sqrt(F) are 2x apart here).
+REL_TOL_SAMPLED_STD = 0.05
+#: Relative gap of the 64-token block union of independent random tokens (seeded, 4096 tokens, 64 blocks) from what
+#: the unit frequencies predict: the ratio ``union64_vs_independent`` (expectation 1, so absolute there) and the
+#: predicted union against the one of the nominal frequency.  Sampling noise, measured 0.27 % and 0.19 %; 0.03 is
+#: ~10x that and far from the < 0.5 of blocks that repeat one active set.
+REL_TOL_UNION64_SAMPLE = 0.03
+#: ``twell bench model``'s sparsity calibration on its tiny preset: the achieved mean l0 per layer (and over layers)
+#: against the target, relative, and the achieved dead fraction against the target, absolute.  Thresholds rounded to
+#: bf16 (<= 2**-9 relative) and the ``round(p M)`` quantile granularity move l0 by a few percent at most (measured
+#: 0.1 %); live units too rare to fire on the batch add to the dead fraction (measured +0.001).
+REL_TOL_CALIBRATED_L0 = 0.1
+ABS_TOL_CALIBRATED_DEAD_FRACTION = 0.02
+#: Absolute gap of the l0 a layer measures on the tests' ``make_inputs`` tensors against ``density * units``: the
+#: inputs hit the density in float64 up to rounding the number of active (token, unit) pairs to an integer (half a
+#: pair, 0.5 / tokens per token: 6.375 against 6.4 at 8 tokens, 10 % of 64 units), and the float32 cast may flip a
+#: gate set half-way between two gate values; half a unit per token is far below the densities the tests tell apart.
+L0_ABS_TOL_SET_DENSITY = 0.5
+#: Absolute gap between a ratio computed from committed benchmark runs and the figure quoted for it to two decimals (a
+#: speedup in a comment or the README): half a unit in the last quoted place.
+ABS_TOL_TWO_DECIMALS = 0.005
+#: Absolute gap between a shipped dispatch table's density limit (a typed 7-decimal literal, <= 1) and the same limit
+#: derived from the committed runs (``ceil(d * 1e7) / 1e7``): both are the float64 nearest one decimal, or an ulp or
+#: so apart (<= 2.2e-16); 1e-12 is far below the 1e-7 step between two such limits.
+ABS_TOL_DENSITY_LIMIT = 1e-12
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -320,8 +320,8 @@ def run_decode(bench: BenchModel, cfg: DecodeConfig, log: Callable[[str], None],
                     entry["decode_step_paths"] = paths
                     entry["sparse_layers_decode_step"] = sum(p != "dense" for p in paths)
                 else:
-                    entry["sparse_layers_decode_step"] = sum(m._use_sparse(b, dev) for m in mlps)
-                entry["sparse_layers_prefill"] = sum(m._use_sparse(b * cfg.prompt_len, dev) for m in mlps)
+                    entry["sparse_layers_decode_step"] = sum(m._use_sparse(b, dev, eager=True) for m in mlps)
+                entry["sparse_layers_prefill"] = sum(m._use_sparse(b * cfg.prompt_len, dev, eager=True) for m in mlps)
                 entry["l0_estimates"] = [m._l0_estimate for m in mlps]  # what the step's choices were made at
         largest_dense = dense_out if dense_out is not None else largest_dense
         outputs = {n: timings.last[n] for n in runnable if n in timings.last and n not in timings.errors}

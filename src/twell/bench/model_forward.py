@@ -178,7 +178,7 @@ def run_forward(bench: BenchModel, cfg: ForwardConfig, log: Callable[[str], None
                 mlps = bench.sets.sets[name]
                 entry["sparse_layers"] = [
                     i for i, m in enumerate(mlps)
-                    if isinstance(m, SparseGatedMLP) and m._use_sparse(n_tokens, device.type)
+                    if isinstance(m, SparseGatedMLP) and m._use_sparse(n_tokens, device.type, eager=True)
                 ]
                 del out
             except Exception as exc:  # noqa: BLE001 - recorded; the variant is then skipped

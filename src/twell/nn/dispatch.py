@@ -388,6 +388,14 @@ class DispatchPolicy:
             and built for sm_75 the gate kernel's epilogue spills 31,108 bytes a thread
             (bench_results/offline_pre_hopper/compile_check_sm75_session37.json).  Other GPUs measure their own
             table with ``twell tune-dispatch``.
+        eager_min_tokens: eager calls (``eager=True``: issued one by one from Python, neither traced by
+            torch.compile, inside :func:`twell.nn.static_dispatch`, nor recorded in a CUDA graph) of fewer tokens
+            take the dense path; 0 (the default) sets no floor.  The tables are timed with the host ahead of the
+            GPU, as in a model whose host runs ahead; a caller whose host is the bottleneck pays each call's host
+            time instead, where the hot/cold op's 442-957 us stand against the dense chain's 76-119 us (H100 host,
+            session 40, bench_results/h200/session40_runs.md), so below some token count such a caller gains from
+            dense.  How many tokens depends on the host and on the rest of the model: not yet measured, so
+            :data:`DEFAULT_POLICY` sets none.
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
@@ -403,6 +411,7 @@ class DispatchPolicy:
     decode_tables: tuple[tuple[tuple[int, int], DispatchTable], ...] = ()
     decode_graphed: bool = False
     capabilities: tuple[tuple[int, int], ...] | None = None
+    eager_min_tokens: int = 0
     # Derived in __post_init__ from shape_tables, shapes and other_shapes (so not compared or hashed on its own): the
     # measured (shape, table) pairs an envelope is made of; empty where other_shapes is "dense".
     _measured: tuple[tuple[tuple[int, int], DispatchTable], ...] = field(init=False, repr=False, compare=False,
@@ -445,6 +454,9 @@ class DispatchPolicy:
         if not isinstance(self.decode_graphed, bool):
             raise TypeError(f"decode_graphed must be a bool, got {type(self.decode_graphed).__name__}")
         object.__setattr__(self, "capabilities", check_capabilities(self.capabilities))
+        floor = self.eager_min_tokens
+        if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+            raise ValueError(f"eager_min_tokens must be an int >= 0 (0: no floor for eager calls), got {floor!r}")
         if self.other_shapes not in OTHER_SHAPES_RULES:
             raise ValueError(f"other_shapes must be one of {OTHER_SHAPES_RULES}, got {self.other_shapes!r}")
         if self.other_shapes == "envelope" and self.shapes is not None:
@@ -515,16 +527,19 @@ class DispatchPolicy:
 
     def use_sparse(
         self, n_tokens: int, density: float, *, device_type: str = "cuda", shape: tuple[int, int] | None = None,
-        capability: tuple[int, int] | None = None,
+        capability: tuple[int, int] | None = None, eager: bool = False,
     ) -> bool:
         """True iff the sparse path should run for ``n_tokens`` tokens at activation ``density`` (l0 / F).
 
         ``device_type`` is the ``torch.device.type`` of the inputs, ``capability`` the CUDA device's compute
         capability (:func:`twell.ops._runtime.cuda_capability`; None: not checked) and ``shape`` the layer's
         ``(hidden_size, intermediate_size)``; unless ``force`` is set, devices off :meth:`on_measured_device` and
-        shapes outside ``shapes`` get the dense path, except shapes that :meth:`follows_envelope`.
+        shapes outside ``shapes`` get the dense path, except shapes that :meth:`follows_envelope`.  ``eager``: the
+        call is issued eagerly, so ``eager_min_tokens`` applies (whatever ``force`` says).
         """
         _check_tokens(n_tokens)
+        if self._below_eager_floor(n_tokens, eager):
+            return False
         if isinstance(density, bool) or not isinstance(density, (int, float)):
             raise TypeError(f"density must be a float, got {type(density).__name__}")
         if not 0.0 <= density <= 1.0:  # also refuses NaN
@@ -548,6 +563,12 @@ class DispatchPolicy:
         return limit is not None and density <= limit
 
 
+    def _below_eager_floor(self, n_tokens: int, eager: bool) -> bool:
+        """True iff ``eager_min_tokens`` sends this call dense (``eager``: see :meth:`use_sparse`)."""
+        if not isinstance(eager, bool):
+            raise TypeError(f"eager must be a bool, got {type(eager).__name__}")
+        return eager and n_tokens < self.eager_min_tokens
+
     def decode_table_for(self, shape: tuple[int, int] | None) -> DispatchTable | None:
         """The decode table of a layer shape ``(hidden_size, intermediate_size)`` in ``decode_tables``, or None."""
         if shape is not None:
@@ -558,13 +579,17 @@ class DispatchPolicy:
         return None
 
     def use_decode(self, n_tokens: int, *, density: float = 1.0, device_type: str = "cuda",
-                   shape: tuple[int, int] | None = None, capability: tuple[int, int] | None = None) -> bool:
+                   shape: tuple[int, int] | None = None, capability: tuple[int, int] | None = None,
+                   eager: bool = False) -> bool:
         """True iff a call of ``n_tokens`` tokens at activation ``density`` (l0 / F) takes the small-batch kernels:
         up to ``decode_max_tokens`` tokens whatever the density (in ``shapes``), else with ``decode_graphed`` where
-        the layer shape's decode table says (``decode_tables``); on a device off :meth:`on_measured_device`, never."""
+        the layer shape's decode table says (``decode_tables``); on a device off :meth:`on_measured_device`, or for
+        an ``eager`` call below ``eager_min_tokens``, never."""
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0.0 <= density <= 1.0:
             raise ValueError(f"density must be a float in [0, 1] (l0 / intermediate_size), got {density!r}")
         if not 1 <= n_tokens <= self._decode_max:
+            return False
+        if self._below_eager_floor(n_tokens, eager):
             return False
         if not self.on_measured_device(device_type, capability):
             return False

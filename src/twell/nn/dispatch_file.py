@@ -24,7 +24,7 @@ __all__ = ["POLICY_FORMAT", "POLICY_VERSION", "load_policy", "policy_from_dict",
 POLICY_FORMAT = "twell.dispatch_policy"
 POLICY_VERSION = 1
 _POLICY_KEYS = ("table", "device_types", "force", "shapes", "decode_max_tokens", "shape_tables", "other_shapes",
-                "decode_tables", "decode_graphed", "capabilities")
+                "decode_tables", "decode_graphed", "capabilities", "eager_min_tokens")
 _FILE_KEYS = ("format", "version", *_POLICY_KEYS, "measured")
 
 
@@ -47,6 +47,7 @@ def policy_to_dict(policy: DispatchPolicy, *, measured: dict[str, Any] | None = 
                           for (h, f), table in policy.decode_tables],
         "decode_graphed": policy.decode_graphed,
         "capabilities": None if policy.capabilities is None else [list(c) for c in policy.capabilities],
+        "eager_min_tokens": policy.eager_min_tokens,
         "measured": measured if measured is not None else {},
     }
 
@@ -83,6 +84,8 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
             decode_graphed=data.get("decode_graphed", False),
             # files written before session 37 have no such key: their tables held on any CUDA device
             capabilities=data.get("capabilities"),
+            # files written before session 41 have no such key: no floor for eager calls
+            eager_min_tokens=data.get("eager_min_tokens", 0),
         )
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{source}: {exc}") from None

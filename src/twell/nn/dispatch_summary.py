@@ -44,7 +44,7 @@ def inference_summary(policy: DispatchPolicy, device_type: str, capability: tupl
     if held is not None:
         return held
     if policy.force:
-        return "forced: the table applies on every device, dtype and layer shape"
+        return "forced: the table applies on every device, dtype and layer shape" + _eager_floor_text(policy)
     own = [shape for shape, _ in policy.shape_tables if policy.shapes is None or shape in policy.shapes]
     if policy.shapes is None:
         text = "one table for every layer shape"
@@ -57,7 +57,14 @@ def inference_summary(policy: DispatchPolicy, device_type: str, capability: tupl
     if policy.decode_tables:
         text += (f"; in CUDA graphs (decode_graphed), calls of 1-{DECODE_MAX_TOKENS} tokens follow the decode tables "
                  f"of {len(policy.decode_tables)} shapes")
-    return text
+    return text + _eager_floor_text(policy)
+
+
+def _eager_floor_text(policy: DispatchPolicy) -> str:
+    """The clause on ``policy.eager_min_tokens``, or nothing without a floor."""
+    if not policy.eager_min_tokens:
+        return ""
+    return f"; eager calls of fewer than {policy.eager_min_tokens} tokens run dense (eager_min_tokens)"
 
 
 def training_summary(policy: TrainDispatchPolicy, device_type: str, capability: tuple[int, int] | None) -> str:

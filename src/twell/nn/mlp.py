@@ -694,7 +694,9 @@ class SparseGatedMLP(nn.Module):
         state = self._state
         refresh = state.calls % self.l0_refresh_every == 0
         state.calls += 1
-        if self._use_sparse(m, x.device) and not self._needs_grad(x):
+        # the policy's floor for eager calls; a call being recorded in a CUDA graph outside static_dispatch is not one
+        eager = m < self.policy.eager_min_tokens and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+        if self._use_sparse(m, x.device, eager) and not self._needs_grad(x):
             state.refresh_now = refresh
             if x.dim() == 2:
                 out = self._ffn_sparse(x, residual)
@@ -709,13 +711,14 @@ class SparseGatedMLP(nn.Module):
             self._sync_l0_estimate()
         return out
 
-    def _use_sparse(self, n_tokens: int, device: torch.device | str) -> bool:
-        """Whether a call of ``n_tokens`` tokens on ``device`` takes a sparse path (small-batch kernels or TwELL)."""
-        return self._path(n_tokens, device) != "dense"
+    def _use_sparse(self, n_tokens: int, device: torch.device | str, eager: bool = False) -> bool:
+        """Whether a call of ``n_tokens`` tokens on ``device`` takes a sparse path (small-batch kernels or TwELL);
+        ``eager``: the policy's ``eager_min_tokens`` applies."""
+        return self._path(n_tokens, device, eager) != "dense"
 
-    def _path(self, n_tokens: int, device: torch.device | str) -> str:
+    def _path(self, n_tokens: int, device: torch.device | str, eager: bool = False) -> str:
         """``"decode"``, ``"sparse"`` or ``"dense"``: the policy's answer for ``n_tokens`` on ``device`` (a device
-        type string means its current device) at the current l0 estimate, cached per (token count, device).
+        type string means its current device) at the current l0 estimate, cached per (token count, device, eager).
 
         The answer is a pure function of the policy, the estimate and these two, so it is cached until
         either of the first two changes (the estimate moves on refresh calls only): a cached answer
@@ -728,14 +731,14 @@ class SparseGatedMLP(nn.Module):
         if state.decided_policy is not policy or state.decided_estimate != estimate:
             state.decisions.clear()
             state.decided_policy, state.decided_estimate = policy, estimate
-        key = (n_tokens, device)
+        key = (n_tokens, device, eager)
         path = state.decisions.get(key)
         if path is None:
             dev = torch.device(device) if isinstance(device, str) else device
             shape = (self.hidden_size, self.intermediate_size)
             density = density_of(estimate, self.intermediate_size)
             # the compute capability too: the default policy's tables hold on Hopper only (dispatch.HOPPER)
-            where = {"device_type": dev.type, "shape": shape, "capability": cuda_capability(dev)}
+            where = {"device_type": dev.type, "shape": shape, "capability": cuda_capability(dev), "eager": eager}
             if policy.use_decode(n_tokens, density=density, **where):
                 path = "decode"
             elif policy.use_sparse(n_tokens, density, **where):
