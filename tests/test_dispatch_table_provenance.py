@@ -33,6 +33,7 @@ from twell.nn import (
 )
 from twell.nn.dispatch_tuning import derive_decode_table, derive_table
 from twell.ops.decode_kernels import DECODE_MAX_TOKENS
+from twell.tolerances import ABS_TOL_DENSITY_LIMIT
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench_results" / "h200"
 
@@ -66,7 +67,8 @@ def test_shipped_rows_follow_the_committed_runs(policy_file, shipped, below):
     derived = _derived(policy_file)
     assert [m for m, _ in rows] == [m for m, _ in derived]
     for (m, limit), (_, want) in zip(rows, derived, strict=True):
-        assert limit == pytest.approx(want, abs=1e-12), f"{m} tokens: shipped {limit}, the runs give {want}"
+        assert limit == pytest.approx(want, abs=ABS_TOL_DENSITY_LIMIT), \
+            f"{m} tokens: shipped {limit}, the runs give {want}"
 
 
 @pytest.mark.parametrize("policy_file", sorted(p.name for p in RESULTS.glob("dispatch_*_merged_policy.json")))
@@ -112,4 +114,5 @@ def test_shipped_decode_tables_follow_the_committed_tune_decode_runs():
                                       max_tokens=DECODE_MAX_TOKENS)
         assert [m for m, _ in shipped] == [m for m, _ in derived]
         for (m, limit), (_, want) in zip(shipped, derived, strict=True):
-            assert limit == pytest.approx(math.ceil(want * 1e7) / 1e7, abs=1e-12), f"{d}x{f}, {m} tokens"
+            assert limit == pytest.approx(math.ceil(want * 1e7) / 1e7, abs=ABS_TOL_DENSITY_LIMIT), \
+                f"{d}x{f}, {m} tokens"

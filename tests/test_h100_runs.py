@@ -16,6 +16,7 @@ from twell.bench.tune_dispatch import default_policy_check
 from twell.bench.tune_dispatch import points_of as dispatch_points_of
 from twell.nn.dispatch import DEFAULT_POLICY, HOPPER
 from twell.nn.dispatch_tuning import derive_table
+from twell.tolerances import ABS_TOL_TWO_DECIMALS
 
 H100 = Path(__file__).resolve().parents[1] / "bench_results" / "h100"
 WHOLE_GRID = ["dispatch_2048x5632_h100_session39_s0.json", "dispatch_2048x5632_h100_session39_s1.json",
@@ -46,7 +47,7 @@ def test_the_h200_tables_lost_at_one_point_of_the_whole_grid_runs():
     assert losses[WHOLE_GRID[0]] == [] and losses[WHOLE_GRID[2]] == []
     (loss,) = losses[WHOLE_GRID[1]]
     assert loss["m"] == 512 and loss["density"] == pytest.approx(0.005, abs=0.0003) and loss["ok"]
-    assert loss["speedup"] == pytest.approx(0.93, abs=0.005)
+    assert loss["speedup"] == pytest.approx(0.93, abs=ABS_TOL_TWO_DECIMALS)
     # every point checked against the fp32 reference passed
     assert all(r["ok"] for name in WHOLE_GRID + REPEATS for r in _run(name)["rows"])
 
@@ -57,15 +58,15 @@ def test_the_repeats_won_at_the_lost_point():
         assert check["losses"] == []
         pts = [p for p in dispatch_points_of(_run(name)["rows"]) if p.tokens == 512 and abs(p.density - 0.005) < 3e-4]
         (p,) = pts
-        assert p.dense_ms / p.sparse_ms == pytest.approx(1.21, abs=0.005)
+        assert p.dense_ms / p.sparse_ms == pytest.approx(1.21, abs=ABS_TOL_TWO_DECIMALS)
 
 
 @pytest.mark.parametrize(("name", "at_16384", "at_131072"), [
     (WHOLE_GRID[0], 1.99, 1.97), (WHOLE_GRID[1], 1.99, 1.96), (WHOLE_GRID[2], 1.63, 1.77)])
 def test_the_large_calls_won_on_the_h100_as_the_readme_says(name, at_16384, at_131072):
     pts = {p.tokens: p for p in dispatch_points_of(_run(name)["rows"]) if abs(p.density - 0.005) < 3e-4}
-    assert pts[16384].dense_ms / pts[16384].sparse_ms == pytest.approx(at_16384, abs=0.005)
-    assert pts[131072].dense_ms / pts[131072].sparse_ms == pytest.approx(at_131072, abs=0.005)
+    assert pts[16384].dense_ms / pts[16384].sparse_ms == pytest.approx(at_16384, abs=ABS_TOL_TWO_DECIMALS)
+    assert pts[131072].dense_ms / pts[131072].sparse_ms == pytest.approx(at_131072, abs=ABS_TOL_TWO_DECIMALS)
 
 
 def test_the_merged_h100_policy_file_is_what_derive_table_gives_its_runs():

@@ -7,6 +7,7 @@ import torch
 
 from twell.ops import active_count
 from twell.ops.active_count import mean_active_per_token
+from twell.tolerances import FP32_ROUNDING_TOL
 
 
 def _expected(a: torch.Tensor) -> float:
@@ -25,9 +26,9 @@ def test_matches_count_nonzero(shape, dtype, monkeypatch):
     want = _expected(a)
     got = mean_active_per_token(a)
     assert got.dtype == torch.float32 and got.dim() == 0
-    assert got.item() == pytest.approx(want, rel=1e-6)
+    assert got.item() == pytest.approx(want, rel=FP32_ROUNDING_TOL)
     monkeypatch.setattr(active_count, "_use_kernel", lambda t: False)  # the torch expression
-    assert mean_active_per_token(a).item() == pytest.approx(want, rel=1e-6)
+    assert mean_active_per_token(a).item() == pytest.approx(want, rel=FP32_ROUNDING_TOL)
 
 
 def test_kernel_runs_under_the_interpreter(monkeypatch):
@@ -51,7 +52,7 @@ def test_grid_stride_programs_each_count_several_blocks(monkeypatch):
     assert active_count._use_kernel(a)
     assert a.numel() > active_count._DEFAULT_PROGRAMS * active_count._BLOCK
     got = mean_active_per_token(a)
-    assert got.item() == pytest.approx(_expected(a), rel=1e-6)
+    assert got.item() == pytest.approx(_expected(a), rel=FP32_ROUNDING_TOL)
     assert torch.equal(got, mean_active_per_token(a))
 
 
@@ -75,5 +76,5 @@ def test_gpu_counts_a_large_activation_exactly():
     a[5, :] = float("nan")  # a NaN row: all active
     assert active_count._use_kernel(a)
     want = torch.count_nonzero(a).item() / a.shape[0]
-    assert mean_active_per_token(a).item() == pytest.approx(want, rel=1e-6)
+    assert mean_active_per_token(a).item() == pytest.approx(want, rel=FP32_ROUNDING_TOL)
     assert torch.equal(mean_active_per_token(a), mean_active_per_token(a))

@@ -22,7 +22,15 @@ from twell.synthetic import (
     synthetic_gate_logits,
     unit_frequencies,
 )
-from twell.tolerances import FP32_ELEMENT_TOL
+from twell.tolerances import (
+    ABS_TOL_WATER_FILL_CAP_ANY_PROFILE,
+    FP32_ELEMENT_TOL,
+    FP64_CLOSED_FORM_TOL,
+    REL_TOL_FP64_SCALED_SUM,
+    REL_TOL_SAMPLED_STD,
+    REL_TOL_UNION64_SAMPLE,
+    REL_TOL_WATER_FILL_ANY_PROFILE,
+)
 
 M = 4096
 
@@ -44,9 +52,9 @@ def test_unit_frequencies_sum_dead_cap(mean_l0: float, n_units: int) -> None:
     prof = SparsityProfile(mean_l0)
     p = unit_frequencies(n_units, prof, generator=gen())
     assert p.shape == (n_units,) and p.dtype == torch.float64
-    assert math.isclose(float(p.sum()), mean_l0, rel_tol=1e-9)
+    assert math.isclose(float(p.sum()), mean_l0, rel_tol=REL_TOL_FP64_SCALED_SUM)
     assert int((p == 0).sum()) == round(0.3 * n_units)
-    assert float(p.max()) <= prof.max_probability + 1e-12
+    assert float(p.max()) <= prof.max_probability + FP64_CLOSED_FORM_TOL
     assert float(p.min()) >= 0.0
 
 
@@ -54,9 +62,9 @@ def test_unit_frequencies_water_fill_when_cap_binds() -> None:
     # 70 live units, cap 0.9 -> at most 63; asking 60 clips most of them but the sum must still hold
     prof = SparsityProfile(60.0, tail_exponent=2.0, early_boost=1.0)
     p = unit_frequencies(100, prof, generator=gen())
-    assert math.isclose(float(p.sum()), 60.0, rel_tol=1e-9)
-    assert float(p.max()) <= 0.9 + 1e-12
-    assert int((p >= 0.9 - 1e-12).sum()) > 10
+    assert math.isclose(float(p.sum()), 60.0, rel_tol=REL_TOL_FP64_SCALED_SUM)
+    assert float(p.max()) <= 0.9 + FP64_CLOSED_FORM_TOL
+    assert int((p >= 0.9 - FP64_CLOSED_FORM_TOL).sum()) > 10
 
 
 def test_unit_frequencies_heavy_tail_ordering() -> None:
@@ -79,8 +87,8 @@ def test_unit_frequencies_property(n_units: int, frac: float, dead: float, tail:
     if mean_l0 <= 0:
         return
     p = unit_frequencies(n_units, SparsityProfile(mean_l0, dead_fraction=dead, tail_exponent=tail, early_boost=1.0))
-    assert math.isclose(float(p.sum()), mean_l0, rel_tol=1e-7)
-    assert float(p.max()) <= 0.9 + 1e-9
+    assert math.isclose(float(p.sum()), mean_l0, rel_tol=REL_TOL_WATER_FILL_ANY_PROFILE)
+    assert float(p.max()) <= 0.9 + ABS_TOL_WATER_FILL_CAP_ANY_PROFILE
     assert int((p == 0).sum()) == n_units - n_alive
 
 
@@ -96,8 +104,8 @@ def test_position_scale_mean_and_shape() -> None:
     prof = SparsityProfile(29.0, seq_len=2048, early_boost=4.0, early_decay=32.0)
     s = position_scale(2 * 2048, prof)
     assert s.shape == (4096,)
-    assert math.isclose(float(s[:2048].mean()), 1.0, rel_tol=1e-12)
-    assert math.isclose(float(s[0]), 4.0, rel_tol=1e-12)
+    assert math.isclose(float(s[:2048].mean()), 1.0, rel_tol=FP64_CLOSED_FORM_TOL)
+    assert math.isclose(float(s[0]), 4.0, rel_tol=FP64_CLOSED_FORM_TOL)
     assert torch.equal(s[:2048], s[2048:])
     assert torch.all(s[:2047] >= s[1:2048])
     assert float(s[2047]) > 0.9  # the floor only drops a little to pay for the boosted head
@@ -183,8 +191,8 @@ def test_ffn_problem_tiny_d_model(d_model: int) -> None:
 def test_ffn_problem_weight_scales() -> None:
     d, f = 256, 1024
     prob = synthetic_ffn_problem(256, d, f, SparsityProfile(10.0), generator=gen(8), dtype=torch.float32)
-    assert math.isclose(float(prob["w_up"].std()), 1 / math.sqrt(d), rel_tol=0.05)
-    assert math.isclose(float(prob["w_down"].std()), 1 / math.sqrt(f), rel_tol=0.05)
+    assert math.isclose(float(prob["w_up"].std()), 1 / math.sqrt(d), rel_tol=REL_TOL_SAMPLED_STD)
+    assert math.isclose(float(prob["w_down"].std()), 1 / math.sqrt(f), rel_tol=REL_TOL_SAMPLED_STD)
     row_norm = prob["w_gate"][:, 2:].norm(dim=1)
     assert torch.allclose(row_norm, torch.ones_like(row_norm), atol=FP32_ELEMENT_TOL)
 
@@ -213,7 +221,7 @@ def test_layer_profiles_mean_and_peak() -> None:
     profs = layer_profiles(24, 29.0, dead_fraction=0.35, seq_len=1024)
     l0 = torch.tensor([p.mean_l0 for p in profs])
     assert len(profs) == 24
-    assert math.isclose(float(l0.mean()), 29.0, rel_tol=1e-9)
+    assert math.isclose(float(l0.mean()), 29.0, rel_tol=REL_TOL_FP64_SCALED_SUM)
     peak = int(l0.argmax())
     assert 5 <= peak <= 10  # around 1/3 of the depth
     assert float(l0[peak]) > 1.5 * float(l0[0]) and float(l0[peak]) > 2 * float(l0[-1])
@@ -324,6 +332,6 @@ def test_measure_sparsity_token_overlap() -> None:
     assert stats["union64_vs_independent"] < 0.5
     independent = (torch.rand(n_seq * seq_len * 8, n_units, generator=g) < 0.02).float()
     stats = measure_sparsity(independent, seq_len=seq_len)
-    assert stats["union64_vs_independent"] == pytest.approx(1.0, abs=0.03)
-    assert stats["union64_independent"] == pytest.approx(n_units * (1 - 0.98 ** 64), rel=0.03)
+    assert stats["union64_vs_independent"] == pytest.approx(1.0, abs=REL_TOL_UNION64_SAMPLE)
+    assert stats["union64_independent"] == pytest.approx(n_units * (1 - 0.98 ** 64), rel=REL_TOL_UNION64_SAMPLE)
     assert "union64" not in measure_sparsity(independent, seq_len=32)

@@ -91,8 +91,9 @@ REL_TOL_FP32_CLI = 1e-4
 #: gates that round to exactly 0 one way and not the other flip, vanishingly rare on random data; 1e-4 of the test's
 #: 4096 x 44 counts is 18.
 GATE_COUNT_MISMATCH_FRACTION = 1e-4
-#: Relative gap (floored at one unit) of the GPU training kernels' l0 against the float64 oracle: gates within fp32
-#: accumulation noise of 0 may fall on the other side of the ReLU, up to 0.1 % of the active units.
+#: Relative gap (floored at one unit) of the GPU training kernels' l0 against the float64 oracle (also the hot/cold
+#: op's l0 in a ``twell bench train-ffn`` row): gates within fp32 accumulation noise of 0 may fall on the other side
+#: of the ReLU, up to 0.1 % of the active units.
 L0_REL_TOL_GATE_FLIPS = 1e-3
 #: The max-based error figure of ``twell demo``'s speed rows (as :data:`REL_TOL_FP32_CLI`) where the model runs in bf16
 #: (on a GPU): dense and sparse round differently, so 10x REL_TOL[bfloat16], for the reason REL_TOL_FP32_CLI is 10x
@@ -149,8 +150,8 @@ L0_ABS_TOL_SET_DENSITY = 0.5
 #: speedup in a comment or the README): half a unit in the last quoted place.
 ABS_TOL_TWO_DECIMALS = 0.005
 #: Absolute gap between a shipped dispatch table's density limit (a typed 7-decimal literal, <= 1) and the same limit
-#: derived from the committed runs (``ceil(d * 1e7) / 1e7``): both are the float64 nearest one decimal, or an ulp or
-#: so apart (<= 2.2e-16); 1e-12 is far below the 1e-7 step between two such limits.
+#: derived from the committed runs (``ceil(d * 1e7) / 1e7``): both are the float64 nearest one 7-decimal number (the
+#: division rounds correctly), so equal; 1e-12 allows a few ulps (2.2e-16) and is far below the 1e-7 step of a limit.
 ABS_TOL_DENSITY_LIMIT = 1e-12
 
 
