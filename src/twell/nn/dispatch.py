@@ -562,7 +562,6 @@ class DispatchPolicy:
         limit = self.max_density(n_tokens, shape)
         return limit is not None and density <= limit
 
-
     def _below_eager_floor(self, n_tokens: int, eager: bool) -> bool:
         """True iff ``eager_min_tokens`` sends this call dense (``eager``: see :meth:`use_sparse`)."""
         if not isinstance(eager, bool):

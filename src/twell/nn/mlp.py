@@ -148,10 +148,10 @@ class _InferenceState:
         self.calls = 0  # inference calls since the last reset: every l0_refresh_every-th one refreshes
         self.estimate: float | None = None  # host copy of l0, refreshed on refresh calls
         self.refresh_now = False  # set by _ffn_infer: this call may re-choose the hot units
-        # Cached dispatch answers per (token count, device type), valid for this policy and estimate.
+        # Cached dispatch answers per (token count, device, eager), valid for this policy and estimate.
         self.decided_policy: DispatchPolicy | None = None
         self.decided_estimate: float | None = None
-        self.decisions: dict[tuple[int, str], str] = {}
+        self.decisions: dict[tuple[int, torch.device | str, bool], str] = {}
         # The layer's last_l0: a tensor, or the last sparse call's per-(row, tile) counts and token count
         # from which it is summed when first read (see SparseGatedMLP.last_l0).
         self.l0: torch.Tensor | None = None
@@ -720,7 +720,7 @@ class SparseGatedMLP(nn.Module):
         """``"decode"``, ``"sparse"`` or ``"dense"``: the policy's answer for ``n_tokens`` on ``device`` (a device
         type string means its current device) at the current l0 estimate, cached per (token count, device, eager).
 
-        The answer is a pure function of the policy, the estimate and these two, so it is cached until
+        The answer is a pure function of the policy, the estimate and these three, so it is cached until
         either of the first two changes (the estimate moves on refresh calls only): a cached answer
         costs a dict lookup instead of the policy's checks and table lookup: 0.24 us against 1.14 us per call
         on the CPU (scripts/module_overhead.py).  The sparse path reads it again to tell decode from
