@@ -44,6 +44,10 @@ PROBES = {
     "fp8_screen_probe.py": ((), "M=", ["margin est k=0.1:", "margin norms k=0.05:", "speed: not timed"]),
     # every up-kernel configuration built and the down kernel timed on both flag sets; none/real/all firing counts
     "batch_up_probe.py": ((), "d=", ["real(2048, 1, 4) ", "down_real ", "firing units none/real/all 0/"]),
+    # every token count timed for both variants, always-sparse's layers sparse, a floor printed for each
+    "eager_floor_probe.py": ((), "", ["tokens=    64 | dense ", "sparse:always-sparse_sparse_layers 2",
+                                      "eager floor for 'default' at bar 0.95: eager_min_tokens = ",
+                                      "eager floor for 'always-sparse' at bar 0.95"]),
 }
 
 
@@ -173,3 +177,16 @@ def test_op_host_time_ab_alternates_both_launch_paths_with_the_same_output():
     lines = [ln for ln in proc.stdout.splitlines() if " A/B " in ln]
     assert [ln.split(" A/B ")[1].split(":")[0].strip() for ln in lines] == ["module", "hot/cold op"], proc.stdout
     assert all("same output True" in ln and "medians of 2 rounds" in ln for ln in lines), proc.stdout
+
+
+@pytest.mark.parametrize("points, bar, want", [
+    ([(1024, 0.5), (2048, 0.9), (4096, 1.2), (8192, 1.3)], 0.95, 4096),  # losses below 4096: the floor is there
+    ([(1024, 1.1), (2048, 0.9), (4096, 1.2)], 0.95, 4096),  # a loss above a win still moves the floor past it
+    ([(1024, 1.0), (4096, 1.4)], 0.95, 0),  # nothing below the bar: no floor
+    ([(4096, 1.2), (1024, 0.5)], 0.95, 4096),  # any order
+    ([(1024, 1.1), (2048, None)], 0.95, 2049),  # a failed variant loses; no larger count measured: one token past
+    ([(1024, 0.97)], 1.0, 1025),
+])
+def test_eager_floor_probe_suggests_the_smallest_floor_that_keeps_every_point(points, bar, want):
+    floor = runpy.run_path(str(ROOT / "scripts" / "eager_floor_probe.py"), run_name="probe")["suggested_floor"]
+    assert floor([{"tokens": n, "speedup": s} for n, s in points], bar) == want

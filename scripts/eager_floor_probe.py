@@ -1,0 +1,122 @@
+"""Where eager sparse calls stop paying: the 1.5B-shaped model's eager forward, dense against the default policy, at
+several token counts in one process, timed by the wall clock so that the host's issuing counts.
+
+Why: the dispatch tables are timed with the GPU held, as in a model whose host runs ahead; issuing one hot/cold op call
+took the host 442-957 us on the H100 machine against the dense chain's 76-119 us (session 40,
+bench_results/h200/session40_runs.md), so an eager forward at small token counts may lose to dense where the tables
+say sparse.  This probe builds and calibrates the model once (``twell.bench.model_setup.prepare``, the headline's
+fused norms, rotary and residual adds), then times forwards of ``tokens`` tokens (one sequence up to ``--seq``, else
+whole sequences) for each variant, interleaved (``time_interleaved``: a synchronize before and after each forward).
+It prints per token count the medians, default / dense as a speedup, how many layers the default policy sends sparse
+for an eager call, and last the smallest ``DispatchPolicy.eager_min_tokens`` that keeps every measured eager forward at
+or above ``--bar`` of dense (0 when none falls below).
+
+    PYTHONPATH=src:scripts python3 scripts/eager_floor_probe.py --out $OUT/run            # GPU machine, ~2 minutes
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/eager_floor_probe.py --device cpu --tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from twell.bench.model_measure import time_interleaved
+from twell.bench.model_setup import DEFAULT_L0, POLICIES, prepare
+from twell.bench.model_sparsity import SparsityTarget
+from twell.nn import SparseGatedMLP
+
+TOKENS = (1024, 2048, 4096, 8192, 16384)
+
+
+def suggested_floor(points: list[dict], bar: float) -> int:
+    """The smallest eager floor under which every measured point at or above it holds ``speedup >= bar``: the token
+    count after the largest losing one (0 when none loses).  ``points``: dicts with ``tokens`` and ``speedup``,
+    any order; a point without a speedup (a failed variant) counts as losing."""
+    ordered = sorted(points, key=lambda p: p["tokens"])
+    losing = [i for i, p in enumerate(ordered) if p.get("speedup") is None or p["speedup"] < bar]
+    if not losing:
+        return 0
+    last = losing[-1]
+    # no measured count above the last loss: the floor is one token past it, which no measurement backs
+    return ordered[last + 1]["tokens"] if last + 1 < len(ordered) else ordered[last]["tokens"] + 1
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="1.5b")
+    p.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    p.add_argument("--seq", type=int, default=2048, help="sequence length above which calls take whole sequences")
+    p.add_argument("--policies", nargs="+", default=["default"], help=f"sparse variants ({', '.join(POLICIES)})")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed rounds (the first measures l0, the next choose the hot sets)")
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--bar", type=float, default=0.95, help="the speedup below which a point counts as a loss")
+    p.add_argument("--device", default=None)
+    p.add_argument("--tiny", action="store_true", help="the tiny preset, a few small token counts (interpreter test)")
+    p.add_argument("--out", default=None, help="folder for eager_floor_probe.json")
+    a = p.parse_args()
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    preset, tokens, seq, reps, policies = a.preset, sorted(set(a.tokens)), a.seq, a.reps, a.policies
+    if a.tiny:  # on the CPU the default policy runs dense: always-sparse exercises the sparse path
+        preset, tokens, seq, reps, policies = "tiny", [8, 32, 64], 32, 2, ["default", "always-sparse"]
+    for n in tokens:
+        if n < 1 or (n > seq and n % seq):
+            raise SystemExit(f"--tokens: each count must be >= 1 and, above --seq {seq}, a multiple of it; got {n}")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    n_seqs = max(1, max(tokens) // seq)
+    bench = prepare(preset, device=device, dtype=dtype, batch=n_seqs, seq=seq,
+                    target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=policies,
+                    fused_norms=True, fused_rope=device.type == "cuda", fused_residual=True)
+    if device.type == "cuda":
+        print(torch.cuda.get_device_name(device), "torch", torch.__version__, flush=True)
+    print(f"{preset}: built in {bench.seconds['build_s']:.1f} s, calibrated on {n_seqs} x {seq} tokens in "
+          f"{bench.seconds['calibrate_s']:.1f} s; eager forwards, wall clock, {a.warmup} warm-up + {reps} reps",
+          flush=True)
+    backbone = bench.model.model
+    names = ["dense", *(f"sparse:{pol}" for pol in policies)]
+    rows = []
+    with torch.inference_mode():
+        for n in tokens:
+            ids = bench.tokens[:1, :n] if n <= seq else bench.tokens[: n // seq]
+
+            def call(name: str, ids: torch.Tensor = ids) -> None:
+                bench.sets.use(name)
+                backbone(input_ids=ids, use_cache=False)
+
+            t = time_interleaved({name: (lambda name=name: call(name)) for name in names}, device=device,
+                                 warmup=a.warmup, reps=reps)
+            row: dict = {"tokens": n, "errors": t.errors}
+            for name in names:
+                if t.samples.get(name):
+                    row[f"{name}_ms"] = statistics.median(t.samples[name])
+            for pol in policies:
+                name = f"sparse:{pol}"
+                layers = [m for m in bench.sets.sets[name] if isinstance(m, SparseGatedMLP)]
+                row[f"{name}_sparse_layers"] = sum(m._use_sparse(n, device.type, eager=True) for m in layers)
+                if f"{name}_ms" in row and "dense_ms" in row:
+                    row[f"{name}_speedup"] = row["dense_ms"] / row[f"{name}_ms"]
+            rows.append(row)
+            cells = " | ".join(f"{k.removesuffix('_ms')} {v:.3f} ms" for k, v in row.items() if k.endswith("_ms"))
+            extra = " | ".join(f"{k} {v:.3f}x" if k.endswith("speedup") else f"{k} {v}"
+                               for k, v in row.items() if k.endswith(("speedup", "sparse_layers")))
+            print(f"tokens={n:6d} | {cells} | {extra}" + (f" | errors {t.errors}" if t.errors else ""), flush=True)
+    result = {"preset": preset, "device": str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "bar": a.bar, "rows": rows, "floors": {}}
+    for pol in policies:
+        pts = [{"tokens": r["tokens"], "speedup": r.get(f"sparse:{pol}_speedup")} for r in rows]
+        floor = suggested_floor(pts, a.bar)
+        result["floors"][pol] = floor
+        print(f"eager floor for '{pol}' at bar {a.bar}: eager_min_tokens = {floor}"
+              + (" (no eager forward below the bar)" if floor == 0 else ""), flush=True)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eager_floor_probe.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
