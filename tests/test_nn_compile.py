@@ -131,33 +131,3 @@ def test_compiled_hot_cold_inference_builds_its_weight_copies_from_the_current_w
         assert torch.equal(compiled(x), want)
     assert counters["frames"]["total"] == 1
 
-
-@pytest.mark.gpu
-def test_gpu_reduce_overhead_compile_matches_eager_at_a_sparse_token_count():
-    """The other recipe for a caller whose host is the bottleneck (README, "Host time"): the layer under
-    ``torch.compile(mode="reduce-overhead")`` (inductor's CUDA graphs), after eager calls have measured l0 and chosen
-    the hot set.  Default policy, bf16, d=2048, F=5632, 4096 tokens (sparse by the H200 table); new inputs each call,
-    as the recorded graph copies them in."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    from twell.nn import SparseGatedMLP
-    from twell.synthetic import SparsityProfile, synthetic_ffn_problem
-    from twell.tolerances import REL_TOL, rel_error
-
-    d, f, m = 2048, 5632, 4096
-    gen = torch.Generator(device="cuda").manual_seed(17)
-    p = synthetic_ffn_problem(4 * m, d, f, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
-    layer = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"]).eval()
-    xs = [p["x"][i * m:(i + 1) * m].contiguous() for i in range(4)]
-    torch._dynamo.reset()
-    with torch.no_grad():
-        for _ in range(3):  # the first measures l0 on the dense path, the next choose the hot set and build the plan
-            layer(xs[0])
-        assert layer._path(m, xs[0].device) == "sparse" and layer._hot_cold._plan is not None
-        wants = [layer(x) for x in xs]
-        compiled = torch.compile(layer, mode="reduce-overhead")
-        for _ in range(2):  # inductor's first calls warm up, later ones replay the recorded graph
-            for x, want in zip(xs, wants, strict=True):
-                got = compiled(x).clone()  # a replay's output is overwritten by the next replay
-                assert not bool(torch.isnan(got).any())
-                assert rel_error(got, want) <= REL_TOL[torch.bfloat16]

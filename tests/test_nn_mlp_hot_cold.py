@@ -140,27 +140,36 @@ def test_fused_gate_switch_gives_the_same_output_eager_and_compiled(monkeypatch)
     assert torch.equal(got, want) and torch.equal(traced, want)
 
 
+def _warm_sparse_layer_4096(seed: int, n_inputs: int) -> tuple[SparseGatedMLP, list[torch.Tensor]]:
+    """A default-policy bf16 layer of d=2048, F=5632 (synthetic weights, l0 28) after three eager calls of 4096 tokens
+    (the first measures l0 on the dense path, the next choose the hot set and build the plan), and ``n_inputs``
+    batches of 4096 tokens; sparse there by the H200 table."""
+    from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+    d, f, m = 2048, 5632, 4096
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    p = synthetic_ffn_problem(n_inputs * m, d, f, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
+    layer = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"]).eval()
+    xs = [p["x"][i * m:(i + 1) * m].clone() for i in range(n_inputs)]
+    with torch.no_grad():
+        for _ in range(3):
+            layer(xs[0])
+    assert layer._path(m, xs[0].device) == "sparse" and layer._hot_cold._plan is not None
+    return layer, xs
+
+
 @pytest.mark.gpu
 def test_gpu_call_recorded_in_a_cuda_graph_under_static_dispatch():
     """What a caller whose host is the bottleneck can do (README, "Host time"; session 40 measured the op's host time
     at 442-957 us a call): eager calls first (they measure l0 and choose the hot set), then the layer's call of a
     fixed token count recorded in a CUDA graph inside ``static_dispatch`` on a side stream; a replay after new
-    tokens are copied into the recorded input gives the eager layer's output for them.  Default policy, bf16,
-    d=2048, F=5632 at 4096 tokens (sparse there by the H200 table)."""
+    tokens are copied into the recorded input gives the eager layer's output for them."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from twell.nn import static_dispatch
-    from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
-    d, f, m = 2048, 5632, 4096
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    p = synthetic_ffn_problem(2 * m, d, f, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
-    mlp = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"]).eval()
-    x, x_new = p["x"][:m].clone(), p["x"][m:].contiguous()
+    mlp, (x, x_new) = _warm_sparse_layer_4096(seed=11, n_inputs=2)
     with torch.no_grad():
-        for _ in range(3):  # the first measures l0 on the dense path, the next choose the hot set and build the plan
-            mlp(x)
-        assert mlp._path(m, x.device) == "sparse" and mlp._hot_cold._plan is not None
         want = mlp(x_new)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -175,3 +184,21 @@ def test_gpu_call_recorded_in_a_cuda_graph_under_static_dispatch():
         torch.cuda.synchronize()
     assert not bool(torch.isnan(out).any())
     assert rel_error(out, want) <= REL_TOL[torch.bfloat16]
+
+
+@pytest.mark.gpu
+def test_gpu_reduce_overhead_compile_matches_eager():
+    """The other recipe for such a caller: the layer under ``torch.compile(mode="reduce-overhead")`` (inductor's CUDA
+    graphs) after the same eager calls; new inputs each call, as the recorded graph copies them in."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    layer, xs = _warm_sparse_layer_4096(seed=17, n_inputs=4)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        wants = [layer(x) for x in xs]
+        compiled = torch.compile(layer, mode="reduce-overhead")
+        for _ in range(2):  # inductor's first calls warm up, later ones replay the recorded graph
+            for x, want in zip(xs, wants, strict=True):
+                got = compiled(x).clone()  # a replay's output is overwritten by the next replay
+                assert not bool(torch.isnan(got).any())
+                assert rel_error(got, want) <= REL_TOL[torch.bfloat16]
