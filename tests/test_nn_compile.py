@@ -130,4 +130,3 @@ def test_compiled_hot_cold_inference_builds_its_weight_copies_from_the_current_w
         want = layer(x)
         assert torch.equal(compiled(x), want)
     assert counters["frames"]["total"] == 1
-
