@@ -694,7 +694,9 @@ class SparseGatedMLP(nn.Module):
         state = self._state
         refresh = state.calls % self.l0_refresh_every == 0
         state.calls += 1
-        # the policy's floor for eager calls; a call being recorded in a CUDA graph outside static_dispatch is not one
+        # The policy's floor for eager calls (a call being recorded in a CUDA graph outside static_dispatch is not one).
+        # ``eager`` is set only where the floor can apply, below it, so the capture check runs only there and the
+        # cached decisions of other token counts stay under one key; the policy checks the count again.
         eager = m < self.policy.eager_min_tokens and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
         if self._use_sparse(m, x.device, eager) and not self._needs_grad(x):
             state.refresh_now = refresh
