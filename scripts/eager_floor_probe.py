@@ -28,21 +28,16 @@ from twell.bench.model_measure import time_interleaved
 from twell.bench.model_setup import DEFAULT_L0, POLICIES, prepare
 from twell.bench.model_sparsity import SparsityTarget
 from twell.nn import SparseGatedMLP
+from twell.nn.dispatch_tuning import derive_eager_floor
 
 TOKENS = (1024, 2048, 4096, 8192, 16384)
 
 
 def suggested_floor(points: list[dict], bar: float) -> int:
-    """The smallest eager floor under which every measured point at or above it holds ``speedup >= bar``: the token
-    count after the largest losing one (0 when none loses).  ``points``: dicts with ``tokens`` and ``speedup``,
-    any order; a point without a speedup (a failed variant) counts as losing."""
-    ordered = sorted(points, key=lambda p: p["tokens"])
-    losing = [i for i, p in enumerate(ordered) if p.get("speedup") is None or p["speedup"] < bar]
-    if not losing:
-        return 0
-    last = losing[-1]
-    # no measured count above the last loss: the floor is one token past it, which no measurement backs
-    return ordered[last + 1]["tokens"] if last + 1 < len(ordered) else ordered[last]["tokens"] + 1
+    """The smallest eager floor under which every measured point at or above it holds ``speedup >= bar``
+    (:func:`twell.nn.dispatch_tuning.derive_eager_floor`).  ``points``: dicts with ``tokens`` and ``speedup``, any
+    order; a point without a speedup (a failed variant) counts as losing."""
+    return derive_eager_floor((int(p["tokens"]), p.get("speedup") is None or p["speedup"] < bar) for p in points)
 
 
 def main() -> None:

@@ -105,3 +105,26 @@ def test_gpu_hold_keeps_host_time_out_of_the_intervals():
     held = timing.time_ms_interleaved(fns, device=dev, rep_ms=20.0)
     assert unheld["host_heavy"] >= 0.5
     assert held["host_heavy"] < 0.5 and held["light"] < 0.5
+
+
+def test_eager_timing_issues_calls_back_to_back_in_rotated_rounds(monkeypatch):
+    """``eager_ms_interleaved``: each round issues one callable's calls back to back (as many as fill
+    ``rep_ms / rounds`` at its warm-up cost), the callables' order rotated each round; the medians are per call."""
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(timing, "_now", clock)
+    fns = {name: _costed(clock, calls, name, cost, range(0)) for name, cost in (("dense", 1.0), ("sparse", 4.0))}
+    ms = timing.eager_ms_interleaved(fns, device=CPU, rep_ms=40.0, rounds=2, warmup_ms=0.0)
+    assert ms == pytest.approx({"dense": 1.0, "sparse": 4.0})
+    timed = calls[6:]  # warm-up: 3 calls each
+    # round 0: dense then sparse; round 1: sparse then dense; 20 ms a round each: 20 dense calls, 5 sparse calls
+    assert timed == ["dense"] * 20 + ["sparse"] * 5 + ["sparse"] * 5 + ["dense"] * 20
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        timing.eager_ms_interleaved(fns, device=CPU, rounds=0)
+
+
+def test_eager_timing_caps_the_calls_of_a_round(monkeypatch):
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(timing, "_now", clock)
+    fns = {"tiny": _costed(clock, calls, "tiny", 1e-4, range(0))}
+    timing.eager_ms_interleaved(fns, device=CPU, rep_ms=100.0, rounds=1, warmup_ms=0.0)
+    assert len(calls) - 3 == timing.MAX_EAGER_CALLS

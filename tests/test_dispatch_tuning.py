@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from twell.nn import DispatchPolicy
-from twell.nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_decode_table, derive_table
+from twell.nn.dispatch_tuning import (
+    DEFAULT_MIN_SPEEDUP,
+    TuningPoint,
+    derive_decode_table,
+    derive_eager_floor,
+    derive_table,
+)
 
 
 def _pt(tokens: int, density: float, speedup: float, ok: bool = True) -> TuningPoint:
@@ -98,3 +104,24 @@ def test_a_decode_table_gives_calls_between_measured_counts_the_larger_counts_li
         derive_decode_table([])
     with pytest.raises(ValueError, match="min_speedup"):
         derive_decode_table(won, min_speedup=0.9)
+
+
+def test_the_eager_floor_is_the_next_measured_count_above_the_largest_loss():
+    # 1024 lost at one density of two, 2048 won: counts 1025-2047 were never timed, so they run dense too
+    outcomes = [(256, False), (1024, False), (1024, True), (2048, False), (16384, False), (512, True)]
+    assert derive_eager_floor(outcomes) == 2048
+    assert derive_eager_floor(reversed(outcomes)) == 2048  # order does not matter
+    assert derive_eager_floor([(256, False), (1024, False)]) == 0  # nothing lost: no floor
+    assert derive_eager_floor([]) == 0
+    assert derive_eager_floor([(512, False), (4096, True)]) == 4097  # a loss at the largest count: one past it
+    policy = DispatchPolicy(table=((1, 0.05),), force=True, eager_min_tokens=derive_eager_floor(outcomes))
+    assert not policy.use_sparse(1024, 0.005, eager=True) and policy.use_sparse(2048, 0.005, eager=True)
+
+
+def test_the_eager_floor_refuses_bad_outcomes():
+    with pytest.raises(ValueError, match="tokens must be an int >= 1"):
+        derive_eager_floor([(0, False)])
+    with pytest.raises(ValueError, match="tokens must be an int >= 1"):
+        derive_eager_floor([(True, False)])
+    with pytest.raises(TypeError, match="lost must be a bool"):
+        derive_eager_floor([(64, 0.9)])

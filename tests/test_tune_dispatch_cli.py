@@ -175,3 +175,65 @@ def test_bad_arguments_are_refused_with_the_accepted_form(capsys, tmp_path):
         with pytest.raises(SystemExit):
             cli.main(["tune-dispatch", *argv])
         assert msg.replace("\\", "") in capsys.readouterr().err
+
+
+def test_eager_timing_adds_each_points_eager_figures_and_the_policys_floor(tmp_path, capsys):
+    code = cli.main(["tune-dispatch", "--shape", "64x256", "--ms", "8", "--densities", "5", "--dtype", "float32",
+                     "--rep-ms", "1", "--eager", "--out", str(tmp_path)])
+    assert code == 0
+    (row,) = json.loads((tmp_path / "dispatch_64x256.json").read_text())["rows"]
+    assert row["eager_dense_ms"] > 0 and row["eager_sparse_ms"] > 0
+    assert row["eager_speedup"] == pytest.approx(row["eager_dense_ms"] / row["eager_sparse_ms"])
+    saved = json.loads((tmp_path / "dispatch_64x256_policy.json").read_text())
+    assert saved["measured"]["eager_bar"] == 1.0 and "eager_sparse_ms" in saved["measured"]["points"][0]
+    policy = load_policy(tmp_path / "dispatch_64x256_policy.json")
+    out = capsys.readouterr().out
+    # what the table sends sparse on this CPU decides; the floor printed is the one saved
+    assert f"eager_min_tokens={policy.eager_min_tokens}" in out and "; eager " in out  # the row shows its eager figures
+
+
+def _eager_run(path, eager_speedups):
+    """A recorded run at 2048 x 5632 whose held timings win everywhere (1.5x) and whose eager ones are given."""
+    rows = [{"d": 2048, "f": 5632, "m": m, "density": 0.005, "dense_ms": 1.0, "sparse_ms": 1.0 / 1.5, "ok": True,
+             "sparse_path": "sparse", "eager_dense_ms": 1.0, "eager_sparse_ms": 1.0 / s} for m, s in eager_speedups]
+    path.write_text(json.dumps({"meta": {"shape": [2048, 5632], "device_type": "cuda", "device": "NVIDIA H200",
+                                         "dtype": "bfloat16"}, "rows": rows}))
+    return path
+
+
+def test_from_derives_the_eager_floor_from_the_points_the_table_sends_sparse(tmp_path, capsys):
+    run = _eager_run(tmp_path / "run.json", ((512, 0.4), (1024, 0.8), (2048, 1.1), (16384, 1.4)))
+    assert cli.main(["tune-dispatch", "--from", str(run), "--out", str(tmp_path), "--stem", "a"]) == 0
+    policy = load_policy(tmp_path / "a_policy.json")
+    assert policy.table == ((512, 0.005),) and policy.eager_min_tokens == 2048
+    assert not policy.use_sparse(1024, 0.005, shape=(2048, 5632), eager=True)
+    assert policy.use_sparse(1024, 0.005, shape=(2048, 5632))  # traced or graphed calls keep the table
+    assert "eager_min_tokens=2048" in capsys.readouterr().out
+    # a lower bar: no eager call lost by it
+    assert cli.main(["tune-dispatch", "--from", str(run), "--out", str(tmp_path), "--stem", "b",
+                     "--eager-bar", "0.3"]) == 0
+    assert load_policy(tmp_path / "b_policy.json").eager_min_tokens == 0
+    assert "no floor (eager_min_tokens=0)" in capsys.readouterr().out
+
+
+def test_from_a_run_without_eager_timings_sets_no_floor_and_says_nothing_of_it(tmp_path, capsys):
+    run = _run_file(tmp_path / "plain.json", (2048, 5632), ((512, 0.005, 1.2),))
+    assert cli.main(["tune-dispatch", "--from", str(run), "--out", str(tmp_path), "--stem", "p"]) == 0
+    assert load_policy(tmp_path / "p_policy.json").eager_min_tokens == 0
+    assert "eager calls" not in capsys.readouterr().out
+
+
+def test_an_eager_loss_where_the_table_runs_dense_does_not_raise_the_floor(tmp_path):
+    run = _eager_run(tmp_path / "run.json", ((512, 0.4), (1024, 1.2)))
+    rows = json.loads(run.read_text())
+    rows["rows"][0]["sparse_ms"] = 1.0  # 512 tokens: no held win, so the table runs it dense
+    run.write_text(json.dumps(rows))
+    assert cli.main(["tune-dispatch", "--from", str(run), "--out", str(tmp_path), "--stem", "d"]) == 0
+    policy = load_policy(tmp_path / "d_policy.json")
+    assert policy.table == ((1024, 0.005),) and policy.eager_min_tokens == 0
+
+
+def test_a_bad_eager_bar_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["tune-dispatch", "--shape", "64x256", "--eager", "--eager-bar", "0", "--out", str(tmp_path)])
+    assert "--eager-bar must lie in (0, 2]" in capsys.readouterr().err

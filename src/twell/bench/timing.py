@@ -170,13 +170,38 @@ def back_to_back_ms(fn: Callable[[], object], *, device: torch.device, calls: in
     samples = []
     for _ in range(rounds):
         synchronize(device)
-        t0 = time.perf_counter()
+        t0 = _now()
         for _ in range(calls):
             fn()
         if wait:
             synchronize(device)
-        samples.append((time.perf_counter() - t0) / calls * 1e3)
+        samples.append((_now() - t0) / calls * 1e3)
     synchronize(device)
     return statistics.median(samples)
 
 
+
+
+#: Most calls :func:`eager_ms_interleaved` issues back to back in one round (a bound when the callables are tiny).
+MAX_EAGER_CALLS = 200
+
+
+def eager_ms_interleaved(fns: dict[str, Callable[[], object]], *, device: torch.device, rep_ms: float = 100.0,
+                         rounds: int = INTERLEAVED_ROUNDS, warmup_ms: float = 10.0) -> dict[str, float]:
+    """Median wall ms per call of each callable issued back to back from Python, as eager code issues them: no hold,
+    no L2 flush, the clock stopped after a synchronisation (:func:`back_to_back_ms`), so a call costs the slower of
+    its host issuing and its device work.  :func:`time_ms_interleaved` times the device alone; the two differ where
+    the host is the bottleneck (session 40: the hot/cold op's host time 442-957 us a call on the H100 machine, the
+    dense chain's 76-119 us).  ``rounds`` rounds, the callables' order rotated each round, each callable about
+    ``rep_ms / rounds`` ms a round (at most :data:`MAX_EAGER_CALLS` calls)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    names = list(fns)
+    est = {name: _warm_up_ms(fns[name], device=device, warmup_ms=warmup_ms) for name in names}
+    calls = {name: int(max(1, min(MAX_EAGER_CALLS, rep_ms / rounds / max(est[name], 1e-3)))) for name in names}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]
+            samples[name].append(back_to_back_ms(fns[name], device=device, calls=calls[name], rounds=1))
+    return {name: statistics.median(s) for name, s in samples.items()}

@@ -20,11 +20,21 @@ won: the way to demand that a second run agree, as the shipped small-call rows d
 ``H200_BF16_2048X5632_TABLE``'s rows below 1024 tokens this way from two runs)::
 
     twell tune-dispatch --from run_a/dispatch_2048x5632.json run_b/dispatch_2048x5632.json --out merged
+
+``--eager`` also times every point as eager code runs it (calls issued back to back from Python, the wall clock
+stopped after a synchronisation: the slower of the host's issuing and the GPU's work, where the table's timing holds
+the GPU and counts its work alone) and sets the policy's ``eager_min_tokens`` to the smallest token count from which
+no eager call the table sends sparse lost to dense by more than ``--eager-bar``
+(:func:`twell.nn.dispatch_tuning.derive_eager_floor`).  The floor depends on the host CPU as much as on the GPU, so
+it is the figure to measure on the machine that serves::
+
+    twell tune-dispatch --shape 2048x5632 --ms 256 512 1024 2048 4096 8192 16384 --eager --out tuned
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +44,7 @@ import torch.nn.functional as F
 
 from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP
 from ..nn.dispatch_file import save_policy
-from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_table
+from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_eager_floor, derive_table
 from ..ops.active_count import mean_active_per_token
 from ..reference.inference import dense_gated_ffn
 from ..synthetic import SparsityProfile, synthetic_ffn_problem
@@ -43,7 +53,7 @@ from .environment import environment
 from .ffn import _rows_for
 from .results import record_row, write_results
 from .shape_arg import parse_shape
-from .timing import time_ms_interleaved
+from .timing import eager_ms_interleaved, time_ms_interleaved
 
 #: From one token: every shipped table starts there, since small calls win at some shapes and lose at others (session
 #: 31: 16-64 tokens sparse to 1-2 % at 2048 x 8192 and 1536 x 8960, dense at 2048 x 5632).  Session 31's runs of 13
@@ -68,6 +78,7 @@ class TuneConfig:
     backend: str = "auto"
     rep_ms: float = 100.0
     seed: int = 0
+    eager: bool = False  # also time each point's eager calls (eager_ms_interleaved)
 
 
 def measure_point(problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct: float, cfg: TuneConfig,
@@ -96,6 +107,12 @@ def measure_point(problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct
         row[f"{name}_ms"] = ms[name]
         row[f"{name}_rounds_ms"] = groups[name]
     row["speedup"] = ms["dense"] / ms["sparse"]
+    if cfg.eager:
+        with torch.no_grad():
+            eager = eager_ms_interleaved({"dense": lambda: dense(x), "sparse": lambda: sparse(x)}, device=device,
+                                         rep_ms=cfg.rep_ms)
+        row["eager_dense_ms"], row["eager_sparse_ms"] = eager["dense"], eager["sparse"]
+        row["eager_speedup"] = eager["dense"] / eager["sparse"]
     return row
 
 
@@ -127,8 +144,11 @@ def format_row(r: dict) -> str:
     head = f"{r['d']}x{r['f']} M={r['m']:7d} density {r['density_pct']:5.2f}%"
     if "error" in r:
         return f"{head}  ERROR {r['error']}"
+    eager = (f"; eager {r['eager_dense_ms']:8.3f} / {r['eager_sparse_ms']:8.3f} ms: {r['eager_speedup']:5.2f}x"
+             if "eager_speedup" in r else "")
     return (f"{head} l0={r['l0']:7.1f} dense {r['dense_ms']:8.3f} ms, sparse ({r['sparse_path']}) "
-            f"{r['sparse_ms']:8.3f} ms: {r['speedup']:5.2f}x  err {r['rel_err']:.1e} {'ok' if r['ok'] else 'WRONG'}")
+            f"{r['sparse_ms']:8.3f} ms: {r['speedup']:5.2f}x  err {r['rel_err']:.1e} {'ok' if r['ok'] else 'WRONG'}"
+            f"{eager}")
 
 
 def points_of(rows: list[dict]) -> list[TuningPoint]:
@@ -159,6 +179,22 @@ def policy_of(rows: list[dict], *, d: int, f: int, device_type: str, min_speedup
     table = derive_table(points_of(rows), min_speedup=min_speedup)
     caps = None if capability is None else (tuple(int(v) for v in capability.split(".")),)
     return DispatchPolicy(table=table, device_types=(device_type,), shapes=((d, f),), capabilities=caps)
+
+
+def eager_floor_of(rows: list[dict], policy: DispatchPolicy, *, d: int, f: int, bar: float) -> int | None:
+    """The ``eager_min_tokens`` the rows' eager timings support for ``policy`` (its table, on CUDA) at a ``d x f``
+    layer: a point loses where the policy sends it sparse and its eager speedup fell below ``bar``
+    (:func:`twell.nn.dispatch_tuning.derive_eager_floor`; with several runs, a count loses if any run's point did).
+    None when no row was timed eagerly (a run without ``--eager``)."""
+    timed = [r for r in rows if "error" not in r and "eager_dense_ms" in r]
+    if not timed:
+        return None
+    table_only = dataclasses.replace(policy, eager_min_tokens=0)
+    return derive_eager_floor(
+        (int(r["m"]), table_only.use_sparse(int(r["m"]), min(1.0, float(r["density"])), shape=(d, f),
+                                             device_type=policy.device_types[0] if policy.device_types else "cuda")
+         and float(r["eager_dense_ms"]) < bar * float(r["eager_sparse_ms"]))
+        for r in timed)
 
 
 def policy_check(rows: list[dict], policy: DispatchPolicy, *, d: int, f: int) -> dict:
@@ -215,6 +251,13 @@ def table_lines(table: tuple[tuple[int, float], ...], what: str, *, prefix: str 
         lines.append(f"  {prefix}{span}: {what} when density <= {dens * 100:.3g} %" if dens > 0
                      else f"  {prefix}{span}: dense")
     return lines
+
+
+def eager_floor_text(floor: int, bar: float) -> str:
+    if floor == 0:
+        return f"eager calls: none the table sends sparse fell below {bar:g}x of dense; no floor (eager_min_tokens=0)"
+    return (f"eager calls: one the table sends sparse fell below {bar:g}x of dense under {floor} tokens; "
+            f"eager_min_tokens={floor} (eager calls of fewer tokens run dense; traced or graphed calls keep the table)")
 
 
 def table_text(policy: DispatchPolicy) -> str:
@@ -282,12 +325,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ms", type=int, nargs="+", default=list(DEFAULT_MS), help="token counts per call")
     p.add_argument("--densities", type=float, nargs="+", default=list(DEFAULT_DENSITIES), help="percent active")
     p.add_argument("--backend", choices=["auto", "torch", "triton"], default="auto")
+    p.add_argument("--eager", action="store_true",
+                   help="also time each point's eager calls (back to back, wall clock) and set the policy's "
+                        "eager_min_tokens from them")
+    p.add_argument("--eager-bar", type=float, default=1.0,
+                   help="an eager call sent sparse loses below this speedup over dense (default %(default)s)")
     add_run_args(p, "dispatch")
     p.add_argument("--from", dest="from_json", type=Path, nargs="+", default=None,
                    help="derive the policy from these earlier runs' JSON instead of timing (several runs of one "
                         "shape: a point counts only where every run that measured it won)")
     a = p.parse_args(argv)
     check_run_args(p, a)
+    if not 0 < a.eager_bar <= 2:
+        p.error(f"--eager-bar must lie in (0, 2] (a speedup over dense; 1: never slower), got {a.eager_bar}")
     if a.from_json is not None:
         rows, meta, (d, f), device_type = _load_runs(a.from_json, p)
     else:
@@ -299,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         device_type = device.type
         cfg = TuneConfig(d=d, f=f, ms=tuple(sorted(set(a.ms))), densities=tuple(sorted(set(a.densities))),
-                         dtype=getattr(torch, a.dtype), backend=a.backend, rep_ms=a.rep_ms, seed=a.seed)
+                         dtype=getattr(torch, a.dtype), backend=a.backend, rep_ms=a.rep_ms, seed=a.seed,
+                         eager=a.eager)
         meta = environment(device)
         meta.update({"shape": [d, f], "device_type": device_type, "dtype": a.dtype, "ms": list(cfg.ms),
                      "densities": list(cfg.densities)})
@@ -310,17 +361,24 @@ def main(argv: list[str] | None = None) -> int:
     # held to the compute capability it was measured on (runs written before session 37 may not say: any)
     policy = policy_of(rows, d=d, f=f, device_type=device_type, min_speedup=a.min_speedup,
                        capability=meta.get("capability") if device_type == "cuda" else None)
+    floor = eager_floor_of(rows, policy, d=d, f=f, bar=a.eager_bar)
+    if floor is not None:
+        meta["eager_bar"] = a.eager_bar
+        policy = dataclasses.replace(policy, eager_min_tokens=floor)
     paths = write_results(rows, meta, a.out, stem) if a.from_json is None else []
-    measured = {k: meta.get(k) for k in ("device", "torch", "triton", "commit", "date_utc", "dtype", "min_speedup")}
+    measured = {k: meta.get(k) for k in ("device", "torch", "triton", "commit", "date_utc", "dtype", "min_speedup",
+                                         "eager_bar") if k in meta}
     if "runs" in meta:  # --from: which runs the points came from
         measured["runs"] = meta["runs"]
-    measured["points"] = [{k: r.get(k) for k in ("m", "density", "dense_ms", "sparse_ms", "speedup", "ok")}
-                          for r in rows if "error" not in r]
+    keys = ("m", "density", "dense_ms", "sparse_ms", "speedup", "ok", "eager_dense_ms", "eager_sparse_ms")
+    measured["points"] = [{k: r[k] for k in keys if k in r} for r in rows if "error" not in r]
     check = default_policy_check(rows, d=d, f=f)
     measured["default_policy"] = check
     paths.append(save_policy(policy, a.out / f"{stem}_policy.json", measured=measured))
     print(f"\ndispatch for {d}x{f} on {meta.get('device', device_type)} ({meta.get('dtype')}), "
           f"sparse where it won by >= {a.min_speedup}x:\n{table_text(policy)}")
+    if floor is not None:
+        print(eager_floor_text(floor, a.eager_bar))
     print(default_policy_text(check, d=d, f=f))
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0 if all(r.get("ok", False) for r in rows if "error" not in r) else 1

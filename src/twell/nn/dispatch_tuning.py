@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from .dispatch import DispatchTable
 
-__all__ = ["DEFAULT_MIN_SPEEDUP", "TuningPoint", "derive_decode_table", "derive_table"]
+__all__ = ["DEFAULT_MIN_SPEEDUP", "TuningPoint", "derive_decode_table", "derive_eager_floor", "derive_table"]
 
 #: Sparse must be at least this many times faster than dense at a point to count as a win.
 DEFAULT_MIN_SPEEDUP = 1.05
@@ -144,3 +144,31 @@ def derive_decode_table(points: Iterable[TuningPoint], *, min_speedup: float = D
     while rows and rows[0][1] == 0.0:  # dense below a first row is what no row says
         rows.pop(0)
     return tuple(rows)
+
+
+def derive_eager_floor(outcomes: Iterable[tuple[int, bool]]) -> int:
+    """A ``DispatchPolicy.eager_min_tokens`` from eager calls timed by the wall clock: ``outcomes`` are
+    ``(tokens, lost)`` pairs, one per measured point (several per token count: the count loses if any of its points
+    did); ``lost`` says that an eager call the table sends sparse ran slower than the bar against dense, and a point
+    the table leaves dense is ``(tokens, False)``.
+
+    The floor is the next measured count above the largest losing one, so the counts between a loss and the next
+    measured win, never timed, run dense (the safe answer: a host-bound call's speedup grows with its tokens as the
+    GPU work grows while the host's issuing stays the same); one past the largest loss when no larger count was
+    measured; 0 (no floor) when nothing lost.  Raises ValueError for a token count below 1 and TypeError for a
+    ``lost`` that is not a bool."""
+    losing: set[int] = set()
+    counts: set[int] = set()
+    for tokens, lost in outcomes:
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"tokens must be an int >= 1, got {tokens!r}")
+        if not isinstance(lost, bool):
+            raise TypeError(f"lost must be a bool, got {type(lost).__name__}")
+        counts.add(tokens)
+        if lost:
+            losing.add(tokens)
+    if not losing:
+        return 0
+    last = max(losing)
+    above = [t for t in counts if t > last]
+    return min(above) if above else last + 1
