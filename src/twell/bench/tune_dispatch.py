@@ -182,8 +182,8 @@ def policy_of(rows: list[dict], *, d: int, f: int, device_type: str, min_speedup
 
 
 def eager_floor_of(rows: list[dict], policy: DispatchPolicy, *, d: int, f: int, bar: float) -> int | None:
-    """The ``eager_min_tokens`` the rows' eager timings support for ``policy`` (its table, on CUDA) at a ``d x f``
-    layer: a point loses where the policy sends it sparse and its eager speedup fell below ``bar``
+    """The ``eager_min_tokens`` the rows' eager timings support for ``policy`` (its table, on its device type) at a
+    ``d x f`` layer: a point loses where the policy sends it sparse and its eager speedup fell below ``bar``
     (:func:`twell.nn.dispatch_tuning.derive_eager_floor`; with several runs, a count loses if any run's point did).
     None when no row was timed eagerly (a run without ``--eager``)."""
     timed = [r for r in rows if "error" not in r and "eager_dense_ms" in r]
@@ -366,8 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         meta["eager_bar"] = a.eager_bar
         policy = dataclasses.replace(policy, eager_min_tokens=floor)
     paths = write_results(rows, meta, a.out, stem) if a.from_json is None else []
-    measured = {k: meta.get(k) for k in ("device", "torch", "triton", "commit", "date_utc", "dtype", "min_speedup",
-                                         "eager_bar") if k in meta}
+    measured = {k: meta.get(k) for k in ("device", "torch", "triton", "commit", "date_utc", "dtype", "min_speedup")}
+    if "eager_bar" in meta:
+        measured["eager_bar"] = meta["eager_bar"]
     if "runs" in meta:  # --from: which runs the points came from
         measured["runs"] = meta["runs"]
     keys = ("m", "density", "dense_ms", "sparse_ms", "speedup", "ok", "eager_dense_ms", "eager_sparse_ms")
