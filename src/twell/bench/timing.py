@@ -180,8 +180,6 @@ def back_to_back_ms(fn: Callable[[], object], *, device: torch.device, calls: in
     return statistics.median(samples)
 
 
-
-
 #: Most calls :func:`eager_ms_interleaved` issues back to back in one round (a bound when the callables are tiny).
 MAX_EAGER_CALLS = 200
 
