@@ -189,10 +189,10 @@ def eager_floor_of(rows: list[dict], policy: DispatchPolicy, *, d: int, f: int, 
     timed = [r for r in rows if "error" not in r and "eager_dense_ms" in r]
     if not timed:
         return None
-    table_only = dataclasses.replace(policy, eager_min_tokens=0)
-    return derive_eager_floor(
-        (int(r["m"]), table_only.use_sparse(int(r["m"]), min(1.0, float(r["density"])), shape=(d, f),
-                                             device_type=policy.device_types[0] if policy.device_types else "cuda")
+    device_type = policy.device_types[0] if policy.device_types else "cuda"
+    return derive_eager_floor(  # use_sparse's default eager=False: the table alone, whatever floor the policy holds
+        (int(r["m"]), policy.use_sparse(int(r["m"]), min(1.0, float(r["density"])), shape=(d, f),
+                                        device_type=device_type)
          and float(r["eager_dense_ms"]) < bar * float(r["eager_sparse_ms"]))
         for r in timed)
 
