@@ -1,9 +1,9 @@
 """The README's status figures for the inference FFN are what the committed sweep printed.
 
-The "Status" bullet at the README's top quotes session 30's whole sweep at 2048x5632
-(``bench_results/h200/ffn_sweep_session30.json``, interleaved with dense and held).  Each quoted figure is rebuilt
-here from that file, formatted as the README writes it, and looked up in the README's text; a figure typed by hand or
-left behind when the run it cites changes fails here.
+The "Status" bullet at the README's top and the issue-3 table under "Where it stands" quote session 30's whole sweep
+at 2048x5632 (``bench_results/h200/ffn_sweep_session30.json``, interleaved with dense and held).  Each quoted figure
+is rebuilt here from that file, formatted as the README writes it, and looked up in the README's text; a figure typed
+by hand or left behind when the run it cites changes fails here.
 """
 
 from __future__ import annotations
@@ -25,12 +25,26 @@ def _rows() -> dict[tuple[int, float], dict]:
     return {(r["m"], r["density_pct"]): r for r in json.loads(SWEEP.read_text())["rows"]}
 
 
-def _status_text() -> str:
-    """The README's "Status" bullets, whitespace folded (the text wraps at any space)."""
+def _section(start_marker: str) -> str:
+    """The README from ``start_marker`` to the next second-level heading, whitespace folded (text wraps anywhere)."""
     readme = (ROOT / "README.md").read_text()
-    start = readme.index("**Status**")
-    end = readme.index("\n## ", start)
+    start = readme.index(start_marker)
+    end = readme.index("\n## ", start + 1)
     return re.sub(r"\s+", " ", readme[start:end])
+
+
+def _status_text() -> str:
+    return _section("**Status**")
+
+
+def _issue3_row(goal: str) -> str:
+    """The "twell now" cell of the issue-3 table's row whose goal cell starts with ``goal``."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("\n## Where it stands")
+    lines = readme[start:readme.index("\nIssue 4 (training", start)].splitlines()  # issue 4's table has M= rows too
+    rows = [r for r in lines if r.startswith(f"| {goal}")]
+    assert len(rows) == 1, f"one row of the issue-3 table starts with {goal!r}"
+    return rows[0].split(" | ")[2]
 
 
 def _x(value: float) -> str:
@@ -97,6 +111,34 @@ def test_every_point_of_the_sweep_is_within_the_error_bar_the_readme_states():
     assert worst <= bar
     written = f"{bar:.1e}".replace("e-0", "e-")  # 5.0e-3, as the README writes it
     assert f"relative error <= {written} against an fp32 reference" in _status_text()
+
+
+def _issue3_claims() -> list[tuple[str, str]]:
+    """(the row's goal cell, the phrase its "twell now" cell must start with) for the issue-3 table."""
+    rows = _rows()
+    d, op = _dispatched, _op
+    worst = max(rows.values(), key=lambda r: r["rel_err"])
+    lowest = min(rows.values(), key=lambda r: round(r["dispatch_speedup"], 2))
+    return [
+        ("M=131072, 0.5 %", f"{_x(d(rows, 131072, 0.5))}, the op alone {_x(op(rows, 131072, 0.5))}"),
+        ("M=16384, 0.5 %", f"**{_x(d(rows, 16384, 0.5))}**, the op alone {_x(op(rows, 16384, 0.5))}"),
+        ("M=16384, 1 %", _x(d(rows, 16384, 1.0))),
+        ("M=131072, 1 %", f"{_x(d(rows, 131072, 1.0))}, the op alone {_x(op(rows, 131072, 1.0))}"),
+        ("M=131072, 0.25 %", _x(d(rows, 131072, 0.25))),
+        ("M=131072, 2 % / 5 % / 10 %",
+         " / ".join(_x(d(rows, 131072, p)) for p in (2.0, 5.0, 10.0))
+         + " (16384: " + " / ".join(_x(d(rows, 16384, p)) for p in (2.0, 5.0, 10.0))),
+        ("M = 524,288, 0.5 %", f"{_x(d(rows, 524288, 0.5))}, the op alone {_x(op(rows, 524288, 0.5))}"),
+        ("relative error", f"<= {worst['rel_err']:.1e}".replace("e-0", "e-") + " at every point of the sweep"),
+        ("no point below 0.95x",
+         f"lowest {_x(lowest['dispatch_speedup'])} over the sweep's {len(rows)} points ({lowest['m']} tokens / "
+         f"{lowest['density_pct']:g} %"),
+    ]
+
+
+@pytest.mark.parametrize(("goal", "phrase"), _issue3_claims(), ids=[goal for goal, _ in _issue3_claims()])
+def test_each_issue3_table_figure_is_the_sweeps(goal, phrase):
+    assert _issue3_row(goal).startswith(phrase), f"README issue-3 row {goal!r}: expected {phrase!r} first"
 
 
 def test_span_writes_one_figure_when_both_ends_round_alike():
