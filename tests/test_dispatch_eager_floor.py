@@ -15,9 +15,10 @@ from twell.tolerances import REL_TOL, rel_error
 SPARSE_EVERYWHERE = {"table": ((0, 1.0),), "shapes": None}
 
 
-def test_the_default_policy_sets_no_floor():
+def test_the_default_policy_sets_no_token_floor():
+    """The default's floor is in work (``eager_min_flops``, tests/test_dispatch_eager_flops.py), not in tokens."""
     assert DEFAULT_POLICY.eager_min_tokens == 0
-    assert DispatchPolicy().eager_min_tokens == 0
+    assert DispatchPolicy().eager_min_tokens == 0 and DispatchPolicy().eager_floor_tokens((2048, 5632)) == 0
 
 
 @pytest.mark.parametrize("floor", [-1, 1.5, True, "64", None])
@@ -67,11 +68,11 @@ def test_policy_files_keep_the_floor_and_older_files_load_without_one(tmp_path):
 
 def test_the_summary_tells_the_floor():
     hopper = (9, 0)
-    assert "eager" not in inference_summary(DEFAULT_POLICY, "cuda", hopper)
+    assert "eager" not in inference_summary(DEFAULT_POLICY.without_eager_floor(), "cuda", hopper)
     text = inference_summary(DispatchPolicy(eager_min_tokens=4096), "cuda", hopper)
-    assert text.endswith("; eager calls of fewer than 4096 tokens run dense (eager_min_tokens)")
+    assert text.endswith("; eager calls of fewer than 4096 tokens (eager_min_tokens) run dense")
     forced = inference_summary(DispatchPolicy(table=((0, 1.0),), force=True, eager_min_tokens=16), "cpu", None)
-    assert forced.startswith("forced: ") and forced.endswith("fewer than 16 tokens run dense (eager_min_tokens)")
+    assert forced.startswith("forced: ") and forced.endswith("fewer than 16 tokens (eager_min_tokens) run dense")
 
 
 def _layer(floor: int) -> SparseGatedMLP:

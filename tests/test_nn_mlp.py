@@ -12,6 +12,7 @@ from torch import nn
 
 from twell.nn import (
     DEFAULT_POLICY,
+    EAGER_MIN_FLOPS,
     H200_BF16_2048X5632_TABLE,
     H200_BF16_4096X14336_TABLE,
     H200_BF16_DECODE_TABLES,
@@ -376,7 +377,8 @@ def test_policy_device_types_and_constructors():
     with pytest.raises(TypeError, match="shapes"):
         DispatchPolicy(shapes=("2048x5632",))
     assert hash(DEFAULT_POLICY) == hash(DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES, other_shapes="envelope",
-                                                       decode_tables=H200_BF16_DECODE_TABLES, capabilities=((9, 0),)))
+                                                       decode_tables=H200_BF16_DECODE_TABLES, capabilities=((9, 0),),
+                                                       eager_min_flops=EAGER_MIN_FLOPS))
     # the constructors and an explicit table ignore the default's per-shape tables
     assert not DispatchPolicy.always_dense().use_sparse(10**9, 0.0, shape=shape)
     assert DispatchPolicy(table=((0, 0.5),), shapes=None).table_for(shape) == ((0, 0.5),)

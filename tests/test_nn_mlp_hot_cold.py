@@ -140,13 +140,16 @@ def test_fused_gate_switch_gives_the_same_output_eager_and_compiled(monkeypatch)
     assert torch.equal(got, want) and torch.equal(traced, want)
 
 
-def _warm_sparse_layer_4096(seed: int, n_inputs: int) -> tuple[SparseGatedMLP, list[torch.Tensor]]:
-    """A default-policy bf16 layer of d=2048, F=5632 (synthetic weights, l0 28) after three eager calls of 4096 tokens
+def _warm_sparse_layer(seed: int, n_inputs: int) -> tuple[SparseGatedMLP, list[torch.Tensor]]:
+    """A default-policy bf16 layer of d=2048, F=5632 (synthetic weights, l0 28) after three eager calls of 8192 tokens
     (the first measures l0 on the dense path, the next choose the hot set and build the plan), and ``n_inputs``
-    batches of 4096 tokens; sparse there by the H200 table."""
+    batches of 8192 tokens; sparse there by the H200 table, and eagerly too: 8192 tokens is the default's eager floor
+    at this shape (``DispatchPolicy.eager_floor_tokens``; below it eager calls run dense and choose no hot set)."""
+    from twell.nn import DEFAULT_POLICY
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
-    d, f, m = 2048, 5632, 4096
+    d, f, m = 2048, 5632, 8192
+    assert DEFAULT_POLICY.eager_floor_tokens((d, f)) <= m
     gen = torch.Generator(device="cuda").manual_seed(seed)
     p = synthetic_ffn_problem(n_inputs * m, d, f, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
     layer = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"]).eval()
@@ -168,7 +171,7 @@ def test_gpu_call_recorded_in_a_cuda_graph_under_static_dispatch():
         pytest.skip("needs a CUDA GPU")
     from twell.nn import static_dispatch
 
-    mlp, (x, x_new) = _warm_sparse_layer_4096(seed=11, n_inputs=2)
+    mlp, (x, x_new) = _warm_sparse_layer(seed=11, n_inputs=2)
     with torch.no_grad():
         want = mlp(x_new)
         side = torch.cuda.Stream()
@@ -192,7 +195,7 @@ def test_gpu_reduce_overhead_compile_matches_eager():
     graphs) after the same eager calls; new inputs each call, as the recorded graph copies them in."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    layer, xs = _warm_sparse_layer_4096(seed=17, n_inputs=4)
+    layer, xs = _warm_sparse_layer(seed=17, n_inputs=4)
     torch._dynamo.reset()
     with torch.no_grad():
         wants = [layer(x) for x in xs]

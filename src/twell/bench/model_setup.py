@@ -57,15 +57,18 @@ DEFAULT_L0: dict[str, float] = {"tiny": 8.0, "0.5b": 29.0, "1b": 29.0, "1.5b": 2
 #: Dispatch policies a sparse set can run under (``--forward-policies`` / ``--decode-policies``).
 POLICIES: dict[str, DispatchPolicy] = {
     "default": DEFAULT_POLICY,
+    # the default tables with no floor for eager calls (the default policy before session 43)
+    "tables": DEFAULT_POLICY.without_eager_floor(),
     "always-sparse": DispatchPolicy.always_sparse(),
     # the default table plus the small-batch kernels for calls of 1 to 64 tokens (decode steps); like the
-    # table, only for the measured layer shape (the published presets have it, "tiny" does not)
-    "decode": dataclasses.replace(DEFAULT_POLICY, decode_max_tokens=DECODE_MAX_TOKENS),
+    # table, only for the measured layer shape (the published presets have it, "tiny" does not); no eager floor,
+    # which would send every such call dense
+    "decode": dataclasses.replace(DEFAULT_POLICY.without_eager_floor(), decode_max_tokens=DECODE_MAX_TOKENS),
     # the small-batch kernels for one-token calls only: graphed, the one-pass kernel beats the dense chain
     # at M=1 (1.78x at 0.5 %, 1.45x at 2 %; bench_results/h200/decode_probe_onepass_session6.log); from two
     # tokens the batch kernels (session 33) win or lose by density and token count
     # (decode_probe_final_call6_session33.log)
-    "decode-1": dataclasses.replace(DEFAULT_POLICY, decode_max_tokens=1),
+    "decode-1": dataclasses.replace(DEFAULT_POLICY.without_eager_floor(), decode_max_tokens=1),
 }
 
 

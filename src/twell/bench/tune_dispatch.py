@@ -181,20 +181,28 @@ def policy_of(rows: list[dict], *, d: int, f: int, device_type: str, min_speedup
     return DispatchPolicy(table=table, device_types=(device_type,), shapes=((d, f),), capabilities=caps)
 
 
-def eager_floor_of(rows: list[dict], policy: DispatchPolicy, *, d: int, f: int, bar: float) -> int | None:
-    """The ``eager_min_tokens`` the rows' eager timings support for ``policy`` (its table, on its device type) at a
-    ``d x f`` layer: a point loses where the policy sends it sparse and its eager speedup fell below ``bar``
-    (:func:`twell.nn.dispatch_tuning.derive_eager_floor`; with several runs, a count loses if any run's point did).
+def eager_outcomes(rows: list[dict], policy: DispatchPolicy, *, d: int, f: int, bar: float
+                   ) -> list[tuple[int, bool]] | None:
+    """``(tokens, lost)`` for every row of a ``d x f`` layer timed eagerly: lost where ``policy``'s table (on its
+    device type, whatever floor the policy holds) sends the point sparse and its eager speedup fell below ``bar``.
     None when no row was timed eagerly (a run without ``--eager``)."""
     timed = [r for r in rows if "error" not in r and "eager_dense_ms" in r]
     if not timed:
         return None
     device_type = policy.device_types[0] if policy.device_types else "cuda"
-    return derive_eager_floor(  # use_sparse's default eager=False: the table alone, whatever floor the policy holds
+    return [  # use_sparse's default eager=False: the table alone, whatever floor the policy holds
         (int(r["m"]), policy.use_sparse(int(r["m"]), min(1.0, float(r["density"])), shape=(d, f),
                                         device_type=device_type)
          and float(r["eager_dense_ms"]) < bar * float(r["eager_sparse_ms"]))
-        for r in timed)
+        for r in timed]
+
+
+def eager_floor_of(rows: list[dict], policy: DispatchPolicy, *, d: int, f: int, bar: float) -> int | None:
+    """The ``eager_min_tokens`` the rows' eager timings support for ``policy`` at a ``d x f`` layer
+    (:func:`eager_outcomes`, :func:`twell.nn.dispatch_tuning.derive_eager_floor`; with several runs, a count loses if
+    any run's point did).  None when no row was timed eagerly."""
+    outcomes = eager_outcomes(rows, policy, d=d, f=f, bar=bar)
+    return None if outcomes is None else derive_eager_floor(outcomes)
 
 
 def policy_check(rows: list[dict], policy: DispatchPolicy, *, d: int, f: int) -> dict:

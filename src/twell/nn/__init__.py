@@ -2,6 +2,7 @@
 
 from .dispatch import (
     DEFAULT_POLICY,
+    EAGER_MIN_FLOPS,
     H200_BF16_896X4864_TABLE,
     H200_BF16_1024X3072_TABLE,
     H200_BF16_1536X8960_TABLE,
@@ -33,6 +34,7 @@ from .train_dispatch_file import load_train_policy, save_train_policy
 
 __all__ = [
     "DEFAULT_POLICY",
+    "EAGER_MIN_FLOPS",
     "H200_BF16_896X4864_TABLE",
     "H200_BF16_1024X3072_TABLE",
     "H200_BF16_1536X8960_TABLE",

@@ -24,8 +24,9 @@ that GPU has its own table.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["DEFAULT_POLICY", "H200_BF16_896X4864_TABLE", "H200_BF16_1024X3072_TABLE", "H200_BF16_1536X8960_TABLE",
            "H200_BF16_2048X5632_TABLE", "H200_BF16_2048X8192_TABLE", "H200_BF16_2304X9216_TABLE",
@@ -394,8 +395,18 @@ class DispatchPolicy:
             GPU, as in a model whose host runs ahead; a caller whose host is the bottleneck pays each call's host
             time instead, where the hot/cold op's 442-957 us stand against the dense chain's 76-119 us (H100 host,
             session 40, bench_results/h200/session40_runs.md), so below some token count such a caller gains from
-            dense.  How many tokens depends on the host and on the rest of the model: not yet measured, so
-            :data:`DEFAULT_POLICY` sets none.
+            dense.  ``twell tune-dispatch --eager`` measures it for one layer shape on the machine that serves.
+        eager_min_flops: the same floor for every layer shape at once, in work: eager calls whose dense FFN
+            would take fewer floating-point operations than this (``6 * tokens * hidden_size *
+            intermediate_size``, its three GEMMs) take the dense path; 0 sets none.  An eager sparse call costs its
+            host's issuing, ~0.6-0.9 ms whatever its size, until the GPU work outgrows it, and the dense FFN's time
+            grows with this product, so the break-even token count falls as the layer grows: session 43 measured
+            the eager floor at five shapes on an H100 machine (``tune-dispatch --eager``, 0.5 % and 2 %: 2048
+            tokens at 4096 x 14336 and 5120 x 13824, 8192 at 2048 x 5632, 16,384 at 896 x 4864, 32,768 at 1024 x
+            3072): pooled, every point over 4.35e11 such operations won eagerly, and each shape lost at some point
+            at or below it.  :data:`DEFAULT_POLICY` sets the next measured work above that loss, 5.67e11 (8192
+            tokens at 2048 x 5632; :func:`twell.nn.dispatch_tuning.derive_eager_min_flops`).  Applies where the
+            call's ``shape`` is known; the floor in tokens for a shape is :meth:`eager_floor_tokens`.
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
@@ -412,6 +423,7 @@ class DispatchPolicy:
     decode_graphed: bool = False
     capabilities: tuple[tuple[int, int], ...] | None = None
     eager_min_tokens: int = 0
+    eager_min_flops: float = 0.0
     # Derived in __post_init__ from shape_tables, shapes and other_shapes (so not compared or hashed on its own): the
     # measured (shape, table) pairs an envelope is made of; empty where other_shapes is "dense".
     _measured: tuple[tuple[tuple[int, int], DispatchTable], ...] = field(init=False, repr=False, compare=False,
@@ -457,6 +469,11 @@ class DispatchPolicy:
         floor = self.eager_min_tokens
         if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
             raise ValueError(f"eager_min_tokens must be an int >= 0 (0: no floor for eager calls), got {floor!r}")
+        work = self.eager_min_flops
+        if isinstance(work, bool) or not isinstance(work, (int, float)) or not 0.0 <= work < math.inf:
+            raise ValueError(f"eager_min_flops must be a finite number >= 0 (0: no floor for eager calls), "
+                             f"got {work!r}")
+        object.__setattr__(self, "eager_min_flops", float(work))
         if self.other_shapes not in OTHER_SHAPES_RULES:
             raise ValueError(f"other_shapes must be one of {OTHER_SHAPES_RULES}, got {self.other_shapes!r}")
         if self.other_shapes == "envelope" and self.shapes is not None:
@@ -472,6 +489,12 @@ class DispatchPolicy:
     def always_dense(cls) -> DispatchPolicy:
         """Dense for every call (an empty table)."""
         return cls(table=(), force=True)
+
+    def without_eager_floor(self) -> DispatchPolicy:
+        """This policy with no floor for eager calls (``eager_min_tokens`` and ``eager_min_flops`` 0): its tables
+        decide eager calls as they decide traced and graphed ones.  For timing the tables with the GPU held (the
+        benchmarks), or for eager code whose host keeps ahead of the GPU anyway."""
+        return replace(self, eager_min_tokens=0, eager_min_flops=0.0)
 
     # ------------------------------------------------------------------ decision
     def envelope_shapes(self, shape: tuple[int, int] | None) -> tuple[tuple[int, int], ...]:
@@ -535,10 +558,10 @@ class DispatchPolicy:
         capability (:func:`twell.ops._runtime.cuda_capability`; None: not checked) and ``shape`` the layer's
         ``(hidden_size, intermediate_size)``; unless ``force`` is set, devices off :meth:`on_measured_device` and
         shapes outside ``shapes`` get the dense path, except shapes that :meth:`follows_envelope`.  ``eager``: the
-        call is issued eagerly, so ``eager_min_tokens`` applies (whatever ``force`` says).
+        call is issued eagerly, so the eager floor applies (:meth:`eager_floor_tokens`, whatever ``force`` says).
         """
         _check_tokens(n_tokens)
-        if self._below_eager_floor(n_tokens, eager):
+        if self._below_eager_floor(n_tokens, eager, shape):
             return False
         if isinstance(density, bool) or not isinstance(density, (int, float)):
             raise TypeError(f"density must be a float, got {type(density).__name__}")
@@ -562,11 +585,22 @@ class DispatchPolicy:
         limit = self.max_density(n_tokens, shape)
         return limit is not None and density <= limit
 
-    def _below_eager_floor(self, n_tokens: int, eager: bool) -> bool:
-        """True iff ``eager_min_tokens`` sends this call dense (``eager``: see :meth:`use_sparse`)."""
+    def eager_floor_tokens(self, shape: tuple[int, int] | None = None) -> int:
+        """The fewest tokens an eager call of a layer of ``shape`` ``(hidden_size, intermediate_size)`` needs to
+        take a sparse path: ``eager_min_tokens``, or more where ``eager_min_flops`` asks for more (a ``shape`` of
+        None: ``eager_min_tokens`` alone); 0 when no floor applies."""
+        floor = self.eager_min_tokens
+        if self.eager_min_flops and shape is not None:
+            work_per_token = 6 * int(shape[0]) * int(shape[1])
+            if work_per_token > 0:
+                floor = max(floor, math.ceil(self.eager_min_flops / work_per_token))
+        return floor
+
+    def _below_eager_floor(self, n_tokens: int, eager: bool, shape: tuple[int, int] | None) -> bool:
+        """True iff the eager floor sends this call dense (``eager``: see :meth:`use_sparse`)."""
         if not isinstance(eager, bool):
             raise TypeError(f"eager must be a bool, got {type(eager).__name__}")
-        return eager and n_tokens < self.eager_min_tokens
+        return eager and n_tokens < self.eager_floor_tokens(shape)
 
     def decode_table_for(self, shape: tuple[int, int] | None) -> DispatchTable | None:
         """The decode table of a layer shape ``(hidden_size, intermediate_size)`` in ``decode_tables``, or None."""
@@ -583,12 +617,12 @@ class DispatchPolicy:
         """True iff a call of ``n_tokens`` tokens at activation ``density`` (l0 / F) takes the small-batch kernels:
         up to ``decode_max_tokens`` tokens whatever the density (in ``shapes``), else with ``decode_graphed`` where
         the layer shape's decode table says (``decode_tables``); on a device off :meth:`on_measured_device`, or for
-        an ``eager`` call below ``eager_min_tokens``, never."""
+        an ``eager`` call below :meth:`eager_floor_tokens`, never."""
         if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0.0 <= density <= 1.0:
             raise ValueError(f"density must be a float in [0, 1] (l0 / intermediate_size), got {density!r}")
         if not 1 <= n_tokens <= self._decode_max:
             return False
-        if self._below_eager_floor(n_tokens, eager):
+        if self._below_eager_floor(n_tokens, eager, shape):
             return False
         if not self.on_measured_device(device_type, capability):
             return False
@@ -759,6 +793,16 @@ H200_BF16_DECODE_TABLES: tuple[tuple[tuple[int, int], DispatchTable], ...] = (
                      (17, 0.0197375), (33, 0.0022691))),
 )
 
+#: The default policy's floor for eager calls, in dense FFN work (``DispatchPolicy.eager_min_flops``): 6 x 8192 x 2048 x
+#: 5632, derived by ``dispatch_tuning.derive_eager_min_flops`` from session 43's ``twell tune-dispatch --eager`` runs at
+#: five shapes on an H100 80GB HBM3 machine (bench_results/h100/dispatch_eager_*_session43.json; the points the tables
+#: send sparse, a loss where the eager call ran slower than dense).  The largest losing work was 4.35e11 (5120 x 13824,
+#: 1024 tokens: 0.93x / 0.74x at 0.5 / 2 %), the next measured one 2048 x 5632 at 8192 tokens (1.10-1.35x).  In tokens:
+#: 8192 at 2048 x 5632, 1610 at 4096 x 14336, 30,038 at 1024 x 3072.  The 1.5B model's eager forward agreed: the
+#: probe put the floor of the default policy at 8192 tokens (0.977x there, 0.58-0.59x at 1024-4096 tokens without a
+#: floor; eager_floor_probe_calleagerfwd_session43.log).
+EAGER_MIN_FLOPS = 566_935_683_072.0
+
 #: Compute capabilities of the GPUs the shipped tables hold for: Hopper (sm_90: H100, H200, GH200).  Measured on an
 #: H200; timed on an H100 80GB HBM3 in session 39 (bench_results/h100/): over three whole-grid runs at 2048x5632 and
 #: 4096x14336 the tables lost at one point they send sparse (2048x5632, 512 tokens / 0.5 %, 0.93x), which two repeats
@@ -768,6 +812,8 @@ HOPPER = ((9, 0),)
 #: The policy every :class:`~twell.nn.SparseGatedMLP` uses unless given another: the H200 bf16 tables of the twelve
 #: measured layer shapes (:data:`H200_BF16_SHAPE_TABLES`, all from ``twell tune-dispatch``); a shape between them
 #: follows the envelope of those that bracket it (:func:`bracketing_shapes`), any other runs dense, and so does
-#: every layer on a GPU that is not a Hopper (``capabilities``).
+#: every layer on a GPU that is not a Hopper (``capabilities``).  Eager calls whose dense FFN would take fewer than
+#: :data:`EAGER_MIN_FLOPS` floating-point operations run dense (``eager_min_flops``).
 DEFAULT_POLICY = DispatchPolicy(shape_tables=H200_BF16_SHAPE_TABLES, other_shapes="envelope",
-                                decode_tables=H200_BF16_DECODE_TABLES, capabilities=HOPPER)
+                                decode_tables=H200_BF16_DECODE_TABLES, capabilities=HOPPER,
+                                eager_min_flops=EAGER_MIN_FLOPS)

@@ -24,7 +24,7 @@ __all__ = ["POLICY_FORMAT", "POLICY_VERSION", "load_policy", "policy_from_dict",
 POLICY_FORMAT = "twell.dispatch_policy"
 POLICY_VERSION = 1
 _POLICY_KEYS = ("table", "device_types", "force", "shapes", "decode_max_tokens", "shape_tables", "other_shapes",
-                "decode_tables", "decode_graphed", "capabilities", "eager_min_tokens")
+                "decode_tables", "decode_graphed", "capabilities", "eager_min_tokens", "eager_min_flops")
 _FILE_KEYS = ("format", "version", *_POLICY_KEYS, "measured")
 
 
@@ -48,6 +48,7 @@ def policy_to_dict(policy: DispatchPolicy, *, measured: dict[str, Any] | None = 
         "decode_graphed": policy.decode_graphed,
         "capabilities": None if policy.capabilities is None else [list(c) for c in policy.capabilities],
         "eager_min_tokens": policy.eager_min_tokens,
+        "eager_min_flops": policy.eager_min_flops,
         "measured": measured if measured is not None else {},
     }
 
@@ -86,6 +87,8 @@ def policy_from_dict(data: object, *, source: str = "policy") -> DispatchPolicy:
             capabilities=data.get("capabilities"),
             # files written before session 41 have no such key: no floor for eager calls
             eager_min_tokens=data.get("eager_min_tokens", 0),
+            # files written before session 43 have no such key: no floor in work
+            eager_min_flops=data.get("eager_min_flops", 0.0),
         )
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{source}: {exc}") from None

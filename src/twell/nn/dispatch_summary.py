@@ -61,10 +61,19 @@ def inference_summary(policy: DispatchPolicy, device_type: str, capability: tupl
 
 
 def _eager_floor_text(policy: DispatchPolicy) -> str:
-    """The clause on ``policy.eager_min_tokens``, or nothing without a floor."""
-    if not policy.eager_min_tokens:
-        return ""
-    return f"; eager calls of fewer than {policy.eager_min_tokens} tokens run dense (eager_min_tokens)"
+    """The clause on the policy's eager floor (``eager_min_tokens``, ``eager_min_flops``), or nothing without one."""
+    parts = []
+    if policy.eager_min_tokens:
+        parts.append(f"of fewer than {policy.eager_min_tokens} tokens (eager_min_tokens)")
+    if policy.eager_min_flops:
+        floors = ", ".join(f"{d}x{f}: {policy.eager_floor_tokens((d, f))}" for d, f in _FLOOR_EXAMPLES)
+        parts.append(f"whose dense FFN would take fewer than {policy.eager_min_flops:.3g} FLOPs (eager_min_flops; "
+                     f"in tokens {floors})")
+    return f"; eager calls {' or '.join(parts)} run dense" if parts else ""
+
+
+#: Layer shapes whose eager floor in tokens the summary names: the paper's, a 7-8B model's and a 0.6B model's.
+_FLOOR_EXAMPLES = ((2048, 5632), (4096, 14336), (1024, 3072))
 
 
 def training_summary(policy: TrainDispatchPolicy, device_type: str, capability: tuple[int, int] | None) -> str:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from .dispatch import DispatchTable
 
-__all__ = ["DEFAULT_MIN_SPEEDUP", "TuningPoint", "derive_decode_table", "derive_eager_floor", "derive_table"]
+__all__ = ["DEFAULT_MIN_SPEEDUP", "TuningPoint", "derive_decode_table", "derive_eager_floor", "derive_eager_min_flops",
+           "derive_table"]
 
 #: Sparse must be at least this many times faster than dense at a point to count as a win.
 DEFAULT_MIN_SPEEDUP = 1.05
@@ -172,3 +173,21 @@ def derive_eager_floor(outcomes: Iterable[tuple[int, bool]]) -> int:
     last = max(losing)
     above = [t for t in counts if t > last]
     return min(above) if above else last + 1
+
+
+def derive_eager_min_flops(outcomes: Iterable[tuple[int, int, int, bool]]) -> float:
+    """A ``DispatchPolicy.eager_min_flops`` from eager calls of several layer shapes timed by the wall clock:
+    ``outcomes`` are ``(hidden_size, intermediate_size, tokens, lost)``, one per measured point, ``lost`` as in
+    :func:`derive_eager_floor`.  Each point's work is its dense FFN's floating-point operations, ``6 * tokens *
+    hidden_size * intermediate_size``; the floor is the next measured work above the largest losing one (one past it
+    when none is larger; 0 when nothing lost), :func:`derive_eager_floor` over work instead of tokens: a host-bound
+    call's speedup grows with the GPU work it carries, whatever the shape that carries it."""
+    def work_of(o: tuple[int, int, int, bool]) -> tuple[int, bool]:
+        h, f, tokens, lost = o
+        for name, v in (("hidden_size", h), ("intermediate_size", f), ("tokens", tokens)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        return 6 * tokens * h * f, lost
+
+    return float(derive_eager_floor(work_of(o) for o in outcomes))
+

@@ -141,8 +141,8 @@ class _InferenceState:
     and the call counter changes on every call.
     """
 
-    __slots__ = ("calls", "decided_estimate", "decided_policy", "decisions", "estimate", "l0", "l0_counts",
-                 "l0_tokens", "refresh_now")
+    __slots__ = ("calls", "decided_estimate", "decided_policy", "decisions", "eager_floor", "eager_floor_policy",
+                 "estimate", "l0", "l0_counts", "l0_tokens", "refresh_now")
 
     def __init__(self) -> None:
         self.calls = 0  # inference calls since the last reset: every l0_refresh_every-th one refreshes
@@ -152,6 +152,10 @@ class _InferenceState:
         self.decided_policy: DispatchPolicy | None = None
         self.decided_estimate: float | None = None
         self.decisions: dict[tuple[int, torch.device | str, bool], str] = {}
+        # The policy's eager floor in tokens for this layer's shape (DispatchPolicy.eager_floor_tokens), valid for
+        # eager_floor_policy.
+        self.eager_floor_policy: DispatchPolicy | None = None
+        self.eager_floor = 0
         # The layer's last_l0: a tensor, or the last sparse call's per-(row, tile) counts and token count
         # from which it is summed when first read (see SparseGatedMLP.last_l0).
         self.l0: torch.Tensor | None = None
@@ -697,7 +701,11 @@ class SparseGatedMLP(nn.Module):
         # The policy's floor for eager calls (a call being recorded in a CUDA graph outside static_dispatch is not one).
         # ``eager`` is set only where the floor can apply, below it, so the capture check runs only there and the
         # cached decisions of other token counts stay under one key; the policy checks the count again.
-        eager = m < self.policy.eager_min_tokens and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+        policy = self.policy
+        if state.eager_floor_policy is not policy:
+            state.eager_floor = policy.eager_floor_tokens((self.hidden_size, self.intermediate_size))
+            state.eager_floor_policy = policy
+        eager = m < state.eager_floor and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
         if self._use_sparse(m, x.device, eager) and not self._needs_grad(x):
             state.refresh_now = refresh
             if x.dim() == 2:
@@ -715,7 +723,7 @@ class SparseGatedMLP(nn.Module):
 
     def _use_sparse(self, n_tokens: int, device: torch.device | str, eager: bool = False) -> bool:
         """Whether a call of ``n_tokens`` tokens on ``device`` takes a sparse path (small-batch kernels or TwELL);
-        ``eager``: the policy's ``eager_min_tokens`` applies."""
+        ``eager``: the policy's eager floor applies (``DispatchPolicy.eager_floor_tokens``)."""
         return self._path(n_tokens, device, eager) != "dense"
 
     def _path(self, n_tokens: int, device: torch.device | str, eager: bool = False) -> str:

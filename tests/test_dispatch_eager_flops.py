@@ -1,0 +1,193 @@
+"""``DispatchPolicy.eager_min_flops``: the eager floor in dense FFN work, the default's value and its provenance.
+
+The default policy sends eager calls whose dense FFN would take fewer than :data:`twell.nn.EAGER_MIN_FLOPS`
+floating-point operations dense; session 43's ``twell tune-dispatch --eager`` runs at five layer shapes on an H100
+(``bench_results/h100/dispatch_eager_*_session43.json``) are where that value comes from, and these tests derive it
+from them again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from twell.bench import ffn as bench_ffn
+from twell.bench.model_setup import POLICIES
+from twell.bench.tune_dispatch import eager_outcomes
+from twell.nn import DEFAULT_POLICY, EAGER_MIN_FLOPS, DispatchPolicy, SparseGatedMLP, load_policy, save_policy
+from twell.nn.dispatch import HOPPER
+from twell.nn.dispatch_file import policy_from_dict, policy_to_dict
+from twell.nn.dispatch_summary import inference_summary
+from twell.nn.dispatch_tuning import derive_eager_min_flops
+from twell.tolerances import REL_TOL, rel_error
+
+H100 = Path(__file__).resolve().parents[1] / "bench_results" / "h100"
+RUNS = sorted(H100.glob("dispatch_eager_*_session43.json"))
+SPARSE_EVERYWHERE = {"table": ((0, 1.0),), "shapes": None}
+
+
+def work(tokens: int, shape: tuple[int, int]) -> int:
+    return 6 * tokens * shape[0] * shape[1]
+
+
+# ---------------------------------------------------------------------------------------- the rule
+@pytest.mark.parametrize("value", [-1.0, math.inf, math.nan, True, "1e11", None])
+def test_a_bad_work_floor_is_refused_by_name(value):
+    with pytest.raises(ValueError, match=r"eager_min_flops must be a finite number >= 0 \(0: no floor for eager "):
+        DispatchPolicy(eager_min_flops=value)
+
+
+def test_the_floor_in_tokens_is_the_work_over_the_shapes_work_per_token_rounded_up():
+    policy = DispatchPolicy(**SPARSE_EVERYWHERE, eager_min_flops=float(work(100, (64, 128))))
+    assert policy.eager_floor_tokens((64, 128)) == 100
+    assert policy.eager_floor_tokens((64, 256)) == 50
+    assert policy.eager_floor_tokens((32, 100)) == math.ceil(work(100, (64, 128)) / work(1, (32, 100)))
+    assert policy.eager_floor_tokens(None) == 0  # no shape: the work floor cannot apply
+    both = DispatchPolicy(**SPARSE_EVERYWHERE, eager_min_tokens=70, eager_min_flops=float(work(100, (64, 128))))
+    assert both.eager_floor_tokens((64, 128)) == 100 and both.eager_floor_tokens((64, 512)) == 70
+    assert both.eager_floor_tokens(None) == 70
+    assert DispatchPolicy(eager_min_flops=7).eager_min_flops == 7.0  # an int is taken, stored as a float
+
+
+def test_eager_calls_below_the_work_floor_run_dense_and_others_follow_the_table():
+    shape = (64, 128)
+    policy = DispatchPolicy(**SPARSE_EVERYWHERE, eager_min_flops=float(work(100, shape)))
+    for n in (1, 99):
+        assert not policy.use_sparse(n, 0.005, shape=shape, eager=True)
+        assert policy.use_sparse(n, 0.005, shape=shape)  # not eager: the table's answer
+    assert policy.use_sparse(100, 0.005, shape=shape, eager=True)
+    assert policy.use_sparse(1, 0.005, eager=True)  # no shape given: the work floor does not apply
+    small_batch = DispatchPolicy(**SPARSE_EVERYWHERE, decode_max_tokens=8, eager_min_flops=float(work(4, shape)))
+    assert small_batch.use_decode(2, shape=shape) and not small_batch.use_decode(2, shape=shape, eager=True)
+    assert small_batch.use_decode(4, shape=shape, eager=True)
+
+
+def test_without_eager_floor_keeps_everything_else():
+    lifted = DEFAULT_POLICY.without_eager_floor()
+    assert lifted.eager_min_flops == 0.0 and lifted.eager_min_tokens == 0
+    assert lifted.shape_tables == DEFAULT_POLICY.shape_tables and lifted.decode_tables == DEFAULT_POLICY.decode_tables
+    assert lifted.capabilities == DEFAULT_POLICY.capabilities and lifted.other_shapes == DEFAULT_POLICY.other_shapes
+    assert lifted.use_sparse(4096, 0.005, shape=(2048, 5632), capability=(9, 0), eager=True)
+    assert not DEFAULT_POLICY.use_sparse(4096, 0.005, shape=(2048, 5632), capability=(9, 0), eager=True)
+
+
+def test_policy_files_keep_the_work_floor_and_older_files_load_without_one(tmp_path):
+    assert load_policy(save_policy(DEFAULT_POLICY, tmp_path / "default.json")) == DEFAULT_POLICY
+    older = policy_to_dict(DEFAULT_POLICY)
+    del older["eager_min_flops"]  # files written before session 43
+    assert policy_from_dict(older).eager_min_flops == 0.0
+    bad = policy_to_dict(DEFAULT_POLICY)
+    bad["eager_min_flops"] = -1
+    with pytest.raises(ValueError, match="p.json: eager_min_flops must be a finite number >= 0"):
+        policy_from_dict(bad, source="p.json")
+
+
+def test_the_summary_tells_the_work_floor_and_its_tokens():
+    text = inference_summary(DEFAULT_POLICY, "cuda", (9, 0))
+    assert text.endswith("; eager calls whose dense FFN would take fewer than 5.67e+11 FLOPs (eager_min_flops; in "
+                         "tokens 2048x5632: 8192, 4096x14336: 1610, 1024x3072: 30038) run dense")
+    both = inference_summary(DispatchPolicy(eager_min_tokens=16, eager_min_flops=float(work(8192, (2048, 5632)))),
+                             "cuda", (9, 0))
+    assert "; eager calls of fewer than 16 tokens (eager_min_tokens) or whose dense FFN" in both
+
+
+def test_the_module_runs_eager_calls_below_the_work_floor_dense_on_its_shape(monkeypatch):
+    torch.manual_seed(0)
+    policy = DispatchPolicy(table=((0, 1.0),), device_types=("cpu",), shapes=None,
+                            eager_min_flops=float(work(16, (32, 64))))
+    layer = SparseGatedMLP(32, 64, policy=policy, dtype=torch.float64).eval()
+    dense = layer.to_dense().eval()
+    sparse_calls: list[int] = []
+    real = SparseGatedMLP._ffn_sparse
+
+    def spy(self, x, residual=None):
+        sparse_calls.append(x.shape[0])
+        return real(self, x, residual)
+
+    monkeypatch.setattr(SparseGatedMLP, "_ffn_sparse", spy)
+    with torch.no_grad():
+        for m in (1, 15, 16, 40):
+            x = torch.randn(m, 32, dtype=torch.float64)
+            assert rel_error(layer(x), dense(x)) <= REL_TOL[torch.float64]
+        layer.policy = policy.without_eager_floor()  # a new policy: the layer works its floor out again
+        layer(torch.randn(3, 32, dtype=torch.float64))
+    assert sparse_calls == [16, 40, 3]
+
+
+def test_the_benchmarks_time_the_tables_without_the_floor():
+    """``twell bench ffn``'s dispatch column holds the GPU before each call, so it runs the tables alone; the model
+    benchmark's ``tables`` policy is the default without the floor and its small-batch policies keep none (the floor
+    would send every such call dense)."""
+    source = Path(bench_ffn.__file__).read_text()
+    assert "DEFAULT_POLICY.without_eager_floor() if cfg.dispatch_table is None" in source
+    assert POLICIES["default"] is DEFAULT_POLICY and POLICIES["tables"] == DEFAULT_POLICY.without_eager_floor()
+    for name in ("decode", "decode-1"):
+        assert POLICIES[name].eager_min_flops == 0.0 and POLICIES[name].eager_min_tokens == 0
+
+
+# ---------------------------------------------------------------------------------------- derivation
+def test_derive_eager_min_flops_takes_the_next_measured_work_above_the_largest_loss():
+    a, b = (64, 128), (128, 256)  # b's work per token is 4x a's
+    outcomes = [(*a, 10, True), (*a, 40, False), (*b, 5, True), (*b, 20, False), (*b, 8, False)]
+    # losses at work(10, a) and work(5, b) = work(20, a); measured above them: work(8, b) = work(32, a), work(40, a)
+    # and work(20, b)
+    assert derive_eager_min_flops(outcomes) == float(work(8, b))
+    assert derive_eager_min_flops([(*a, 10, True)]) == float(work(10, a) + 1)  # nothing larger measured
+    assert derive_eager_min_flops([(*a, 10, False)]) == 0.0
+
+
+@pytest.mark.parametrize("bad", [(0, 128, 10, True), (64, 128, 0, True), (64, 1.5, 10, True), (True, 128, 10, False)])
+def test_derive_eager_min_flops_refuses_bad_points(bad):
+    with pytest.raises(ValueError, match="must be an int >= 1"):
+        derive_eager_min_flops([bad])
+
+
+def test_derive_eager_min_flops_refuses_a_lost_flag_that_is_not_a_bool():
+    with pytest.raises(TypeError, match="lost must be a bool"):
+        derive_eager_min_flops([(64, 128, 10, 1)])
+
+
+# ---------------------------------------------------------------------------------------- provenance
+def _run(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _outcomes() -> list[tuple[int, int, int, bool]]:
+    """Every eagerly timed point of session 43's runs: lost where the default tables send it sparse on a Hopper
+    and its eager call ran slower than dense."""
+    tables = DEFAULT_POLICY.without_eager_floor()
+    out = []
+    for path in RUNS:
+        run = _run(path)
+        d, f = run["meta"]["shape"]
+        pinned = DispatchPolicy(table=tables.table_for((d, f)), shapes=None, device_types=("cuda",))
+        out += [(d, f, m, lost) for m, lost in eager_outcomes(run["rows"], pinned, d=d, f=f, bar=1.0)]
+    return out
+
+
+def test_the_runs_are_session_43s_five_shapes_on_an_h100():
+    shapes = set()
+    for path in RUNS:
+        meta = _run(path)["meta"]
+        assert meta["device"] == "NVIDIA H100 80GB HBM3"
+        assert tuple(int(v) for v in meta["capability"].split(".")) in HOPPER
+        shapes.add(tuple(meta["shape"]))
+    assert shapes == {(1024, 3072), (2048, 5632), (4096, 14336), (5120, 13824), (896, 4864)}
+
+
+def test_the_default_work_floor_is_what_the_runs_give():
+    assert derive_eager_min_flops(_outcomes()) == EAGER_MIN_FLOPS == DEFAULT_POLICY.eager_min_flops
+    assert EAGER_MIN_FLOPS == work(8192, (2048, 5632))
+
+
+def test_above_the_floor_every_point_won_eagerly_and_each_shape_lost_below_it():
+    outcomes = _outcomes()
+    assert not [o for o in outcomes if work(o[2], o[:2]) >= EAGER_MIN_FLOPS and o[3]]
+    for shape in {o[:2] for o in outcomes}:
+        assert any(lost for d, f, m, lost in outcomes if (d, f) == shape and work(m, shape) < EAGER_MIN_FLOPS)
+    largest_loss = max(work(m, (d, f)) for d, f, m, lost in outcomes if lost)
+    assert largest_loss == work(1024, (5120, 13824))
