@@ -191,3 +191,28 @@ def test_above_the_floor_every_point_won_eagerly_and_each_shape_lost_below_it():
         assert any(lost for d, f, m, lost in outcomes if (d, f) == shape and work(m, shape) < EAGER_MIN_FLOPS)
     largest_loss = max(work(m, (d, f)) for d, f, m, lost in outcomes if lost)
     assert largest_loss == work(1024, (5120, 13824))
+
+
+def test_the_readme_figures_are_the_runs():
+    """The "Host time" bullet's figures, rebuilt from the runs: the eager sparse call's time and the eager speedups
+    below the default's floor (with the points that won there) and from it."""
+    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    below, above, below_ms = [], [], []
+    for path in RUNS:
+        run = _run(path)
+        shape = tuple(run["meta"]["shape"])
+        floor = DEFAULT_POLICY.eager_floor_tokens(shape)
+        for r in run["rows"]:
+            point = (r["eager_speedup"], shape, r["m"], r["density"])
+            (below if r["m"] < floor else above).append(point)
+            if r["m"] < floor:
+                below_ms.append(r["eager_sparse_ms"])
+    lost = [p[0] for p in below if p[0] < 1.0]
+    won = sorted(p for p in below if p[0] >= 1.0)
+    assert [(round(s, 2), shape, m) for s, shape, m, _ in won] == [
+        (1.08, (4096, 14336), 1024), (1.19, (896, 4864), 16384), (1.26, (896, 4864), 16384)]
+    assert f"took {min(below_ms):.3f}-{max(below_ms):.3f} ms whatever its size" in readme
+    assert f"ran {min(lost):.2f}-{max(lost):.2f}x of dense (three points won: 1.08x at 4096x14336 / 1024" in readme
+    assert "1.19x and 1.26x at 896x4864 / 16,384 tokens" in readme
+    assert f"from it, {min(p[0] for p in above):.2f}-{max(p[0] for p in above):.2f}x at every point" in readme
+
