@@ -28,8 +28,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-__all__ = ["DEFAULT_POLICY", "H200_BF16_896X4864_TABLE", "H200_BF16_1024X3072_TABLE", "H200_BF16_1536X8960_TABLE",
-           "H200_BF16_2048X5632_TABLE", "H200_BF16_2048X8192_TABLE", "H200_BF16_2304X9216_TABLE",
+__all__ = ["DEFAULT_POLICY", "EAGER_MIN_FLOPS", "H200_BF16_896X4864_TABLE", "H200_BF16_1024X3072_TABLE",
+           "H200_BF16_1536X8960_TABLE", "H200_BF16_2048X5632_TABLE", "H200_BF16_2048X8192_TABLE",
+           "H200_BF16_2304X9216_TABLE",
            "H200_BF16_2560X9728_TABLE", "H200_BF16_3072X8192_TABLE", "H200_BF16_3584X18944_TABLE",
            "H200_BF16_4096X11008_TABLE", "H200_BF16_4096X14336_TABLE", "H200_BF16_5120X13824_TABLE",
            "H200_BF16_DECODE_TABLES", "H200_BF16_SHAPES", "H200_BF16_SHAPE_TABLES", "H200_BF16_TABLE",
@@ -399,11 +400,11 @@ class DispatchPolicy:
         eager_min_flops: the same floor for every layer shape at once, in work: eager calls whose dense FFN
             would take fewer floating-point operations than this (``6 * tokens * hidden_size *
             intermediate_size``, its three GEMMs) take the dense path; 0 sets none.  An eager sparse call costs its
-            host's issuing, ~0.6-0.9 ms whatever its size, until the GPU work outgrows it, and the dense FFN's time
-            grows with this product, so the break-even token count falls as the layer grows: session 43 measured
-            the eager floor at five shapes on an H100 machine (``tune-dispatch --eager``, 0.5 % and 2 %: 2048
-            tokens at 4096 x 14336 and 5120 x 13824, 8192 at 2048 x 5632, 16,384 at 896 x 4864, 32,768 at 1024 x
-            3072): pooled, every point over 4.35e11 such operations won eagerly, and each shape lost at some point
+            host's issuing (0.46-0.90 ms whatever its size in session 43) until the GPU work outgrows it, and the
+            dense FFN's time grows with this product, so the break-even token count falls as the layer grows:
+            session 43 measured the eager floor at five shapes on an H100 machine (``tune-dispatch --eager``, 0.5 %
+            and 2 %: 2048 tokens at 4096 x 14336 and 5120 x 13824, 8192 at 2048 x 5632, 16,384 at 896 x 4864,
+            32,768 at 1024 x 3072): pooled, every point over 4.35e11 such operations won eagerly, and each shape lost at some point
             at or below it.  :data:`DEFAULT_POLICY` sets the next measured work above that loss, 5.67e11 (8192
             tokens at 2048 x 5632; :func:`twell.nn.dispatch_tuning.derive_eager_min_flops`).  Applies where the
             call's ``shape`` is known; the floor in tokens for a shape is :meth:`eager_floor_tokens`.
