@@ -404,10 +404,10 @@ class DispatchPolicy:
             dense FFN's time grows with this product, so the break-even token count falls as the layer grows:
             session 43 measured the eager floor at five shapes on an H100 machine (``tune-dispatch --eager``, 0.5 %
             and 2 %: 2048 tokens at 4096 x 14336 and 5120 x 13824, 8192 at 2048 x 5632, 16,384 at 896 x 4864,
-            32,768 at 1024 x 3072): pooled, every point over 4.35e11 such operations won eagerly, and each shape lost at some point
-            at or below it.  :data:`DEFAULT_POLICY` sets the next measured work above that loss, 5.67e11 (8192
-            tokens at 2048 x 5632; :func:`twell.nn.dispatch_tuning.derive_eager_min_flops`).  Applies where the
-            call's ``shape`` is known; the floor in tokens for a shape is :meth:`eager_floor_tokens`.
+            32,768 at 1024 x 3072): pooled, every point over 4.35e11 such operations won eagerly, and each shape
+            lost at some point at or below it.  :data:`DEFAULT_POLICY` sets the next measured work above that loss,
+            5.67e11 (8192 tokens at 2048 x 5632; :func:`twell.nn.dispatch_tuning.derive_eager_min_flops`).  Applies
+            where the call's ``shape`` is known; the floor in tokens for a shape is :meth:`eager_floor_tokens`.
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
