@@ -261,11 +261,18 @@ def table_lines(table: tuple[tuple[int, float], ...], what: str, *, prefix: str 
     return lines
 
 
-def eager_floor_text(floor: int, bar: float) -> str:
+def eager_floor_text(floor: int, bar: float, *, d: int, f: int) -> str:
+    """The measured eager floor in words, with the shipped default's at this shape (``DEFAULT_POLICY``'s
+    ``eager_min_flops``, in tokens) and the measured one in the same work units, so that the two compare."""
     if floor == 0:
-        return f"eager calls: none the table sends sparse fell below {bar:g}x of dense; no floor (eager_min_tokens=0)"
-    return (f"eager calls: one the table sends sparse fell below {bar:g}x of dense under {floor} tokens; "
-            f"eager_min_tokens={floor} (eager calls of fewer tokens run dense; traced or graphed calls keep the table)")
+        head = f"eager calls: none the table sends sparse fell below {bar:g}x of dense; no floor (eager_min_tokens=0)"
+    else:
+        head = (f"eager calls: one the table sends sparse fell below {bar:g}x of dense under {floor} tokens; "
+                f"eager_min_tokens={floor} (eager calls of fewer tokens run dense; traced or graphed calls keep the "
+                f"table); in dense FFN work 6 x {floor} x {d} x {f} = {6 * floor * d * f:.3g} FLOPs")
+    shipped = DEFAULT_POLICY.eager_floor_tokens((d, f))
+    return (f"{head}\nthe default policy's eager floor at {d}x{f}: {shipped} tokens "
+            f"(eager_min_flops {DEFAULT_POLICY.eager_min_flops:.3g}, measured on an H100 machine's host)")
 
 
 def table_text(policy: DispatchPolicy) -> str:
@@ -387,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ndispatch for {d}x{f} on {meta.get('device', device_type)} ({meta.get('dtype')}), "
           f"sparse where it won by >= {a.min_speedup}x:\n{table_text(policy)}")
     if floor is not None:
-        print(eager_floor_text(floor, a.eager_bar))
+        print(eager_floor_text(floor, a.eager_bar, d=d, f=f))
     print(default_policy_text(check, d=d, f=f))
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0 if all(r.get("ok", False) for r in rows if "error" not in r) else 1
