@@ -105,3 +105,20 @@ def check_gradient_checkpointing(model: torch.nn.Module, ids: torch.Tensor) -> N
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     with pytest.raises(RuntimeError, match="use_reentrant"):
         model(input_ids=ids, labels=ids, use_cache=False)
+
+
+def count_sparse_calls(monkeypatch) -> list[int]:  # noqa: ANN001
+    """The token counts of every ``SparseGatedMLP`` call that takes its sparse path from now on (a spy on
+    ``_ffn_sparse``, removed by ``monkeypatch`` after the test)."""
+    from twell.nn import SparseGatedMLP
+
+    calls: list[int] = []
+    real = SparseGatedMLP._ffn_sparse
+
+    def spy(self, x, residual=None):  # noqa: ANN001, ANN202
+        calls.append(x.shape[0])
+        return real(self, x, residual)
+
+    monkeypatch.setattr(SparseGatedMLP, "_ffn_sparse", spy)
+    return calls
+

@@ -1,4 +1,4 @@
-"""``DispatchPolicy.eager_min_tokens``: eager calls below the floor run dense; traced, static-dispatch and recorded
+"""The eager floor (``DispatchPolicy.eager_min_tokens``, and ``eager_min_flops`` where the module is concerned): eager
 calls, and calls at or above the floor, follow the tables; the floor is validated, stored in policy files and told by
 the summary."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _helpers import count_sparse_calls
 
 from twell.nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, load_policy, save_policy, static_dispatch
 from twell.nn.dispatch_file import policy_from_dict, policy_to_dict
@@ -54,16 +55,20 @@ def test_eager_must_be_a_bool(eager):
         DispatchPolicy(**SPARSE_EVERYWHERE, decode_max_tokens=8).use_decode(2, eager=eager)
 
 
-def test_policy_files_keep_the_floor_and_older_files_load_without_one(tmp_path):
-    policy = DispatchPolicy(table=((1024, 0.01),), eager_min_tokens=2048)
+@pytest.mark.parametrize(("policy", "key", "bad", "refusal"), [
+    # files written before session 41 have no eager_min_tokens, before session 43 no eager_min_flops
+    (DispatchPolicy(table=((1024, 0.01),), eager_min_tokens=2048), "eager_min_tokens", -5,
+     "p.json: eager_min_tokens must be an int >= 0"),
+    (DEFAULT_POLICY, "eager_min_flops", -1, "p.json: eager_min_flops must be a finite number >= 0"),
+])
+def test_policy_files_keep_the_floor_and_older_files_load_without_one(tmp_path, policy, key, bad, refusal):
     assert load_policy(save_policy(policy, tmp_path / "p.json")) == policy
     older = policy_to_dict(policy)
-    del older["eager_min_tokens"]  # files written before session 41
-    assert policy_from_dict(older).eager_min_tokens == 0
-    bad = policy_to_dict(policy)
-    bad["eager_min_tokens"] = -5
-    with pytest.raises(ValueError, match="p.json: eager_min_tokens must be an int >= 0"):
-        policy_from_dict(bad, source="p.json")
+    del older[key]
+    assert getattr(policy_from_dict(older), key) == 0
+    broken = {**policy_to_dict(policy), key: bad}
+    with pytest.raises(ValueError, match=refusal):
+        policy_from_dict(broken, source="p.json")
 
 
 def test_the_summary_tells_the_floor():
@@ -75,41 +80,36 @@ def test_the_summary_tells_the_floor():
     assert forced.startswith("forced: ") and forced.endswith("fewer than 16 tokens (eager_min_tokens) run dense")
 
 
-def _layer(floor: int) -> SparseGatedMLP:
+def _layer(**floor: int) -> SparseGatedMLP:
     torch.manual_seed(0)
-    policy = DispatchPolicy(table=((0, 1.0),), device_types=("cpu",), shapes=None, eager_min_tokens=floor)
+    policy = DispatchPolicy(table=((0, 1.0),), device_types=("cpu",), shapes=None, **floor)
     return SparseGatedMLP(32, 64, policy=policy, dtype=torch.float64).eval()
 
 
-def _count_sparse_calls(layer: SparseGatedMLP, monkeypatch) -> list[int]:
-    calls: list[int] = []
-    real = SparseGatedMLP._ffn_sparse
-
-    def spy(self, x, residual=None):
-        calls.append(x.shape[0])
-        return real(self, x, residual)
-
-    monkeypatch.setattr(SparseGatedMLP, "_ffn_sparse", spy)
-    return calls
+#: The same floor of 16 tokens for the 32 x 64 layer, in tokens and in dense FFN work (6 x 16 x 32 x 64).
+FLOORS_OF_16 = [{"eager_min_tokens": 16}, {"eager_min_flops": 6 * 16 * 32 * 64}]
 
 
-def test_the_module_runs_eager_calls_below_the_floor_dense(monkeypatch):
-    layer = _layer(floor=16)
+@pytest.mark.parametrize("floor", FLOORS_OF_16, ids=["tokens", "flops"])
+def test_the_module_runs_eager_calls_below_the_floor_dense(monkeypatch, floor):
+    layer = _layer(**floor)
     dense = layer.to_dense().eval()
-    calls = _count_sparse_calls(layer, monkeypatch)
+    calls = count_sparse_calls(monkeypatch)
     with torch.no_grad():
         for m in (1, 15, 16, 40):
             x = torch.randn(m, 32, dtype=torch.float64)
             assert rel_error(layer(x), dense(x)) <= REL_TOL[torch.float64]
             assert layer._use_sparse(m, "cpu", eager=True) == (m >= 16)
             assert layer._use_sparse(m, "cpu")  # the same layer, not eager: the table's answer
-    assert calls == [16, 40]  # 1 and 15 tokens took the dense path
+        layer.policy = layer.policy.without_eager_floor()  # a new policy: the layer works its floor out again
+        layer(torch.randn(3, 32, dtype=torch.float64))
+    assert calls == [16, 40, 3]  # 1 and 15 tokens took the dense path
 
 
 def test_traced_calls_are_not_eager(monkeypatch):
     """Inside ``static_dispatch`` (what recording a CUDA graph needs) the layer asks the policy without ``eager``, so
     the floor does not apply there."""
-    layer = _layer(floor=16)
+    layer = _layer(eager_min_tokens=16)
     asked: list[tuple[int, bool]] = []
     real = DispatchPolicy.use_sparse
 

@@ -13,17 +13,14 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 from twell.bench import ffn as bench_ffn
 from twell.bench.model_setup import POLICIES
 from twell.bench.tune_dispatch import eager_outcomes
-from twell.nn import DEFAULT_POLICY, EAGER_MIN_FLOPS, DispatchPolicy, SparseGatedMLP, load_policy, save_policy
+from twell.nn import DEFAULT_POLICY, EAGER_MIN_FLOPS, DispatchPolicy
 from twell.nn.dispatch import HOPPER
-from twell.nn.dispatch_file import policy_from_dict, policy_to_dict
 from twell.nn.dispatch_summary import inference_summary
 from twell.nn.dispatch_tuning import derive_eager_min_flops
-from twell.tolerances import REL_TOL, rel_error
 
 H100 = Path(__file__).resolve().parents[1] / "bench_results" / "h100"
 RUNS = sorted(H100.glob("dispatch_eager_*_session43.json"))
@@ -75,17 +72,6 @@ def test_without_eager_floor_keeps_everything_else():
     assert not DEFAULT_POLICY.use_sparse(4096, 0.005, shape=(2048, 5632), capability=(9, 0), eager=True)
 
 
-def test_policy_files_keep_the_work_floor_and_older_files_load_without_one(tmp_path):
-    assert load_policy(save_policy(DEFAULT_POLICY, tmp_path / "default.json")) == DEFAULT_POLICY
-    older = policy_to_dict(DEFAULT_POLICY)
-    del older["eager_min_flops"]  # files written before session 43
-    assert policy_from_dict(older).eager_min_flops == 0.0
-    bad = policy_to_dict(DEFAULT_POLICY)
-    bad["eager_min_flops"] = -1
-    with pytest.raises(ValueError, match="p.json: eager_min_flops must be a finite number >= 0"):
-        policy_from_dict(bad, source="p.json")
-
-
 def test_the_summary_tells_the_work_floor_and_its_tokens():
     text = inference_summary(DEFAULT_POLICY, "cuda", (9, 0))
     assert text.endswith("; eager calls whose dense FFN would take fewer than 5.67e+11 FLOPs (eager_min_flops; in "
@@ -93,29 +79,6 @@ def test_the_summary_tells_the_work_floor_and_its_tokens():
     both = inference_summary(DispatchPolicy(eager_min_tokens=16, eager_min_flops=float(work(8192, (2048, 5632)))),
                              "cuda", (9, 0))
     assert "; eager calls of fewer than 16 tokens (eager_min_tokens) or whose dense FFN" in both
-
-
-def test_the_module_runs_eager_calls_below_the_work_floor_dense_on_its_shape(monkeypatch):
-    torch.manual_seed(0)
-    policy = DispatchPolicy(table=((0, 1.0),), device_types=("cpu",), shapes=None,
-                            eager_min_flops=float(work(16, (32, 64))))
-    layer = SparseGatedMLP(32, 64, policy=policy, dtype=torch.float64).eval()
-    dense = layer.to_dense().eval()
-    sparse_calls: list[int] = []
-    real = SparseGatedMLP._ffn_sparse
-
-    def spy(self, x, residual=None):
-        sparse_calls.append(x.shape[0])
-        return real(self, x, residual)
-
-    monkeypatch.setattr(SparseGatedMLP, "_ffn_sparse", spy)
-    with torch.no_grad():
-        for m in (1, 15, 16, 40):
-            x = torch.randn(m, 32, dtype=torch.float64)
-            assert rel_error(layer(x), dense(x)) <= REL_TOL[torch.float64]
-        layer.policy = policy.without_eager_floor()  # a new policy: the layer works its floor out again
-        layer(torch.randn(3, 32, dtype=torch.float64))
-    assert sparse_calls == [16, 40, 3]
 
 
 def test_the_benchmarks_time_the_tables_without_the_floor():
