@@ -1,6 +1,6 @@
-"""The eager floor (``DispatchPolicy.eager_min_tokens``, and ``eager_min_flops`` where the module is concerned): eager
-calls, and calls at or above the floor, follow the tables; the floor is validated, stored in policy files and told by
-the summary."""
+"""The eager floor (``DispatchPolicy.eager_min_tokens``; ``eager_min_flops`` too where the module and policy files are
+concerned): eager calls below the floor run dense; traced, static-dispatch and recorded calls, and calls at or above
+the floor, follow the tables; the floor is validated, stored in policy files and told by the summary."""
 
 from __future__ import annotations
 
