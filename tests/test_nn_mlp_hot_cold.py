@@ -10,7 +10,8 @@ from twell.reference.inference import dense_gated_ffn
 from twell.tolerances import L0_ABS_TOL_FP32, REL_TOL, rel_error
 
 
-def _layer(**kw) -> SparseGatedMLP:
+def _layer(policy: DispatchPolicy | None = None, **kw) -> SparseGatedMLP:
+    """A 32 x 256 layer with 64 frequent units, sparse on the CPU at every token count (``policy``: another)."""
     d, f = 32, 256
     gen = torch.Generator().manual_seed(0)
     wg = torch.randn(f, d, generator=gen) / d**0.5
@@ -18,7 +19,7 @@ def _layer(**kw) -> SparseGatedMLP:
     wg[:64, 0] = 1.0  # ... but 64 frequent ones
     wu = torch.randn(f, d, generator=gen) / d**0.5
     wd = torch.randn(d, f, generator=gen) / f**0.5
-    policy = DispatchPolicy(table=((1, 1.0),), force=True)  # always sparse, on the CPU too
+    policy = policy or DispatchPolicy(table=((1, 1.0),), force=True)  # always sparse, on the CPU too
     return SparseGatedMLP.from_weights(wg, wu, wd, backend="triton", tile=32, policy=policy, **kw).eval()
 
 
@@ -53,6 +54,53 @@ def test_hot_cold_off_uses_the_plain_sparse_op():
         x = _x(40, seed=5)
         out = layer(x)
     assert not layer._hot_cold.chosen
+    want = dense_gated_ffn(x, layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
+    assert rel_error(out, want) <= REL_TOL[torch.float32]
+
+
+def test_eager_calls_below_the_floor_run_dense_but_choose_the_hot_set_for_recorded_calls(monkeypatch):
+    """Below the eager floor the layer runs dense yet chooses the hot units once where the table would send the call
+    sparse, so that the same call inside ``static_dispatch`` (what recording a CUDA graph needs) runs the hot/cold split
+    the tables were measured with; eager calls at or above the floor take the split themselves."""
+    from twell.nn import static_dispatch
+    from twell.ops import custom_ops
+
+    policy = DispatchPolicy(table=((1, 1.0),), force=True, eager_min_tokens=64)
+    layer = _layer(policy)
+    split_calls = []
+    real = custom_ops.hot_cold_gated_ffn_unchecked_op
+    monkeypatch.setattr(torch.ops.twell, "hot_cold_gated_ffn_unchecked",
+                        lambda *a: (split_calls.append(a[0].shape[0]), real(*a))[1], raising=False)
+    x = _x(40, seed=7)
+    want = dense_gated_ffn(x, layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
+    with torch.no_grad():
+        eager = layer(x)
+        assert layer._path(40, x.device, eager=True) == "dense" and layer._hot_cold.chosen
+        assert layer._hot_cold.n_hot == 64 and layer._hot_cold._plan is not None
+        with static_dispatch():
+            traced = layer(x)
+    assert split_calls == [40]
+    assert rel_error(eager, want) <= REL_TOL[torch.float32] and rel_error(traced, want) <= REL_TOL[torch.float32]
+
+
+def test_a_traced_call_without_a_chosen_hot_set_runs_dense(monkeypatch):
+    """No eager call has chosen the hot units (here none ran at all but the one that set the l0 estimate, with the
+    choice switched off): the traced call runs the dense FFN, not the plain TwELL op the tables were not measured
+    with."""
+    from twell.nn import static_dispatch
+
+    layer = _layer()
+    monkeypatch.setattr(SparseGatedMLP, "_choose_hot_set", lambda *a: None)
+    x = _x(40, seed=8)
+    with torch.no_grad():
+        layer._state.estimate = 8.0  # as an eager call would have set it
+        assert not layer._hot_cold.chosen
+        with static_dispatch():
+            ops_seen = []
+            for name in ("sparse_gated_ffn_unchecked", "hot_cold_gated_ffn_unchecked"):
+                monkeypatch.setattr(torch.ops.twell, name, lambda *a, _n=name: ops_seen.append(_n), raising=False)
+            out = layer(x)
+    assert ops_seen == []
     want = dense_gated_ffn(x, layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
     assert rel_error(out, want) <= REL_TOL[torch.float32]
 
@@ -141,15 +189,15 @@ def test_fused_gate_switch_gives_the_same_output_eager_and_compiled(monkeypatch)
 
 
 def _warm_sparse_layer(seed: int, n_inputs: int) -> tuple[SparseGatedMLP, list[torch.Tensor]]:
-    """A default-policy bf16 layer of d=2048, F=5632 (synthetic weights, l0 28) after three eager calls of 8192 tokens
-    (the first measures l0 on the dense path, the next choose the hot set and build the plan), and ``n_inputs``
-    batches of 8192 tokens; sparse there by the H200 table, and eagerly too: 8192 tokens is the default's eager floor
-    at this shape (``DispatchPolicy.eager_floor_tokens``; below it eager calls run dense and choose no hot set)."""
+    """A default-policy bf16 layer of d=2048, F=5632 (synthetic weights, l0 28) after three eager calls of 4096 tokens
+    (the first measures l0, the next choose the hot set and build the plan), and ``n_inputs`` batches of 4096 tokens;
+    sparse there by the H200 table, though the eager calls run dense: 4096 tokens is below the default's eager floor
+    at this shape (8192, ``DispatchPolicy.eager_floor_tokens``), the case these recipes are for."""
     from twell.nn import DEFAULT_POLICY
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
-    d, f, m = 2048, 5632, 8192
-    assert DEFAULT_POLICY.eager_floor_tokens((d, f)) <= m
+    d, f, m = 2048, 5632, 4096
+    assert DEFAULT_POLICY.eager_floor_tokens((d, f)) > m
     gen = torch.Generator(device="cuda").manual_seed(seed)
     p = synthetic_ffn_problem(n_inputs * m, d, f, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
     layer = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"]).eval()

@@ -554,7 +554,12 @@ class SparseGatedMLP(nn.Module):
         if policy.use_sparse(m, density, device_type=device_type, shape=shape, capability=capability):
             capacity = self.capacity or default_capacity(self.tile)
             plan = self._hot_cold._plan
-            if self.hot_cold and self.precision == "match" and backend == "triton" and plan is not None:
+            split = self.hot_cold and self.precision == "match" and backend == "triton"
+            if split and not self._hot_cold.chosen:
+                # No eager call has chosen the hot units: the tables were measured on the split, and the plain TwELL
+                # op it would fall back to ran 0.54x of dense at 2048 tokens / 0.5 % (ffn_sweep_session30.json).
+                return _dense_ffn(x, *weights, residual)[0]
+            if split and plan is not None:
                 fused_tile = fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device)
                 w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, plan.hot, plan.cold,
                                                           fused_tile=fused_tile)
@@ -717,9 +722,25 @@ class SparseGatedMLP(nn.Module):
             out, a = _dense_ffn(x, *weights, residual)
             if refresh or state.estimate is None:
                 self.last_l0 = self._measure_dense_l0(a)
+            if eager and not self._hot_cold.chosen and self._path(m, x.device) == "sparse" and not self._needs_grad(x):
+                # Below the eager floor, where the table would send the call sparse: choose the hot set once, as a
+                # sparse call would have, so that the same call recorded in a CUDA graph (static_dispatch) or compiled
+                # later runs the hot/cold split the tables were measured with (the traced path reads the cached set;
+                # without one it runs dense).  Eager sparse calls re-choose it on refresh calls.
+                self._choose_hot_set(x.reshape(m, self.hidden_size).contiguous(), weights)
         if refresh or state.estimate is None:
             self._sync_l0_estimate()
         return out
+
+    def _choose_hot_set(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """The hot units chosen from ``x`` [M, d] and the plan built (what a sparse call does on a refresh call), where
+        the layer runs the hot/cold split."""
+        w_gate, w_up, w_down = weights
+        prep = self._prepare_sparse(w_gate, w_up, w_down)
+        if prep.hot_cold:
+            self._hot_cold.refresh(x, w_gate, w_up, w_down, tile=self.tile, capacity=prep.capacity)
+            self._hot_cold.plan(w_gate, w_up, w_down, key=prep.generation,
+                                fused_tile=fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device))
 
     def _use_sparse(self, n_tokens: int, device: torch.device | str, eager: bool = False) -> bool:
         """Whether a call of ``n_tokens`` tokens on ``device`` takes a sparse path (small-batch kernels or TwELL);
