@@ -694,7 +694,9 @@ class SparseGatedMLP(nn.Module):
 
         On a call that is not an l0-refresh call the dense path runs exactly the dense FFN's five ops
         (three linears, relu, mul) on ``x`` as given -- ``F.linear`` takes any leading shape, so there is
-        no reshape -- and no host synchronisation (``tests/test_nn_overhead.py`` pins both).
+        no reshape -- and no host synchronisation (``tests/test_nn_overhead.py`` pins both); the one exception is
+        the first call below the policy's eager floor that the table would send sparse, which also chooses the hot
+        units (:meth:`_choose_hot_set`).
         """
         m = x.numel() // self.hidden_size
         if m == 0:
