@@ -58,51 +58,84 @@ def test_hot_cold_off_uses_the_plain_sparse_op():
     assert rel_error(out, want) <= REL_TOL[torch.float32]
 
 
-def test_eager_calls_below_the_floor_run_dense_but_choose_the_hot_set_for_recorded_calls(monkeypatch):
-    """Below the eager floor the layer runs dense yet chooses the hot units once where the table would send the call
-    sparse, so that the same call inside ``static_dispatch`` (what recording a CUDA graph needs) runs the hot/cold split
-    the tables were measured with; eager calls at or above the floor take the split themselves."""
-    from twell.nn import static_dispatch
+def _spy_ops(monkeypatch) -> list[tuple[str, int]]:  # noqa: ANN001
+    """(op name, tokens) of every sparse custom op the traced path calls from now on."""
     from twell.ops import custom_ops
 
-    policy = DispatchPolicy(table=((1, 1.0),), force=True, eager_min_tokens=64)
-    layer = _layer(policy)
-    split_calls = []
-    real = custom_ops.hot_cold_gated_ffn_unchecked_op
-    monkeypatch.setattr(torch.ops.twell, "hot_cold_gated_ffn_unchecked",
-                        lambda *a: (split_calls.append(a[0].shape[0]), real(*a))[1], raising=False)
-    x = _x(40, seed=7)
-    want = dense_gated_ffn(x, layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
-    with torch.no_grad():
-        eager = layer(x)
-        assert layer._path(40, x.device, eager=True) == "dense" and layer._hot_cold.chosen
-        assert layer._hot_cold.n_hot == 64 and layer._hot_cold._plan is not None
-        with static_dispatch():
-            traced = layer(x)
-    assert split_calls == [40]
-    assert rel_error(eager, want) <= REL_TOL[torch.float32] and rel_error(traced, want) <= REL_TOL[torch.float32]
+    seen: list[tuple[str, int]] = []
+    for name, real in (("sparse_gated_ffn_unchecked", custom_ops.sparse_gated_ffn_unchecked_op),
+                       ("hot_cold_gated_ffn_unchecked", custom_ops.hot_cold_gated_ffn_unchecked_op)):
+        monkeypatch.setattr(torch.ops.twell, name, lambda *a, _n=name, _r=real: (seen.append((_n, a[0].shape[0])),
+                                                                               _r(*a))[1], raising=False)
+    return seen
 
 
-def test_a_traced_call_without_a_chosen_hot_set_runs_dense(monkeypatch):
-    """No eager call has chosen the hot units (here none ran at all but the one that set the l0 estimate, with the
-    choice switched off): the traced call runs the dense FFN, not the plain TwELL op the tables were not measured
-    with."""
+def _floored_layer() -> SparseGatedMLP:
+    """Sparse at every token count, but eager calls of fewer than 64 tokens run dense."""
+    return _layer(DispatchPolicy(table=((1, 1.0),), force=True, eager_min_tokens=64))
+
+
+def _want(layer: SparseGatedMLP, x: torch.Tensor) -> torch.Tensor:
+    return dense_gated_ffn(x, layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
+
+
+def test_below_the_floor_a_static_dispatch_call_outside_a_capture_chooses_the_hot_set(monkeypatch):
+    """Eager calls below the floor run dense and choose no hot units; the recorded-call recipe's warm-up call inside
+    ``static_dispatch`` (outside the capture) chooses them, and it and later such calls run the hot/cold split the
+    tables were measured with."""
     from twell.nn import static_dispatch
 
-    layer = _layer()
-    monkeypatch.setattr(SparseGatedMLP, "_choose_hot_set", lambda *a: None)
-    x = _x(40, seed=8)
+    layer = _floored_layer()
+    seen = _spy_ops(monkeypatch)
+    x = _x(40, seed=7)
     with torch.no_grad():
-        layer._state.estimate = 8.0  # as an eager call would have set it
-        assert not layer._hot_cold.chosen
+        eager = layer(x)
+        assert layer._path(40, x.device, eager=True) == "dense" and not layer._hot_cold.chosen
         with static_dispatch():
-            ops_seen = []
-            for name in ("sparse_gated_ffn_unchecked", "hot_cold_gated_ffn_unchecked"):
-                monkeypatch.setattr(torch.ops.twell, name, lambda *a, _n=name: ops_seen.append(_n), raising=False)
-            out = layer(x)
-    assert ops_seen == []
-    want = dense_gated_ffn(x, layer.gate_proj.weight, layer.up_proj.weight, layer.down_proj.weight)
-    assert rel_error(out, want) <= REL_TOL[torch.float32]
+            first, second = layer(x), layer(x)
+    assert layer._hot_cold.n_hot == 64 and layer._hot_cold._plan is not None
+    assert seen == [("hot_cold_gated_ffn_unchecked", 40)] * 2
+    for out in (eager, first, second):
+        assert rel_error(out, _want(layer, x)) <= REL_TOL[torch.float32]
+
+
+def test_a_compiled_call_without_a_chosen_hot_set_runs_dense_until_choose_hot_units():
+    """Traced by torch.compile, a layer whose hot units no call has chosen runs the dense FFN (not the plain TwELL op
+    the tables were not measured with, and no choice, which would synchronise); after ``choose_hot_units`` the
+    compiled call runs the split."""
+    layer = _floored_layer()
+    x = _x(40, seed=8)
+    graphs: list[str] = []
+
+    def backend(gm, example_inputs):  # noqa: ANN001, ANN202 - dynamo's backend signature
+        graphs.append(gm.code)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        layer(x)  # eager, below the floor: dense, sets the l0 estimate
+        compiled = torch.compile(layer, backend=backend)
+        out = compiled(x)
+        assert not layer._hot_cold.chosen and "twell" not in graphs[-1]
+        assert rel_error(out, _want(layer, x)) <= REL_TOL[torch.float32]
+        layer.choose_hot_units(x.reshape(2, 20, 32))  # any leading shape
+        assert layer._hot_cold.n_hot == 64
+        out = compiled(x)
+    assert "hot_cold_gated_ffn_unchecked" in graphs[-1]
+    assert rel_error(out, _want(layer, x)) <= REL_TOL[torch.float32]
+
+
+def test_choose_hot_units_refuses_bad_input_and_is_a_no_op_without_the_split():
+    layer = _floored_layer()
+    with pytest.raises(ValueError, match="hidden_size=32"):
+        layer.choose_hot_units(torch.randn(4, 16))
+    with pytest.raises(ValueError, match="at least one token"):
+        layer.choose_hot_units(torch.randn(0, 32))
+    with pytest.raises(TypeError, match="x"):
+        layer.choose_hot_units(torch.randn(4, 32, dtype=torch.float64))
+    plain = _layer(hot_cold=False)
+    plain.choose_hot_units(_x(40, seed=9))
+    assert not plain._hot_cold.chosen
 
 
 def test_weight_update_rebuilds_the_plan():
@@ -188,11 +221,11 @@ def test_fused_gate_switch_gives_the_same_output_eager_and_compiled(monkeypatch)
     assert torch.equal(got, want) and torch.equal(traced, want)
 
 
-def _warm_sparse_layer(seed: int, n_inputs: int) -> tuple[SparseGatedMLP, list[torch.Tensor]]:
+def _warm_sparse_layer(seed: int, n_inputs: int, *, choose: bool) -> tuple[SparseGatedMLP, list[torch.Tensor]]:
     """A default-policy bf16 layer of d=2048, F=5632 (synthetic weights, l0 28) after three eager calls of 4096 tokens
-    (the first measures l0, the next choose the hot set and build the plan), and ``n_inputs`` batches of 4096 tokens;
-    sparse there by the H200 table, though the eager calls run dense: 4096 tokens is below the default's eager floor
-    at this shape (8192, ``DispatchPolicy.eager_floor_tokens``), the case these recipes are for."""
+    (the first measures l0; with ``choose``, ``choose_hot_units`` on them after), and ``n_inputs`` batches of 4096
+    tokens; sparse there by the H200 table, though the eager calls run dense: 4096 tokens is below the default's eager
+    floor at this shape (8192, ``DispatchPolicy.eager_floor_tokens``), the case these recipes are for."""
     from twell.nn import DEFAULT_POLICY
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
@@ -205,7 +238,10 @@ def _warm_sparse_layer(seed: int, n_inputs: int) -> tuple[SparseGatedMLP, list[t
     with torch.no_grad():
         for _ in range(3):
             layer(xs[0])
-    assert layer._path(m, xs[0].device) == "sparse" and layer._hot_cold._plan is not None
+    assert layer._path(m, xs[0].device) == "sparse" and not layer._hot_cold.chosen
+    if choose:
+        layer.choose_hot_units(xs[0])
+        assert layer._hot_cold._plan is not None
     return layer, xs
 
 
@@ -219,13 +255,14 @@ def test_gpu_call_recorded_in_a_cuda_graph_under_static_dispatch():
         pytest.skip("needs a CUDA GPU")
     from twell.nn import static_dispatch
 
-    mlp, (x, x_new) = _warm_sparse_layer(seed=11, n_inputs=2)
+    mlp, (x, x_new) = _warm_sparse_layer(seed=11, n_inputs=2, choose=False)
     with torch.no_grad():
         want = mlp(x_new)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), static_dispatch():
-            mlp(x)  # the traced path once outside the capture
+            mlp(x)  # the traced path once outside the capture: it chooses the hot units (the eager calls ran dense)
+            assert mlp._hot_cold._plan is not None
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=side):
                 out = mlp(x)
@@ -243,7 +280,7 @@ def test_gpu_reduce_overhead_compile_matches_eager():
     graphs) after the same eager calls; new inputs each call, as the recorded graph copies them in."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    layer, xs = _warm_sparse_layer(seed=17, n_inputs=4)
+    layer, xs = _warm_sparse_layer(seed=17, n_inputs=4, choose=True)
     torch._dynamo.reset()
     with torch.no_grad():
         wants = [layer(x) for x in xs]

@@ -556,9 +556,15 @@ class SparseGatedMLP(nn.Module):
             plan = self._hot_cold._plan
             split = self.hot_cold and self.precision == "match" and backend == "triton"
             if split and not self._hot_cold.chosen:
-                # No eager call has chosen the hot units: the tables were measured on the split, and the plain TwELL
-                # op it would fall back to ran 0.54x of dense at 2048 tokens / 0.5 % (ffn_sweep_session30.json).
-                return _dense_ffn(x, *weights, residual)[0]
+                # No call has chosen the hot units (eager calls below the policy's eager floor run dense and choose
+                # none).  A static_dispatch call outside a CUDA graph capture and outside torch.compile may synchronise,
+                # so it chooses them as an eager sparse call would (the recorded-call recipe's warm-up call); else
+                # dense: the tables were measured on the split, and the plain TwELL op it would fall back to ran 0.54x
+                # of dense at 2048 tokens / 0.5 % (ffn_sweep_session30.json).
+                if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+                    return _dense_ffn(x, *weights, residual)[0]
+                self._choose_hot_set(x2.contiguous(), weights)
+                plan = self._hot_cold._plan
             if split and plan is not None:
                 fused_tile = fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device)
                 w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, plan.hot, plan.cold,
@@ -694,9 +700,7 @@ class SparseGatedMLP(nn.Module):
 
         On a call that is not an l0-refresh call the dense path runs exactly the dense FFN's five ops
         (three linears, relu, mul) on ``x`` as given -- ``F.linear`` takes any leading shape, so there is
-        no reshape -- and no host synchronisation (``tests/test_nn_overhead.py`` pins both); the one exception is
-        the first call below the policy's eager floor that the table would send sparse, which also chooses the hot
-        units (:meth:`_choose_hot_set`).
+        no reshape -- and no host synchronisation (``tests/test_nn_overhead.py`` pins both).
         """
         m = x.numel() // self.hidden_size
         if m == 0:
@@ -724,15 +728,29 @@ class SparseGatedMLP(nn.Module):
             out, a = _dense_ffn(x, *weights, residual)
             if refresh or state.estimate is None:
                 self.last_l0 = self._measure_dense_l0(a)
-            if eager and not self._hot_cold.chosen and self._path(m, x.device) == "sparse" and not self._needs_grad(x):
-                # Below the eager floor, where the table would send the call sparse: choose the hot set once, as a
-                # sparse call would have, so that the same call recorded in a CUDA graph (static_dispatch) or compiled
-                # later runs the hot/cold split the tables were measured with (the traced path reads the cached set;
-                # without one it runs dense).  Eager sparse calls re-choose it on refresh calls.
-                self._choose_hot_set(x.reshape(m, self.hidden_size).contiguous(), weights)
         if refresh or state.estimate is None:
             self._sync_l0_estimate()
         return out
+
+    def choose_hot_units(self, x: torch.Tensor) -> None:
+        """Choose the hot units from the tokens ``x`` ``[..., hidden_size]`` and build the hot/cold plan now, as an
+        eager sparse call does on its refresh calls.
+
+        For a layer whose calls will be compiled (``torch.compile``) while its eager calls run dense, below the
+        policy's eager floor (``DispatchPolicy.eager_floor_tokens``): a traced call finds no hot set there and runs
+        dense.  (A call inside :func:`static_dispatch` outside a CUDA graph capture chooses them itself.)  Pass
+        tokens like those the layer will see, ideally as many as its calls: the hot set depends on the call size.
+        Synchronises with the host.  Does nothing where the layer does not run the split (``hot_cold`` off,
+        ``precision="fp32"``, the torch backend, or weights that are inference tensors)."""
+        weights = self._weights()
+        x = _check_input(x, self.hidden_size, weights[0])
+        if x.numel() == 0:
+            raise ValueError(f"x must hold at least one token to choose the hot units from, got shape {tuple(x.shape)}")
+        if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+            raise RuntimeError("choose_hot_units synchronises with the host: call it eagerly, not while torch.compile "
+                               "traces or a CUDA graph is being recorded")
+        with torch.no_grad():
+            self._choose_hot_set(x.reshape(-1, self.hidden_size).contiguous(), weights)
 
     def _choose_hot_set(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         """The hot units chosen from ``x`` [M, d] and the plan built (what a sparse call does on a refresh call), where
