@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from ..nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP
+from ..nn.dispatch import dense_ffn_flops
 from ..nn.dispatch_file import save_policy
 from ..nn.dispatch_tuning import DEFAULT_MIN_SPEEDUP, TuningPoint, derive_eager_floor, derive_table
 from ..ops.active_count import mean_active_per_token
@@ -269,7 +270,7 @@ def eager_floor_text(floor: int, bar: float, *, d: int, f: int) -> str:
     else:
         head = (f"eager calls: one the table sends sparse fell below {bar:g}x of dense under {floor} tokens; "
                 f"eager_min_tokens={floor} (eager calls of fewer tokens run dense; traced or graphed calls keep the "
-                f"table); in dense FFN work 6 x {floor} x {d} x {f} = {6 * floor * d * f:.3g} FLOPs")
+                f"table); in dense FFN work 6 x {floor} x {d} x {f} = {dense_ffn_flops(floor, (d, f)):.3g} FLOPs")
     shipped = DEFAULT_POLICY.eager_floor_tokens((d, f))
     return (f"{head}\nthe default policy's eager floor at {d}x{f}: {shipped} tokens "
             f"(eager_min_flops {DEFAULT_POLICY.eager_min_flops:.3g}, measured on an H100 machine's host)")

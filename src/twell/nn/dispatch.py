@@ -35,7 +35,7 @@ __all__ = ["DEFAULT_POLICY", "EAGER_MIN_FLOPS", "H200_BF16_896X4864_TABLE", "H20
            "H200_BF16_4096X11008_TABLE", "H200_BF16_4096X14336_TABLE", "H200_BF16_5120X13824_TABLE",
            "H200_BF16_DECODE_TABLES", "H200_BF16_SHAPES", "H200_BF16_SHAPE_TABLES", "H200_BF16_TABLE",
            "HOPPER", "OTHER_SHAPES_RULES", "DispatchPolicy",
-           "DispatchTable", "bracketing_shapes", "density_of", "envelope_table"]
+           "DispatchTable", "bracketing_shapes", "dense_ffn_flops", "density_of", "envelope_table"]
 
 #: ``((min_tokens, max_density), ...)`` sorted by ``min_tokens``.
 DispatchTable = tuple[tuple[int, float], ...]
@@ -329,6 +329,12 @@ def capability_allowed(capabilities: tuple[tuple[int, int], ...] | None, device_
     return device_type != "cuda" or capabilities is None or capability is None or tuple(capability) in capabilities
 
 
+def dense_ffn_flops(tokens: int, shape: tuple[int, int]) -> int:
+    """Floating-point operations of the dense gated FFN on ``tokens`` tokens of a layer of ``shape`` ``(hidden_size,
+    intermediate_size)``: its three GEMMs, 2 x tokens x d x F each (the unit of ``DispatchPolicy.eager_min_flops``)."""
+    return 6 * int(tokens) * int(shape[0]) * int(shape[1])
+
+
 @dataclass(frozen=True)
 class DispatchPolicy:
     """Decides per call whether a sparse gated FFN runs the TwELL kernels or the dense path.
@@ -592,7 +598,7 @@ class DispatchPolicy:
         None: ``eager_min_tokens`` alone); 0 when no floor applies."""
         floor = self.eager_min_tokens
         if self.eager_min_flops and shape is not None:
-            work_per_token = 6 * int(shape[0]) * int(shape[1])
+            work_per_token = dense_ffn_flops(1, shape)
             if work_per_token > 0:
                 floor = max(floor, math.ceil(self.eager_min_flops / work_per_token))
         return floor

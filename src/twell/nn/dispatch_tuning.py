@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .dispatch import DispatchTable
+from .dispatch import DispatchTable, dense_ffn_flops
 
 __all__ = ["DEFAULT_MIN_SPEEDUP", "TuningPoint", "derive_decode_table", "derive_eager_floor", "derive_eager_min_flops",
            "derive_table"]
@@ -187,7 +187,6 @@ def derive_eager_min_flops(outcomes: Iterable[tuple[int, int, int, bool]]) -> fl
         for name, v in (("hidden_size", h), ("intermediate_size", f), ("tokens", tokens)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        return 6 * tokens * h * f, lost
+        return dense_ffn_flops(tokens, (h, f)), lost
 
     return float(derive_eager_floor(work_of(o) for o in outcomes))
-

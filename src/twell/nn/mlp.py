@@ -65,7 +65,7 @@ from ..ops._runtime import BACKENDS, cuda_capability, resolve_backend
 from ..ops.active_count import mean_active_per_token
 from ..ops.decode import launch_decode_ffn
 from ..ops.hot_cold import launch_hot_cold_ffn
-from ..ops.hot_cold_plan import fused_gate_tile, plan_weight_copies
+from ..ops.hot_cold_plan import HotColdPlan, fused_gate_tile, plan_weight_copies
 from ..ops.hot_cold_training import HotUnits, choose_training_hot_units, twell_gated_ffn_l1_hot_cold
 from ..ops.inference import PRECISIONS, TRITON_TILES, _check_triton_dtype
 from ..ops.training import twell_gated_ffn_l1
@@ -755,12 +755,17 @@ class SparseGatedMLP(nn.Module):
     def _choose_hot_set(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         """The hot units chosen from ``x`` [M, d] and the plan built (what a sparse call does on a refresh call), where
         the layer runs the hot/cold split."""
-        w_gate, w_up, w_down = weights
-        prep = self._prepare_sparse(w_gate, w_up, w_down)
+        prep = self._prepare_sparse(*weights)
         if prep.hot_cold:
-            self._hot_cold.refresh(x, w_gate, w_up, w_down, tile=self.tile, capacity=prep.capacity)
-            self._hot_cold.plan(w_gate, w_up, w_down, key=prep.generation,
-                                fused_tile=fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device))
+            self._hot_cold.refresh(x, *weights, tile=self.tile, capacity=prep.capacity)
+            self._current_plan(x, weights, prep)
+
+    def _current_plan(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                      prep: _SparsePrep) -> HotColdPlan | None:
+        """The hot/cold plan of the chosen hot units for the current weights, in the fused gate's layout where the
+        kernel takes calls like ``x`` (built once per change of the weights or the set; None without hot units)."""
+        return self._hot_cold.plan(*weights, key=prep.generation,
+                                   fused_tile=fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device))
 
     def _use_sparse(self, n_tokens: int, device: torch.device | str, eager: bool = False) -> bool:
         """Whether a call of ``n_tokens`` tokens on ``device`` takes a sparse path (small-batch kernels or TwELL);
@@ -817,8 +822,7 @@ class SparseGatedMLP(nn.Module):
             # Hot units re-chosen on refresh calls only (the choice synchronises with the host).
             if self._state.refresh_now or not self._hot_cold.chosen:
                 self._hot_cold.refresh(x, w_gate, w_up, w_down, tile=self.tile, capacity=prep.capacity)
-            plan = self._hot_cold.plan(w_gate, w_up, w_down, key=prep.generation,
-                                       fused_tile=fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device))
+            plan = self._current_plan(x, (w_gate, w_up, w_down), prep)
         w_down_t = self._buffers["_wd_unit_major"]  # current: _prepare_sparse rebuilt it if Wd changed
         if w_down_t is None or prep.key is None:
             w_down_t = self.w_down_unit_major()
