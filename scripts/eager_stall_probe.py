@@ -1,0 +1,116 @@
+"""Why the 1.5B model's eager forward at 8192 tokens ran slower than both its host and its GPU on the H200 machine
+(session 44, ``eager_floor_probe_callverify_session44.json``: the tables alone 53.7 ms a forward at 8192 tokens
+against 36.8 at 4096 and 66.6 at 16,384; dense 42.1 ms; an eager layer alone at 8192 tokens 1.08x of dense in
+``dispatch_eager_2048x5632_calleagertune_session44.json``).
+
+For each token count: the median wall-clock forward of the dense and the sparse set (the tables without the eager
+floor), then one sparse forward under ``torch.profiler`` whose host-side CUDA runtime calls that can stall the host
+(stream/device/event synchronise, cudaMalloc, cudaFree, memcpy device-to-host) are counted with their total time,
+and the caching allocator's counters (``num_alloc_retries``, cudaMalloc and cudaFree counts) before and after the
+timed forwards.  A stall that grows with the token count shows as a synchronising call or an allocator retry.
+
+    PYTHONPATH=src:scripts python3 scripts/eager_stall_probe.py --out $OUT/run            # GPU machine, ~1-2 min
+    PYTHONPATH=src python3 scripts/eager_stall_probe.py --device cpu --tiny               # CPU smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from twell.bench.model_measure import time_interleaved
+from twell.bench.model_setup import DEFAULT_L0, prepare
+from twell.bench.model_sparsity import SparsityTarget
+
+STALL_MARKERS = ("Synchronize", "cudaMalloc", "cudaFree", "Memcpy", "cudaEventQuery", "cuMemAlloc", "cuMemFree")
+
+
+def allocator_counters(device: torch.device) -> dict[str, int]:
+    """The caching allocator's counters that reveal cudaMalloc / cudaFree traffic (empty on the CPU)."""
+    if device.type != "cuda":
+        return {}
+    s = torch.cuda.memory_stats(device)
+    keys = ("num_alloc_retries", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+    return {k: int(s.get(k, 0)) for k in keys}
+
+
+def stall_events(fn, device: torch.device) -> list[dict]:
+    """The host-side runtime calls of one ``fn()`` whose names mark a possible stall, with count and total us."""
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts) as prof:
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    rows = []
+    for ev in prof.key_averages():
+        if any(m in ev.key for m in STALL_MARKERS):
+            rows.append({"name": ev.key, "count": int(ev.count), "cpu_us": float(ev.cpu_time_total)})
+    return sorted(rows, key=lambda r: -r["cpu_us"])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, nargs="+", default=[4096, 6144, 8192, 12288, 16384])
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--policy", default="tables")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--device", default=None)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    preset, tokens, seq, policy = "1.5b", sorted(set(a.tokens)), a.seq, a.policy
+    if a.tiny:
+        preset, tokens, seq, policy = "tiny", [16, 32, 64], 32, "always-sparse"
+    for n in tokens:
+        if n > seq and n % seq:
+            raise SystemExit(f"--tokens: above --seq {seq} each count must be a multiple of it; got {n}")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    n_seqs = max(1, max(tokens) // seq)
+    bench = prepare(preset, device=device, dtype=dtype, batch=n_seqs, seq=seq,
+                    target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=[policy],
+                    fused_norms=True, fused_rope=device.type == "cuda", fused_residual=True)
+    backbone = bench.model.model
+    sparse = f"sparse:{policy}"
+    rows = []
+    with torch.inference_mode():
+        for n in tokens:
+            ids = bench.tokens[:1, :n] if n <= seq else bench.tokens[: n // seq]
+
+            def call(name: str, ids: torch.Tensor = ids) -> None:
+                bench.sets.use(name)
+                backbone(input_ids=ids, use_cache=False)
+
+            before = allocator_counters(device)
+            t = time_interleaved({name: (lambda name=name: call(name)) for name in ("dense", sparse)},
+                                 device=device, warmup=a.warmup, reps=a.reps)
+            after = allocator_counters(device)
+            row = {"tokens": n, "errors": t.errors,
+                   "dense_ms": statistics.median(t.samples["dense"]) if t.samples["dense"] else None,
+                   "sparse_ms": statistics.median(t.samples[sparse]) if t.samples[sparse] else None,
+                   "sparse_samples_ms": t.samples[sparse],
+                   "allocator_delta": {k: after[k] - before.get(k, 0) for k in after},
+                   "stalls_sparse": stall_events(lambda: call(sparse), device),
+                   "stalls_dense": stall_events(lambda: call("dense"), device)}
+            rows.append(row)
+            stalls = ", ".join(f"{r['name']} x{r['count']} {r['cpu_us']:.0f} us" for r in row["stalls_sparse"][:5])
+            dstalls = ", ".join(f"{r['name']} x{r['count']} {r['cpu_us']:.0f} us" for r in row["stalls_dense"][:3])
+            print(f"tokens={n:6d} dense {row['dense_ms']:.3f} ms sparse {row['sparse_ms']:.3f} ms "
+                  f"samples {[round(s, 1) for s in row['sparse_samples_ms']]} alloc {row['allocator_delta']}\n"
+                  f"   sparse stalls: {stalls or 'none'}\n   dense stalls: {dstalls or 'none'}", flush=True)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eager_stall_probe.json").write_text(json.dumps({"preset": preset, "policy": policy, "rows": rows},
+                                                                indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
