@@ -34,7 +34,7 @@ from twell.bench.probe import probe_device, probe_parser, run_points
 from twell.bench.shape_arg import parse_shape
 from twell.bench.timing import SLEEP_CYCLES_PER_MS, synchronize, time_ms
 from twell.format.twell import DEFAULT_TILE
-from twell.nn import DispatchPolicy, SparseGatedMLP
+from twell.nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP
 from twell.ops.hot_cold_plan import build_hot_cold_plan, choose_hot_units, unit_frequency
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
@@ -149,11 +149,20 @@ def _warm_layer(m: int, l0: float, d: int, f: int, dev: torch.device, **kw: obje
     return p, mlp
 
 
+def _layer_kwargs(dev: torch.device, *, sparse_off_cuda: bool) -> dict:
+    """The layer's policy: on CUDA the default tables without the eager floor (since session 43 the default runs an
+    eager call dense below 8192 tokens at 2048 x 5632, and this script times the sparse call's host work: session 44's
+    A/B at 1024 tokens found no plan); off CUDA (the smoke tests) with ``sparse_off_cuda`` the Triton path under the
+    interpreter, sparse whatever the size, else the default."""
+    if dev.type == "cuda":
+        return {"policy": DEFAULT_POLICY.without_eager_floor()}
+    return {"backend": "triton", "policy": DispatchPolicy.always_sparse()} if sparse_off_cuda else {}
+
+
 def ab_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int, rounds: int) -> None:
     """The module's and the op's host time a call, shipped against :func:`launch_path`'s before, alternating in this
     process round by round (separate processes on the GPU machine's host differed by more than the change)."""
-    # off CUDA (the smoke test) the Triton path under the interpreter, sparse whatever the size
-    kw = {} if dev.type == "cuda" else {"backend": "triton", "policy": DispatchPolicy.always_sparse()}
+    kw = _layer_kwargs(dev, sparse_off_cuda=True)
     p, mlp = _warm_layer(m, l0, d, f, dev, **kw)
     x, wg, wu, wd_t = p["x"], p["w_gate"], p["w_up"], p["w_down_t"]
     with torch.no_grad():
@@ -180,7 +189,7 @@ def ab_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int, r
 
 
 def probe_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int) -> None:
-    p, mlp = _warm_layer(m, l0, d, f, dev)
+    p, mlp = _warm_layer(m, l0, d, f, dev, **_layer_kwargs(dev, sparse_off_cuda=False))
     x, wg, wu, wd, wd_t = p["x"], p["w_gate"], p["w_up"], p["w_down"], p["w_down_t"]
     lin = torch.nn.functional.linear
     with torch.no_grad():
