@@ -7,7 +7,8 @@ For each token count: the median wall-clock forward of the dense and the sparse 
 floor), then one sparse forward under ``torch.profiler`` whose host-side CUDA runtime calls that can stall the host
 (stream/device/event synchronise, cudaMalloc, cudaFree, memcpy device-to-host) are counted with their total time,
 and the caching allocator's counters (``num_alloc_retries``, cudaMalloc and cudaFree counts) before and after the
-timed forwards.  A stall that grows with the token count shows as a synchronising call or an allocator retry.
+timed forwards; and the sparse set's forwards back to back, without the dense set's between them.  A stall that
+grows with the token count shows as a synchronising call or an allocator retry.
 
     PYTHONPATH=src:scripts python3 scripts/eager_stall_probe.py --out $OUT/run            # GPU machine, ~1-2 min
     PYTHONPATH=src python3 scripts/eager_stall_probe.py --device cpu --tiny               # CPU smoke test
@@ -92,10 +93,13 @@ def main() -> None:
             t = time_interleaved({name: (lambda name=name: call(name)) for name in ("dense", sparse)},
                                  device=device, warmup=a.warmup, reps=a.reps)
             after = allocator_counters(device)
+            # the sparse set alone, back to back: whether alternating with the dense set's buffers costs the sparse one
+            alone = time_interleaved({sparse: lambda: call(sparse)}, device=device, warmup=1, reps=a.reps)
             row = {"tokens": n, "errors": t.errors,
                    "dense_ms": statistics.median(t.samples["dense"]) if t.samples["dense"] else None,
                    "sparse_ms": statistics.median(t.samples[sparse]) if t.samples[sparse] else None,
                    "sparse_samples_ms": t.samples[sparse],
+                   "sparse_alone_ms": statistics.median(alone.samples[sparse]) if alone.samples[sparse] else None,
                    "allocator_delta": {k: after[k] - before.get(k, 0) for k in after},
                    "stalls_sparse": stall_events(lambda: call(sparse), device),
                    "stalls_dense": stall_events(lambda: call("dense"), device)}
@@ -103,7 +107,8 @@ def main() -> None:
             stalls = ", ".join(f"{r['name']} x{r['count']} {r['cpu_us']:.0f} us" for r in row["stalls_sparse"][:5])
             dstalls = ", ".join(f"{r['name']} x{r['count']} {r['cpu_us']:.0f} us" for r in row["stalls_dense"][:3])
             print(f"tokens={n:6d} dense {row['dense_ms']:.3f} ms sparse {row['sparse_ms']:.3f} ms "
-                  f"samples {[round(s, 1) for s in row['sparse_samples_ms']]} alloc {row['allocator_delta']}\n"
+                  f"(alone {row['sparse_alone_ms']:.3f} ms) samples {[round(s, 1) for s in row['sparse_samples_ms']]} "
+                  f"alloc {row['allocator_delta']}\n"
                   f"   sparse stalls: {stalls or 'none'}\n   dense stalls: {dstalls or 'none'}", flush=True)
     if a.out:
         out = Path(a.out)
