@@ -151,9 +151,9 @@ def _warm_layer(m: int, l0: float, d: int, f: int, dev: torch.device, **kw: obje
 
 def _layer_kwargs(dev: torch.device, *, sparse_off_cuda: bool) -> dict:
     """The layer's policy: on CUDA the default tables without the eager floor (since session 43 the default runs an
-    eager call dense below 8192 tokens at 2048 x 5632, and this script times the sparse call's host work: session 44's
-    A/B at 1024 tokens found no plan); off CUDA (the smoke tests) with ``sparse_off_cuda`` the Triton path under the
-    interpreter, sparse whatever the size, else the default."""
+    eager call dense below its floor, 8937 tokens at 2048 x 5632 since session 44, and this script times the sparse
+    call's host work: session 44's A/B at 1024 tokens found no plan); off CUDA (the smoke tests) with
+    ``sparse_off_cuda`` the Triton path under the interpreter, sparse whatever the size, else the default."""
     if dev.type == "cuda":
         return {"policy": DEFAULT_POLICY.without_eager_floor()}
     return {"backend": "triton", "policy": DispatchPolicy.always_sparse()} if sparse_off_cuda else {}

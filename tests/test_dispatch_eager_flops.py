@@ -1,9 +1,11 @@
 """``DispatchPolicy.eager_min_flops``: the eager floor in dense FFN work, the default's value and its provenance.
 
 The default policy sends eager calls whose dense FFN would take fewer than :data:`twell.nn.EAGER_MIN_FLOPS`
-floating-point operations dense; session 43's ``twell tune-dispatch --eager`` runs at five layer shapes on an H100
-(``bench_results/h100/dispatch_eager_*_session43.json``) are where that value comes from, and these tests derive it
-from them again.
+floating-point operations dense; the eager points measured so far are where that value comes from, and these tests
+derive it from them again: ``twell tune-dispatch --eager`` at five layer shapes on an H100 (session 43,
+``bench_results/h100/dispatch_eager_*_session43.json``) and at 2048 x 5632 on the H200 (session 44,
+``bench_results/h200/dispatch_eager_*_session44.json``), and the 1.5B model's eager forward under the tables without a
+floor on both machines (``scripts/eager_floor_probe.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,14 @@ from twell.nn.dispatch import HOPPER
 from twell.nn.dispatch_summary import inference_summary
 from twell.nn.dispatch_tuning import derive_eager_min_flops
 
-H100 = Path(__file__).resolve().parents[1] / "bench_results" / "h100"
-RUNS = sorted(H100.glob("dispatch_eager_*_session43.json"))
+RESULTS = Path(__file__).resolve().parents[1] / "bench_results"
+RUNS = (sorted(RESULTS.glob("h100/dispatch_eager_*_session43.json"))
+        + sorted(RESULTS.glob("h200/dispatch_eager_*_session44.json")))
+#: The model probe's runs and the policy in each that is the default tables without a floor (session 43 ran before the
+#: floor, so its "default" was the tables alone).
+MODEL_RUNS = ((RESULTS / "h100" / "eager_floor_probe_calleagerfwd_session43.json", "default"),
+              (RESULTS / "h200" / "eager_floor_probe_callverify_session44.json", "tables"))
+MODEL_SHAPE = (2048, 5632)  # the 1.5B preset's layers
 SPARSE_EVERYWHERE = {"table": ((0, 1.0),), "shapes": None}
 
 
@@ -74,8 +82,8 @@ def test_without_eager_floor_keeps_everything_else():
 
 def test_the_summary_tells_the_work_floor_and_its_tokens():
     text = inference_summary(DEFAULT_POLICY, "cuda", (9, 0))
-    assert text.endswith("; eager calls whose dense FFN would take fewer than 5.67e+11 FLOPs (eager_min_flops; in "
-                         "tokens 2048x5632: 8192, 4096x14336: 1610, 1024x3072: 30038) run dense")
+    assert text.endswith("; eager calls whose dense FFN would take fewer than 6.18e+11 FLOPs (eager_min_flops; in "
+                         "tokens 2048x5632: 8937, 4096x14336: 1756, 1024x3072: 32768) run dense")
     both = inference_summary(DispatchPolicy(eager_min_tokens=16, eager_min_flops=float(work(8192, (2048, 5632)))),
                              "cuda", (9, 0))
     assert "; eager calls of fewer than 16 tokens (eager_min_tokens) or whose dense FFN" in both
@@ -119,9 +127,9 @@ def _run(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _outcomes() -> list[tuple[int, int, int, bool]]:
-    """Every eagerly timed point of session 43's runs: lost where the default tables send it sparse on a Hopper
-    and its eager call ran slower than dense."""
+def _layer_outcomes() -> list[tuple[int, int, int, bool]]:
+    """Every eagerly timed layer point of the runs: lost where the default tables send it sparse on a Hopper and its
+    eager call ran slower than dense."""
     tables = DEFAULT_POLICY.without_eager_floor()
     out = []
     for path in RUNS:
@@ -132,19 +140,39 @@ def _outcomes() -> list[tuple[int, int, int, bool]]:
     return out
 
 
-def test_the_runs_are_session_43s_five_shapes_on_an_h100():
-    shapes = set()
+def _model_outcomes() -> list[tuple[int, int, int, bool]]:
+    """The model's eager forwards as points of its layer shape: one per token count at which the tables send a layer
+    sparse, lost where the forward ran slower than dense."""
+    out = []
+    for path, policy in MODEL_RUNS:
+        for r in _run(path)["rows"]:
+            if r[f"sparse:{policy}_sparse_layers"] > 0:
+                out.append((*MODEL_SHAPE, r["tokens"], r[f"sparse:{policy}_speedup"] < 1.0))
+    return out
+
+
+def _outcomes() -> list[tuple[int, int, int, bool]]:
+    return _layer_outcomes() + _model_outcomes()
+
+
+def test_the_runs_are_the_layer_tunes_and_model_probes_of_sessions_43_and_44():
+    shapes = {}
     for path in RUNS:
         meta = _run(path)["meta"]
-        assert meta["device"] == "NVIDIA H100 80GB HBM3"
         assert tuple(int(v) for v in meta["capability"].split(".")) in HOPPER
-        shapes.add(tuple(meta["shape"]))
-    assert shapes == {(1024, 3072), (2048, 5632), (4096, 14336), (5120, 13824), (896, 4864)}
+        shapes.setdefault(meta["device"], set()).add(tuple(meta["shape"]))
+    assert shapes == {"NVIDIA H100 80GB HBM3": {(1024, 3072), (2048, 5632), (4096, 14336), (5120, 13824), (896, 4864)},
+                      "NVIDIA H200": {(2048, 5632)}}
+    assert [_run(path)["device"] for path, _ in MODEL_RUNS] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert all(_run(path)["preset"] == "1.5b" for path, _ in MODEL_RUNS)
 
 
 def test_the_default_work_floor_is_what_the_runs_give():
     assert derive_eager_min_flops(_outcomes()) == EAGER_MIN_FLOPS == DEFAULT_POLICY.eager_min_flops
-    assert EAGER_MIN_FLOPS == work(8192, (2048, 5632))
+    assert EAGER_MIN_FLOPS == work(32768, (1024, 3072))
+    # the layer runs alone gave session 43's value, 8192 tokens at 2048 x 5632: the model's forward moved it
+    assert derive_eager_min_flops(_layer_outcomes()) == work(8192, MODEL_SHAPE)
+    assert DEFAULT_POLICY.eager_floor_tokens(MODEL_SHAPE) == 8937
 
 
 def test_above_the_floor_every_point_won_eagerly_and_each_shape_lost_below_it():
@@ -153,7 +181,8 @@ def test_above_the_floor_every_point_won_eagerly_and_each_shape_lost_below_it():
     for shape in {o[:2] for o in outcomes}:
         assert any(lost for d, f, m, lost in outcomes if (d, f) == shape and work(m, shape) < EAGER_MIN_FLOPS)
     largest_loss = max(work(m, (d, f)) for d, f, m, lost in outcomes if lost)
-    assert largest_loss == work(1024, (5120, 13824))
+    assert largest_loss == work(8192, MODEL_SHAPE)
+    assert (*MODEL_SHAPE, 8192, True) in _model_outcomes() and (*MODEL_SHAPE, 8192, True) not in _layer_outcomes()
 
 
 def test_the_readme_figures_are_the_runs():
@@ -172,10 +201,12 @@ def test_the_readme_figures_are_the_runs():
                 below_ms.append(r["eager_sparse_ms"])
     lost = [p[0] for p in below if p[0] < 1.0]
     won = sorted(p for p in below if p[0] >= 1.0)
-    assert [(round(s, 2), shape, m) for s, shape, m, _ in won] == [
+    assert [(round(s, 2), shape, m) for s, shape, m, _ in won if shape != MODEL_SHAPE] == [
         (1.08, (4096, 14336), 1024), (1.19, (896, 4864), 16384), (1.26, (896, 4864), 16384)]
+    at_8192 = [s for s, shape, m, _ in won if shape == MODEL_SHAPE]
+    assert len(at_8192) == 6 and {m for _, shape, m, _ in won if shape == MODEL_SHAPE} == {8192}
     assert f"took {min(below_ms):.3f}-{max(below_ms):.3f} ms whatever its size" in readme
-    assert f"ran {min(lost):.2f}-{max(lost):.2f}x of dense (three points won: 1.08x at 4096x14336 / 1024" in readme
+    assert f"ran {min(lost):.2f}-{max(lost):.2f}x of dense (nine points won: 1.08x at 4096x14336 / 1024" in readme
     assert "1.19x and 1.26x at 896x4864 / 16,384 tokens" in readme
+    assert f"{min(at_8192):.2f}-{max(at_8192):.2f}x at 2048x5632 / 8192 tokens on both machines" in readme
     assert f"from it, {min(p[0] for p in above):.2f}-{max(p[0] for p in above):.2f}x at every point" in readme
-

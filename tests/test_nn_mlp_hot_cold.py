@@ -225,7 +225,7 @@ def _warm_sparse_layer(seed: int, n_inputs: int, *, choose: bool) -> tuple[Spars
     """A default-policy bf16 layer of d=2048, F=5632 (synthetic weights, l0 28) after three eager calls of 4096 tokens
     (the first measures l0; with ``choose``, ``choose_hot_units`` on them after), and ``n_inputs`` batches of 4096
     tokens; sparse there by the H200 table, though the eager calls run dense: 4096 tokens is below the default's eager
-    floor at this shape (8192, ``DispatchPolicy.eager_floor_tokens``), the case these recipes are for."""
+    floor at this shape (8937 tokens, ``DispatchPolicy.eager_floor_tokens``), the case these recipes are for."""
     from twell.nn import DEFAULT_POLICY
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 

@@ -210,8 +210,8 @@ def test_from_derives_the_eager_floor_from_the_points_the_table_sends_sparse(tmp
     assert policy.use_sparse(1024, 0.005, shape=(2048, 5632))  # traced or graphed calls keep the table
     out = capsys.readouterr().out
     assert "eager_min_tokens=2048" in out and "in dense FFN work 6 x 2048 x 2048 x 5632 = 1.42e+11 FLOPs" in out
-    # the shipped default's floor at the shape, to compare with (twell.nn.EAGER_MIN_FLOPS: 8192 tokens here)
-    assert "the default policy's eager floor at 2048x5632: 8192 tokens (eager_min_flops 5.67e+11" in out
+    # the shipped default's floor at the shape, to compare with (twell.nn.EAGER_MIN_FLOPS: 8937 tokens here)
+    assert "the default policy's eager floor at 2048x5632: 8937 tokens (eager_min_flops 6.18e+11" in out
     # a lower bar: no eager call lost by it
     assert cli.main(["tune-dispatch", "--from", str(run), "--out", str(tmp_path), "--stem", "b",
                      "--eager-bar", "0.3"]) == 0

@@ -273,7 +273,8 @@ def eager_floor_text(floor: int, bar: float, *, d: int, f: int) -> str:
                 f"table); in dense FFN work 6 x {floor} x {d} x {f} = {dense_ffn_flops(floor, (d, f)):.3g} FLOPs")
     shipped = DEFAULT_POLICY.eager_floor_tokens((d, f))
     return (f"{head}\nthe default policy's eager floor at {d}x{f}: {shipped} tokens "
-            f"(eager_min_flops {DEFAULT_POLICY.eager_min_flops:.3g}, measured on an H100 machine's host)")
+            f"(eager_min_flops {DEFAULT_POLICY.eager_min_flops:.3g}, from layer and model runs on the H100 and H200 "
+            "machines' hosts)")
 
 
 def table_text(policy: DispatchPolicy) -> str:

@@ -411,8 +411,10 @@ class DispatchPolicy:
             session 43 measured the eager floor at five shapes on an H100 machine (``tune-dispatch --eager``, 0.5 %
             and 2 %: 2048 tokens at 4096 x 14336 and 5120 x 13824, 8192 at 2048 x 5632, 16,384 at 896 x 4864,
             32,768 at 1024 x 3072): pooled, every point over 4.35e11 such operations won eagerly, and each shape
-            lost at some point at or below it.  :data:`DEFAULT_POLICY` sets the next measured work above that loss,
-            5.67e11 (8192 tokens at 2048 x 5632; :func:`twell.nn.dispatch_tuning.derive_eager_min_flops`).  Applies
+            lost at some point at or below it; the 1.5B model's eager forward (2048 x 5632 layers) lost at 8192
+            tokens on both machines measured (0.98x and 0.78x; session 44).  :data:`DEFAULT_POLICY` sets the next
+            measured work above the largest loss, 6.18e11 (8937 tokens at 2048 x 5632; :data:`EAGER_MIN_FLOPS`,
+            :func:`twell.nn.dispatch_tuning.derive_eager_min_flops`).  Applies
             where the call's ``shape`` is known; the floor in tokens for a shape is :meth:`eager_floor_tokens`.
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
@@ -801,15 +803,19 @@ H200_BF16_DECODE_TABLES: tuple[tuple[tuple[int, int], DispatchTable], ...] = (
                      (33, 0.0022691))),
 )
 
-#: The default policy's floor for eager calls, in dense FFN work (``DispatchPolicy.eager_min_flops``): 6 x 8192 x 2048 x
-#: 5632, derived by ``dispatch_tuning.derive_eager_min_flops`` from session 43's ``twell tune-dispatch --eager`` runs at
-#: five shapes on an H100 80GB HBM3 machine (bench_results/h100/dispatch_eager_*_session43.json; the points the tables
-#: send sparse, a loss where the eager call ran slower than dense).  The largest losing work was 4.35e11 (5120 x 13824,
-#: 1024 tokens: 0.93x / 0.74x at 0.5 / 2 %), the next measured one 2048 x 5632 at 8192 tokens (1.10-1.35x).  In tokens:
-#: 8192 at 2048 x 5632, 1610 at 4096 x 14336, 30,038 at 1024 x 3072.  The 1.5B model's eager forward agreed: the
-#: probe put the floor of the default policy at 8192 tokens (0.977x there, 0.58-0.59x at 1024-4096 tokens without a
-#: floor; eager_floor_probe_calleagerfwd_session43.log).
-EAGER_MIN_FLOPS = 566_935_683_072.0
+#: The default policy's floor for eager calls, in dense FFN work (``DispatchPolicy.eager_min_flops``): 6 x 32768 x 1024
+#: x 3072, derived by ``dispatch_tuning.derive_eager_min_flops`` from the eager points measured so far, pooled (a loss
+#: where the eager call, or forward, ran slower than dense): ``twell tune-dispatch --eager`` at five shapes on an H100
+#: 80GB HBM3 machine (session 43) and at 2048 x 5632 on the H200 machine (session 44), the points the tables send
+#: sparse; and the 1.5B model's eager forward (2048 x 5632 layers) under the tables without a floor on both machines,
+#: a point per token count where they send a layer sparse (bench_results/h100/dispatch_eager_*_session43.json,
+#: bench_results/h200/dispatch_eager_*_session44.json, eager_floor_probe_calleagerfwd_session43.json,
+#: eager_floor_probe_callverify_session44.json).  The largest losing work is the model's forward at 8192 tokens (0.977x
+#: on the H100 machine, 0.784x on the H200's, though one eager layer there won 1.08x / 1.29x), the next measured one
+#: 1024 x 3072 at 32,768 tokens (1.20x / 1.29x on the H100 machine).  In tokens: 8937 at 2048 x 5632, 1756 at 4096 x
+#: 14336, 7490 at 1536 x 8960, 32,768 at 1024 x 3072.  Session 43's value, from the layer runs alone, was 6 x 8192 x
+#: 2048 x 5632 (5.67e11).
+EAGER_MIN_FLOPS = 618_475_290_624.0
 
 #: Compute capabilities of the GPUs the shipped tables hold for: Hopper (sm_90: H100, H200, GH200).  Measured on an
 #: H200; timed on an H100 80GB HBM3 in session 39 (bench_results/h100/): over three whole-grid runs at 2048x5632 and
