@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import triton
 
-from twell.bench.model_setup import DEFAULT_L0, PRESETS, BenchModel, prepare
+from twell.bench.model_setup import DEFAULT_L0, POLICIES, PRESETS, BenchModel, prepare
 from twell.bench.model_sparsity import SparsityTarget
 from twell.bench.probe import probe_device, probe_parser
 from twell.format.twell import default_capacity
@@ -133,6 +133,9 @@ def main() -> None:
     dtype, ids = bench.dtype, bench.tokens
     if a.tiny:
         hold_sparse(bench.sets.sets["sparse:default"])
+    else:  # these are eager calls: the default's eager floor (8937 tokens at 2048 x 5632) would send smaller ones dense
+        for mlp in bench.sets.sets["sparse:default"]:
+            mlp.policy = POLICIES["tables"]
     times = {}
     with torch.inference_mode():
         for name in ("dense", "sparse:default"):
