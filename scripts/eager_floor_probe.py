@@ -20,12 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from twell.bench.model_measure import time_interleaved
-from twell.bench.model_setup import DEFAULT_L0, POLICIES, prepare
+from twell.bench.model_setup import DEFAULT_L0, POLICIES, BenchModel, prepare
 from twell.bench.model_sparsity import SparsityTarget
 from twell.nn import SparseGatedMLP
 from twell.nn.dispatch_tuning import derive_eager_floor
@@ -38,6 +39,19 @@ def suggested_floor(points: list[dict], bar: float) -> int:
     (:func:`twell.nn.dispatch_tuning.derive_eager_floor`).  ``points``: dicts with ``tokens`` and ``speedup``, any
     order; a point without a speedup (a failed variant) counts as losing."""
     return derive_eager_floor((int(p["tokens"]), p.get("speedup") is None or p["speedup"] < bar) for p in points)
+
+
+def forward_of(bench: BenchModel, n: int, seq: int) -> Callable[[str], None]:
+    """``call(name)``: one eager forward of the model's backbone under the MLP set ``name`` on ``n`` tokens of the
+    benchmark batch (one sequence up to ``seq`` tokens, else ``n // seq`` whole sequences)."""
+    ids = bench.tokens[:1, :n] if n <= seq else bench.tokens[: n // seq]
+    backbone = bench.model.model
+
+    def call(name: str) -> None:
+        bench.sets.use(name)
+        backbone(input_ids=ids, use_cache=False)
+
+    return call
 
 
 def main() -> None:
@@ -71,17 +85,11 @@ def main() -> None:
     print(f"{preset}: built in {bench.seconds['build_s']:.1f} s, calibrated on {n_seqs} x {seq} tokens in "
           f"{bench.seconds['calibrate_s']:.1f} s; eager forwards, wall clock, {a.warmup} warm-up + {reps} reps",
           flush=True)
-    backbone = bench.model.model
     names = ["dense", *(f"sparse:{pol}" for pol in policies)]
     rows = []
     with torch.inference_mode():
         for n in tokens:
-            ids = bench.tokens[:1, :n] if n <= seq else bench.tokens[: n // seq]
-
-            def call(name: str, ids: torch.Tensor = ids) -> None:
-                bench.sets.use(name)
-                backbone(input_ids=ids, use_cache=False)
-
+            call = forward_of(bench, n, seq)
             t = time_interleaved({name: (lambda name=name: call(name)) for name in names}, device=device,
                                  warmup=a.warmup, reps=reps)
             row: dict = {"tokens": n, "errors": t.errors}

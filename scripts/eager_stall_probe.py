@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 
 import torch
+from eager_floor_probe import forward_of  # scripts/ (the script's own directory is on sys.path)
 
 from twell.bench.model_measure import time_interleaved
 from twell.bench.model_setup import DEFAULT_L0, prepare
@@ -78,17 +79,11 @@ def main() -> None:
     bench = prepare(preset, device=device, dtype=dtype, batch=n_seqs, seq=seq,
                     target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=[policy],
                     fused_norms=True, fused_rope=device.type == "cuda", fused_residual=True)
-    backbone = bench.model.model
     sparse = f"sparse:{policy}"
     rows = []
     with torch.inference_mode():
         for n in tokens:
-            ids = bench.tokens[:1, :n] if n <= seq else bench.tokens[: n // seq]
-
-            def call(name: str, ids: torch.Tensor = ids) -> None:
-                bench.sets.use(name)
-                backbone(input_ids=ids, use_cache=False)
-
+            call = forward_of(bench, n, seq)
             before = allocator_counters(device)
             t = time_interleaved({name: (lambda name=name: call(name)) for name in ("dense", sparse)},
                                  device=device, warmup=a.warmup, reps=a.reps)

@@ -48,6 +48,8 @@ PROBES = {
     "eager_floor_probe.py": ((), "", ["tokens=    64 | dense ", "sparse:always-sparse_sparse_layers 2",
                                       "eager floor for 'default' at bar 0.95: eager_min_tokens = ",
                                       "eager floor for 'always-sparse' at bar 0.95"]),
+    # each token count's forwards timed interleaved and alone, and both sets profiled
+    "eager_stall_probe.py": ((), "", ["tokens=    64 dense ", "(alone ", "sparse stalls: ", "dense stalls: "]),
 }
 
 
