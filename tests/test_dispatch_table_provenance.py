@@ -101,8 +101,8 @@ def test_the_default_policy_applies_every_shipped_table_to_its_shape():
 
 def test_shipped_decode_tables_follow_the_committed_tune_decode_runs():
     """Each decode table is ``derive_decode_table`` of its shape's newest committed run (``twell tune-decode``,
-    ``decode_<shape>_session<N>_a.json``: sessions 34-35), limits rounded up in the 7th decimal, so a newer run
-    committed without its table fails here."""
+    ``decode_<shape>_session<N>_a.json``: session 44's since 9b6a7be), limits rounded up in the 7th decimal, so a
+    newer run committed without its table fails here."""
     assert DEFAULT_POLICY.decode_tables == H200_BF16_DECODE_TABLES and H200_BF16_DECODE_TABLES
     for (d, f), shipped in H200_BF16_DECODE_TABLES:
         runs = {int(r.name.removesuffix("_a.json").rsplit("_session", 1)[1]): r
