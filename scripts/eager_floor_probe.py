@@ -41,6 +41,19 @@ def suggested_floor(points: list[dict], bar: float) -> int:
     return derive_eager_floor((int(p["tokens"]), p.get("speedup") is None or p["speedup"] < bar) for p in points)
 
 
+def probe_model(preset: str, device: torch.device, tokens: list[int], seq: int, policies: list[str]) -> BenchModel:
+    """The preset built and calibrated once on as many ``seq``-token sequences as the largest count needs, with the
+    headline's fused norms, rotary and residual adds, and a sparse set per policy (bf16 on CUDA, fp32 elsewhere);
+    each count must be >= 1 and, above ``seq``, a multiple of it (:func:`forward_of` takes whole sequences there)."""
+    for n in tokens:
+        if n < 1 or (n > seq and n % seq):
+            raise SystemExit(f"--tokens: each count must be >= 1 and, above --seq {seq}, a multiple of it; got {n}")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    return prepare(preset, device=device, dtype=dtype, batch=max(1, max(tokens) // seq), seq=seq,
+                   target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=policies,
+                   fused_norms=True, fused_rope=device.type == "cuda", fused_residual=True)
+
+
 def forward_of(bench: BenchModel, n: int, seq: int) -> Callable[[str], None]:
     """``call(name)``: one eager forward of the model's backbone under the MLP set ``name`` on ``n`` tokens of the
     benchmark batch (one sequence up to ``seq`` tokens, else ``n // seq`` whole sequences)."""
@@ -72,14 +85,8 @@ def main() -> None:
     preset, tokens, seq, reps, policies = a.preset, sorted(set(a.tokens)), a.seq, a.reps, a.policies
     if a.tiny:  # on the CPU the default policy runs dense: always-sparse exercises the sparse path
         preset, tokens, seq, reps, policies = "tiny", [8, 32, 64], 32, 2, ["default", "always-sparse"]
-    for n in tokens:
-        if n < 1 or (n > seq and n % seq):
-            raise SystemExit(f"--tokens: each count must be >= 1 and, above --seq {seq}, a multiple of it; got {n}")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    n_seqs = max(1, max(tokens) // seq)
-    bench = prepare(preset, device=device, dtype=dtype, batch=n_seqs, seq=seq,
-                    target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=policies,
-                    fused_norms=True, fused_rope=device.type == "cuda", fused_residual=True)
+    bench = probe_model(preset, device, tokens, seq, policies)
+    n_seqs = bench.tokens.shape[0]
     if device.type == "cuda":
         print(torch.cuda.get_device_name(device), "torch", torch.__version__, flush=True)
     print(f"{preset}: built in {bench.seconds['build_s']:.1f} s, calibrated on {n_seqs} x {seq} tokens in "

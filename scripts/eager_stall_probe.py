@@ -22,11 +22,9 @@ import statistics
 from pathlib import Path
 
 import torch
-from eager_floor_probe import forward_of  # scripts/ (the script's own directory is on sys.path)
+from eager_floor_probe import forward_of, probe_model  # scripts/ (the script's own directory is on sys.path)
 
 from twell.bench.model_measure import time_interleaved
-from twell.bench.model_setup import DEFAULT_L0, prepare
-from twell.bench.model_sparsity import SparsityTarget
 
 STALL_MARKERS = ("Synchronize", "cudaMalloc", "cudaFree", "Memcpy", "cudaEventQuery", "cuMemAlloc", "cuMemFree")
 
@@ -71,14 +69,7 @@ def main() -> None:
     preset, tokens, seq, policy = "1.5b", sorted(set(a.tokens)), a.seq, a.policy
     if a.tiny:
         preset, tokens, seq, policy = "tiny", [16, 32, 64], 32, "always-sparse"
-    for n in tokens:
-        if n > seq and n % seq:
-            raise SystemExit(f"--tokens: above --seq {seq} each count must be a multiple of it; got {n}")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    n_seqs = max(1, max(tokens) // seq)
-    bench = prepare(preset, device=device, dtype=dtype, batch=n_seqs, seq=seq,
-                    target=SparsityTarget(mean_l0=DEFAULT_L0[preset]), policies=[policy],
-                    fused_norms=True, fused_rope=device.type == "cuda", fused_residual=True)
+    bench = probe_model(preset, device, tokens, seq, [policy])
     sparse = f"sparse:{policy}"
     rows = []
     with torch.inference_mode():
