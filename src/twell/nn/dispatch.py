@@ -407,15 +407,10 @@ class DispatchPolicy:
             would take fewer floating-point operations than this (``6 * tokens * hidden_size *
             intermediate_size``, its three GEMMs) take the dense path; 0 sets none.  An eager sparse call costs its
             host's issuing (0.46-0.90 ms whatever its size in session 43) until the GPU work outgrows it, and the
-            dense FFN's time grows with this product, so the break-even token count falls as the layer grows:
-            session 43 measured the eager floor at five shapes on an H100 machine (``tune-dispatch --eager``, 0.5 %
-            and 2 %: 2048 tokens at 4096 x 14336 and 5120 x 13824, 8192 at 2048 x 5632, 16,384 at 896 x 4864,
-            32,768 at 1024 x 3072): pooled, every point over 4.35e11 such operations won eagerly, and each shape
-            lost at some point at or below it; the 1.5B model's eager forward (2048 x 5632 layers) lost at 8192
-            tokens on both machines measured (0.98x and 0.78x; session 44).  :data:`DEFAULT_POLICY` sets the next
-            measured work above the largest loss, 6.18e11 (8937 tokens at 2048 x 5632; :data:`EAGER_MIN_FLOPS`,
-            :func:`twell.nn.dispatch_tuning.derive_eager_min_flops`).  Applies
-            where the call's ``shape`` is known; the floor in tokens for a shape is :meth:`eager_floor_tokens`.
+            dense FFN's time grows with this product, so the break-even token count falls as the layer grows.
+            :data:`DEFAULT_POLICY` sets :data:`EAGER_MIN_FLOPS` (6.18e11, 8937 tokens at 2048 x 5632), derived from
+            the layer and model runs its comment names.  Applies where the call's ``shape`` is known; the floor in
+            tokens for a shape is :meth:`eager_floor_tokens`.
 
     The policy is a frozen (hashable) value object so that many layers can share one instance and a
     decision never depends on hidden state: ``use_sparse`` is a pure function of its arguments.
