@@ -8,7 +8,6 @@ sparsity (about 8 active units of 176 per token), so the kernels see a realistic
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -17,10 +16,11 @@ import torch
 
 pytest.importorskip("transformers", reason="twell.models needs the hf extra")
 
+from _helpers import count_sparse_calls  # noqa: E402
+
 from twell.bench import model as bench_model  # noqa: E402
 from twell.bench.model_setup import prepare  # noqa: E402
 from twell.bench.model_sparsity import SparsityTarget  # noqa: E402
-from twell.nn import SparseGatedMLP  # noqa: E402
 from twell.ops._runtime import resolve_backend  # noqa: E402
 from twell.tolerances import REL_TOL  # noqa: E402
 
@@ -31,20 +31,6 @@ CUDA = torch.device("cuda")
 def _bench(dtype: torch.dtype, batch: int = 4, seq: int = 64):  # noqa: ANN202 - a BenchModel
     return prepare("tiny", device=CUDA, dtype=dtype, batch=batch, seq=seq, target=SparsityTarget(mean_l0=8.0),
                    policies=("always-sparse",))
-
-
-def _record_sparse_token_counts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Make every call of the sparse path append its token count M to the returned list."""
-    seen: list[int] = []
-    sparse_path = SparseGatedMLP._ffn_sparse
-
-    @functools.wraps(sparse_path)
-    def recorded(self: SparseGatedMLP, x: torch.Tensor, *args: object) -> torch.Tensor:
-        seen.append(x.shape[0])
-        return sparse_path(self, x, *args)
-
-    monkeypatch.setattr(SparseGatedMLP, "_ffn_sparse", recorded)
-    return seen
 
 
 def _divergence(bench, dense: torch.Tensor, sparse: torch.Tensor, prompt_len: int) -> str:  # noqa: ANN001
@@ -64,7 +50,7 @@ def test_greedy_generate_identical_dense_vs_sparse(dtype: torch.dtype, monkeypat
     bench = _bench(dtype)
     mlps = bench.sets.sets["sparse:always-sparse"]
     assert all(resolve_backend(m.backend, CUDA) == "triton" for m in mlps)
-    seen = _record_sparse_token_counts(monkeypatch)
+    seen = count_sparse_calls(monkeypatch)
     prompt_len, new = 16, 24
     prompt = bench.tokens[:, :prompt_len].contiguous()
     kw = {"attention_mask": torch.ones_like(prompt), "max_new_tokens": new, "min_new_tokens": new,

@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("transformers", reason="twell.models needs the hf extra")
 pytest.importorskip("safetensors", reason="twell.models needs the hf extra")
 import torch.nn.functional as F  # noqa: E402
-from _helpers import TINY_ARCH, TINY_TWELL, check_gradient_checkpointing  # noqa: E402
+from _helpers import TINY_ARCH, TINY_TWELL, check_gradient_checkpointing, count_sparse_calls  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import (  # noqa: E402
     AutoConfig,
@@ -256,14 +256,7 @@ def test_generate_with_sparse_path_forced(monkeypatch: pytest.MonkeyPatch) -> No
     model = _twell_model("llama", torch.float64).eval()
     dense = _dense_twin(model, "llama").eval()
     assert tm.set_dispatch_policy(model, DispatchPolicy.always_sparse()) == ARCH["num_hidden_layers"]
-    calls = {"sparse": 0}
-    original = SparseGatedMLP._ffn_sparse
-
-    def counting(self: SparseGatedMLP, x: torch.Tensor, *args: object) -> torch.Tensor:
-        calls["sparse"] += 1
-        return original(self, x, *args)
-
-    monkeypatch.setattr(SparseGatedMLP, "_ffn_sparse", counting)
+    calls = count_sparse_calls(monkeypatch)
     ids = _ids(2, 5)
     kw = {"max_new_tokens": 6, "do_sample": False, "use_cache": True, "pad_token_id": 0}
     with torch.no_grad():
@@ -272,7 +265,7 @@ def test_generate_with_sparse_path_forced(monkeypatch: pytest.MonkeyPatch) -> No
         torch.testing.assert_close(model(got).logits, dense(got).logits)
     assert torch.equal(got, want)
     # Prefill + one call per new token after it, in each layer.
-    assert calls["sparse"] >= ARCH["num_hidden_layers"] * kw["max_new_tokens"]
+    assert len(calls) >= ARCH["num_hidden_layers"] * kw["max_new_tokens"]
     with pytest.raises(TypeError, match="DispatchPolicy"):
         tm.set_dispatch_policy(model, "sparse")
 
