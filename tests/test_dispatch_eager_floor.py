@@ -1,6 +1,7 @@
 """The eager floor (``DispatchPolicy.eager_min_tokens``; ``eager_min_flops`` too where the module and policy files are
-concerned): eager calls below the floor run dense; traced, static-dispatch and recorded calls, and calls at or above
-the floor, follow the tables; the floor is validated, stored in policy files and told by the summary."""
+concerned): eager calls below the floor run dense, and so do calls traced by torch.compile outside ``static_dispatch``;
+static-dispatch and recorded calls, and calls at or above the floor, follow the tables; the floor is validated, stored
+in policy files and told by the summary."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def test_the_module_runs_eager_calls_below_the_floor_dense(monkeypatch, floor):
     assert calls == [16, 40, 3]  # 1 and 15 tokens took the dense path
 
 
-def test_traced_calls_are_not_eager(monkeypatch):
+def test_static_dispatch_calls_are_not_eager(monkeypatch):
     """Inside ``static_dispatch`` (what recording a CUDA graph needs) the layer asks the policy without ``eager``, so
     the floor does not apply there."""
     layer = _layer(eager_min_tokens=16)
@@ -125,3 +126,40 @@ def test_traced_calls_are_not_eager(monkeypatch):
             out = layer(x)
     assert asked == [(4, False)]
     assert rel_error(out, layer.to_dense()(x)) <= REL_TOL[torch.float64]
+
+
+def _compiled_graph(layer: SparseGatedMLP, x: torch.Tensor, *,
+                    inside_static_dispatch: bool) -> tuple[str, torch.Tensor]:
+    """The graph torch.compile traces for ``layer(x)`` (a recording backend that runs it as traced) and its output."""
+    import contextlib
+
+    graphs: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]):  # noqa: ANN202 - the compiled callable
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend=backend)
+    with torch.no_grad(), static_dispatch() if inside_static_dispatch else contextlib.nullcontext():
+        out = compiled(x)
+    assert len(graphs) == 1, graphs
+    return graphs[0], out
+
+
+@pytest.mark.parametrize("floor", FLOORS_OF_16, ids=["tokens", "flops"])
+def test_compiled_calls_are_eager_outside_static_dispatch(floor):
+    """A graph compiled without CUDA graphs issues its launches from the host like eager code (session 45: the 1.5B
+    backbone under inductor's default mode at 4096 tokens ran 0.794x of compiled dense with the tables alone), so a
+    call traced outside ``static_dispatch`` below the floor runs dense; traced inside (the recipe for
+    ``mode="reduce-overhead"``) or at the floor, it follows the table."""
+    layer = _layer(**floor)
+    dense = layer.to_dense().eval()
+    with torch.no_grad():
+        layer(torch.randn(4, 32, dtype=torch.float64))  # an eager call sets the l0 estimate the traced path reads
+    for m, inside, sparse in [(4, False, False), (4, True, True), (15, False, False), (16, False, True)]:
+        x = torch.randn(m, 32, dtype=torch.float64)
+        graph, out = _compiled_graph(layer, x, inside_static_dispatch=inside)
+        assert ("sparse_gated_ffn_unchecked" in graph) == sparse, (m, inside, graph)
+        assert rel_error(out, dense(x)) <= REL_TOL[torch.float64]
+    torch._dynamo.reset()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from twell.nn import DispatchPolicy, SparseGatedMLP
+from twell.nn import DispatchPolicy, SparseGatedMLP, static_dispatch
 from twell.reference.inference import dense_gated_ffn
 from twell.tolerances import L0_ABS_TOL_FP32, REL_TOL, rel_error
 
@@ -83,7 +83,6 @@ def test_below_the_floor_a_static_dispatch_call_outside_a_capture_chooses_the_ho
     """Eager calls below the floor run dense and choose no hot units; the recorded-call recipe's warm-up call inside
     ``static_dispatch`` (outside the capture) chooses them, and it and later such calls run the hot/cold split the
     tables were measured with."""
-    from twell.nn import static_dispatch
 
     layer = _floored_layer()
     seen = _spy_ops(monkeypatch)
@@ -100,9 +99,10 @@ def test_below_the_floor_a_static_dispatch_call_outside_a_capture_chooses_the_ho
 
 
 def test_a_compiled_call_without_a_chosen_hot_set_runs_dense_until_choose_hot_units():
-    """Traced by torch.compile, a layer whose hot units no call has chosen runs the dense FFN (not the plain TwELL op
-    the tables were not measured with, and no choice, which would synchronise); after ``choose_hot_units`` the
-    compiled call runs the split."""
+    """Traced by torch.compile inside ``static_dispatch`` (the recipe for recorded graphs; outside it the call is below
+    the eager floor and runs dense anyway), a layer whose hot units no call has chosen runs the dense FFN (not the
+    plain TwELL op the tables were not measured with, and no choice, which would synchronise); after
+    ``choose_hot_units`` the compiled call runs the split."""
     layer = _floored_layer()
     x = _x(40, seed=8)
     graphs: list[str] = []
@@ -115,12 +115,14 @@ def test_a_compiled_call_without_a_chosen_hot_set_runs_dense_until_choose_hot_un
     with torch.no_grad():
         layer(x)  # eager, below the floor: dense, sets the l0 estimate
         compiled = torch.compile(layer, backend=backend)
-        out = compiled(x)
+        with static_dispatch():
+            out = compiled(x)
         assert not layer._hot_cold.chosen and "twell" not in graphs[-1]
         assert rel_error(out, _want(layer, x)) <= REL_TOL[torch.float32]
         layer.choose_hot_units(x.reshape(2, 20, 32))  # any leading shape
         assert layer._hot_cold.n_hot == 64
-        out = compiled(x)
+        with static_dispatch():
+            out = compiled(x)
     assert "hot_cold_gated_ffn_unchecked" in graphs[-1]
     assert rel_error(out, _want(layer, x)) <= REL_TOL[torch.float32]
 
@@ -253,7 +255,6 @@ def test_gpu_call_recorded_in_a_cuda_graph_under_static_dispatch():
     tokens are copied into the recorded input gives the eager layer's output for them."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from twell.nn import static_dispatch
 
     mlp, (x, x_new) = _warm_sparse_layer(seed=11, n_inputs=2, choose=False)
     with torch.no_grad():
@@ -277,16 +278,19 @@ def test_gpu_call_recorded_in_a_cuda_graph_under_static_dispatch():
 @pytest.mark.gpu
 def test_gpu_reduce_overhead_compile_matches_eager():
     """The other recipe for such a caller: the layer under ``torch.compile(mode="reduce-overhead")`` (inductor's CUDA
-    graphs) after the same eager calls; new inputs each call, as the recorded graph copies them in."""
+    graphs) after the same eager calls, traced and run inside ``static_dispatch`` (outside it a traced call below the
+    eager floor counts as eager and runs dense); new inputs each call, as the recorded graph copies them in."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+
     layer, xs = _warm_sparse_layer(seed=17, n_inputs=4, choose=True)
     torch._dynamo.reset()
     with torch.no_grad():
         wants = [layer(x) for x in xs]
         compiled = torch.compile(layer, mode="reduce-overhead")
-        for _ in range(2):  # inductor's first calls warm up, later ones replay the recorded graph
-            for x, want in zip(xs, wants, strict=True):
-                got = compiled(x).clone()  # a replay's output is overwritten by the next replay
-                assert not bool(torch.isnan(got).any())
-                assert rel_error(got, want) <= REL_TOL[torch.bfloat16]
+        with static_dispatch():
+            for _ in range(2):  # inductor's first calls warm up, later ones replay the recorded graph
+                for x, want in zip(xs, wants, strict=True):
+                    got = compiled(x).clone()  # a replay's output is overwritten by the next replay
+                    assert not bool(torch.isnan(got).any())
+                    assert rel_error(got, want) <= REL_TOL[torch.bfloat16]

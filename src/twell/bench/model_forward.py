@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..nn import SparseGatedMLP, static_dispatch
+from ..nn import SparseGatedMLP
 from ..tolerances import MODEL_DENSE_ERROR_FACTOR, within_tolerance
 from .model_energy import EnergyMeter
 from .model_measure import (
@@ -100,25 +100,11 @@ def _store_timings(result: dict[str, Any], names: list[str], timings: Timings, n
 def _time_compiled(bench: BenchModel, ids: torch.Tensor, runnable: list[str], result: dict[str, Any],
                    cfg: ForwardConfig, log: Callable[[str], None]) -> None:
     """``compiled_ms``, ``compiled_speedup`` (vs the compiled dense backbone) and ``compiled_rel_l2_vs_eager``
-    per variant: the backbone under torch.compile (inductor; ``aot_eager`` off CUDA, for tests); and
-    ``compiled_hot_set_layers``, the sparse layers with a hot set when the compiled calls ran.
-
-    Each sparse set first makes the README's warm-up call for compiled layers: one eager forward inside
-    :func:`~twell.nn.static_dispatch`, which chooses the hot units of the layers whose eager calls ran dense below the
-    policy's eager floor (a traced call of a layer with none runs dense).  Without it (session 45, H100 machine, the
-    1.5B model at 8192 tokens, ``model_forward_b4_session45.json``) the default's compiled forward read 0.998x of the
-    compiled dense one while the tables alone, whose eager calls had chosen them, read 1.070x."""
+    per variant: the backbone under torch.compile (inductor; ``aot_eager`` off CUDA, for tests)."""
     backbone = bench.model.model
     backend = compile_backend(bench.device)
     compiled = torch.compile(backbone, backend=backend)
     names = [n for n in runnable if "error" not in result["variants"][n]]
-    for name in names:
-        mlps = bench.sets.use(name)
-        if any(isinstance(m, SparseGatedMLP) for m in mlps):
-            with static_dispatch():
-                backbone(input_ids=ids, use_cache=False)
-            result["variants"][name]["compiled_hot_set_layers"] = [
-                i for i, m in enumerate(mlps) if isinstance(m, SparseGatedMLP) and m._hot_cold.chosen]
     log(f"forward: timing {', '.join(names)} compiled ({backend}; {cfg.reps} reps, one variant after another)")
 
     def call(name: str) -> Callable[[], torch.Tensor]:

@@ -396,9 +396,12 @@ class DispatchPolicy:
             and built for sm_75 the gate kernel's epilogue spills 31,108 bytes a thread
             (bench_results/offline_pre_hopper/compile_check_sm75_session37.json).  Other GPUs measure their own
             table with ``twell tune-dispatch``.
-        eager_min_tokens: eager calls (``eager=True``: issued one by one from Python, neither traced by
-            torch.compile, inside :func:`twell.nn.static_dispatch`, nor recorded in a CUDA graph) of fewer tokens
-            take the dense path; 0 (the default) sets no floor.  The tables are timed with the host ahead of the
+        eager_min_tokens: eager calls (``eager=True``: whose launches the host issues one call at a time, eagerly
+            or from a graph traced by torch.compile outside :func:`twell.nn.static_dispatch`; neither inside that
+            context nor recorded in a CUDA graph) of fewer tokens take the dense path; 0 (the default) sets no
+            floor.  Compiled calls count since session 45: the 1.5B backbone in inductor's default mode at 4096
+            tokens ran 0.794x of compiled dense with the tables alone (H100 machine,
+            bench_results/h100/model_forward_b2_session45.json).  The tables are timed with the host ahead of the
             GPU, as in a model whose host runs ahead; a caller whose host is the bottleneck pays each call's host
             time instead, where the hot/cold op's 442-957 us stand against the dense chain's 76-119 us (H100 host,
             session 40, bench_results/h200/session40_runs.md), so below some token count such a caller gains from
@@ -496,8 +499,9 @@ class DispatchPolicy:
 
     def without_eager_floor(self) -> DispatchPolicy:
         """This policy with no floor for eager calls (``eager_min_tokens`` and ``eager_min_flops`` 0): its tables
-        decide eager calls as they decide traced and graphed ones.  For timing the tables with the GPU held (the
-        benchmarks), or for eager code whose host keeps ahead of the GPU anyway."""
+        decide eager and compiled calls as they decide graphed ones (and calls inside
+        :func:`twell.nn.static_dispatch`).  For timing the tables with the GPU held (the benchmarks), or for eager
+        code whose host keeps ahead of the GPU anyway."""
         return replace(self, eager_min_tokens=0, eager_min_flops=0.0)
 
     # ------------------------------------------------------------------ decision

@@ -115,6 +115,8 @@ def static_dispatch(*, unit_major_down: bool = False) -> Iterator[None]:
     capture, and a replay repeats the recorded kernels whatever the Python would decide);
     :func:`twell.generation.greedy_decode` records its decode step inside it.  Run ordinary (eager)
     calls first, e.g. the prompt's forward, so that the estimates exist.  Training calls are unaffected.
+    The policy's eager floor does not apply inside it; a call traced by torch.compile outside it counts as eager,
+    so trace a graph that will be recorded (``mode="reduce-overhead"``) inside this context.
 
     ``unit_major_down``: small-batch (decode) calls read the layer's cached unit-major Wd^T
     (:meth:`SparseGatedMLP.w_down_unit_major`) instead of the ``.t()`` view of the weight, so that the
@@ -532,7 +534,9 @@ class SparseGatedMLP(nn.Module):
         copies the split needs are built in the graph from the current weights every call, ~26 MB at
         d=2048, F=5632 against the ~9 ms FFN at 131,072 tokens, so they can never be stale the way a
         cached copy could after a weight update that no guard sees); else the TwELL op.  Each takes a
-        Wd^T copy per call."""
+        Wd^T copy per call.  Traced outside :func:`static_dispatch`, the policy's eager floor applies (a compiled
+        graph issues its launches from the host unless CUDA graphs record it): trace inside ``static_dispatch`` for
+        calls that will be recorded (``torch.compile(mode="reduce-overhead")``)."""
         w_gate, w_up, w_down = weights
         m = x.numel() // self.hidden_size
         device_type = x.device.type
@@ -544,14 +548,21 @@ class SparseGatedMLP(nn.Module):
             return _dense_ffn(x, *weights, residual)[0]
         x2 = x.reshape(m, self.hidden_size)
         density = density_of(estimate, self.intermediate_size)
-        if policy.use_decode(m, density=density, device_type=device_type, shape=shape, capability=capability):
+        # Traced by torch.compile outside static_dispatch, the call is eager for the policy's floor: a compiled graph
+        # without CUDA graphs still issues every launch from the host (session 45, H100 machine, the 1.5B backbone in
+        # inductor's default mode at 4096 tokens, the tables alone: 36.17 ms against compiled dense's 28.71, 0.794x,
+        # bench_results/h100/model_forward_b2_session45.json).  Inside static_dispatch (recorded CUDA graphs, and what
+        # torch.compile(mode="reduce-overhead") should trace inside) the tables apply.
+        eager = not _STATIC_DISPATCH.depth
+        if policy.use_decode(m, density=density, device_type=device_type, shape=shape, capability=capability,
+                             eager=eager):
             w_down_t = w_down.t()
             if _STATIC_DISPATCH.unit_major_down and self._buffers["_wd_unit_major"] is not None:
                 w_down_t = self._buffers["_wd_unit_major"]  # refreshed by the caller (see static_dispatch)
             out, _ = torch.ops.twell.decode_gated_ffn_unchecked(x2, w_gate, w_up, w_down_t, self.precision,
                                                                 backend)
             return out.view(x.shape) if residual is None else residual + out.view(x.shape)
-        if policy.use_sparse(m, density, device_type=device_type, shape=shape, capability=capability):
+        if policy.use_sparse(m, density, device_type=device_type, shape=shape, capability=capability, eager=eager):
             capacity = self.capacity or default_capacity(self.tile)
             plan = self._hot_cold._plan
             split = self.hot_cold and self.precision == "match" and backend == "triton"
@@ -736,9 +747,10 @@ class SparseGatedMLP(nn.Module):
         """Choose the hot units from the tokens ``x`` ``[..., hidden_size]`` and build the hot/cold plan now, as an
         eager sparse call does on its refresh calls.
 
-        For a layer whose calls will be compiled (``torch.compile``) while its eager calls run dense, below the
-        policy's eager floor (``DispatchPolicy.eager_floor_tokens``): a traced call finds no hot set there and runs
-        dense.  (A call inside :func:`static_dispatch` outside a CUDA graph capture chooses them itself.)  Pass
+        For a layer whose calls will be compiled and recorded (``torch.compile(mode="reduce-overhead")`` traced inside
+        :func:`static_dispatch`) while its eager calls run dense, below the policy's eager floor
+        (``DispatchPolicy.eager_floor_tokens``): a traced call finds no hot set there and runs dense.  (A call inside
+        :func:`static_dispatch` outside a CUDA graph capture and outside torch.compile chooses them itself.)  Pass
         tokens like those the layer will see, ideally as many as its calls: the hot set depends on the call size.
         Synchronises with the host.  Does nothing where the layer does not run the split (``hot_cold`` off,
         ``precision="fp32"``, the torch backend, or weights that are inference tensors)."""
