@@ -50,6 +50,10 @@ PROBES = {
                                       "eager floor for 'always-sparse' at bar 0.95"]),
     # each token count's forwards timed interleaved and alone, and both sets profiled
     "eager_stall_probe.py": ((), "", ["tokens=    64 dense ", "(alone ", "sparse stalls: ", "dense stalls: "]),
+    # per token count both sets' layers' host and GPU time, the wall clock with the refresh on and off, the launches;
+    # then the sparse forward's cProfile
+    "model_host_time.py": ((), "", ["tokens=    16 | dense layers host ", "(refresh on ", "sparse layers host ",
+                                    "cProfile of one sparse forward at 32 tokens", "_ffn_sparse"]),
 }
 
 
