@@ -1,6 +1,6 @@
 # Sourced by the per-session GPU call scripts (scripts/gpu_sessionNN_callK.sh) and scripts/gpu_all.sh: the lines
 # every call began with (sessions 22-26 copied them), a stage under a time limit that prints its log's key lines, the probe's
-# "did variant A beat B" test, and the packing of $OUT/run into one archive.  Usage, in a call script:
+# "did variant A beat B" test, a forward JSON's summary, and the packing of $OUT/run into one archive.  Usage, in a call script:
 #   . "$(dirname "$0")/gpu_call_lib.sh"; call_begin session27 1; ...; call_end
 # A stage that times a variant of a shipped constant runs the CLI through scripts/twell_patched.py:
 #   stage NAME LIMIT PATTERN python3 scripts/twell_patched.py --set twell.ops.hot_cold_plan.HOT_MAX_COLD_L0=6.0 -- ARGS
@@ -48,6 +48,19 @@ for line in open(log):
         break
 else:
     print(0)
+PY
+}
+
+forward_summary() {  # twell bench model's forward JSON: each variant's eager and compiled figures, one line each
+  python3 - "$1" <<'PY'
+import json, sys
+try:
+    variants = json.load(open(sys.argv[1]))["meta"]["parts"]["forward"]["result"]["variants"]
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"no forward JSON: {e}")
+for name, v in variants.items():
+    print("compiled", name, "eager ms", v.get("ms"), "speedup", v.get("speedup"), "compiled ms", v.get("compiled_ms"),
+          "compiled speedup", v.get("compiled_speedup"), "error", v.get("error"))
 PY
 }
 

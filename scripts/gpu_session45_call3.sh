@@ -10,25 +10,11 @@
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session45}" 3
 nvidia-smi --query-gpu=name --format=csv,noheader
-summary() {  # the JSON's eager and compiled figures per variant
-  python3 - "$1" <<'PY'
-import json, sys
-try:
-    variants = json.load(open(sys.argv[1]))["meta"]["parts"]["forward"]["result"]["variants"]
-except (OSError, ValueError, KeyError) as e:
-    sys.exit(f"no forward JSON: {e}")
-for name, v in variants.items():
-    hot = v.get("compiled_hot_set_layers")
-    print("compiled", name, "eager ms", v.get("ms"), "speedup", v.get("speedup"), "compiled ms", v.get("compiled_ms"),
-          "compiled speedup", v.get("compiled_speedup"), "hot-set layers", None if hot is None else len(hot),
-          "error", v.get("error"))
-PY
-}
 for b in 4 2; do
   pol=default,tables; [ "$b" = 2 ] && pol=default
   stage "model_forward_b$b" "$(left $((b == 4 ? 300 : 560)))" "^\| forward|^total|Error" python3 -m twell.cli bench \
     model --preset 1.5b --parts forward --batch "$b" --fused-norms --fused-residual --forward-policies "$pol" \
     --forward-compile --out "$R" --stem "model_forward_b${b}_${S}"
-  summary "$R/model_forward_b${b}_${S}.json"
+  forward_summary "$R/model_forward_b${b}_${S}.json"
 done
 call_end

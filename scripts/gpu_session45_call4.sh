@@ -14,14 +14,5 @@ stage pytest_gpu_recipes "$(left 200)" "passed|failed|FAILED|Error" python3 -m p
 stage model_forward_b2 "$(left 420)" "^\| forward|^total|Error" python3 -m twell.cli bench model --preset 1.5b \
   --parts forward --batch 2 --fused-norms --fused-residual --forward-policies default --forward-compile \
   --out "$R" --stem "model_forward_b2_after_${S}"
-python3 - "$R/model_forward_b2_after_${S}.json" <<'PY'
-import json, sys
-try:
-    variants = json.load(open(sys.argv[1]))["meta"]["parts"]["forward"]["result"]["variants"]
-except (OSError, ValueError, KeyError) as e:
-    sys.exit(f"no forward JSON: {e}")
-for name, v in variants.items():
-    print("compiled", name, "eager ms", v.get("ms"), "speedup", v.get("speedup"), "compiled ms", v.get("compiled_ms"),
-          "compiled speedup", v.get("compiled_speedup"), "error", v.get("error"))
-PY
+forward_summary "$R/model_forward_b2_after_${S}.json"
 call_end
