@@ -138,6 +138,44 @@ def test_compiled_forward_times_every_variant(tmp_path: Path) -> None:
     assert fwd["dense"]["compiled_speedup"] == 1.0
 
 
+def test_reduce_overhead_forward_warms_each_sparse_set_up_and_calls_inside_static_dispatch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--forward-compile-mode reduce-overhead (inductor's CUDA graphs on the GPU; the mode is ignored by aot_eager on
+    the CPU): a warm-up eager forward inside static_dispatch per sparse set, then every compiled call inside it."""
+    import contextlib
+
+    from twell.bench import model_forward
+    from twell.nn import static_dispatch
+
+    entered: list[str] = []
+
+    @contextlib.contextmanager
+    def counted() -> object:
+        entered.append("static_dispatch")
+        with static_dispatch():
+            yield
+
+    monkeypatch.setattr(model_forward, "static_dispatch", counted)
+    data = _run_small_fp32(tmp_path, "forward", "--forward-compile", "--forward-compile-mode", "reduce-overhead",
+                           "--forward-policies", "default")
+    result = data["meta"]["parts"]["forward"]["result"]
+    assert result["compile_mode"] == "reduce-overhead"
+    fwd = result["variants"]
+    assert set(fwd) == {"dense", "sparse:default"}
+    for name, v in fwd.items():
+        assert v["compiled_ms"] > 0 and len(v["compiled_ms_samples"]) == 1, name
+        assert v["compiled_rel_l2_vs_eager"] < REL_TOL[torch.float32], name
+    # one warm-up (the sparse set), then per variant three untimed calls and one timed: 1 + 2 x (3 + 1)
+    assert len(entered) == 9
+
+
+def test_a_bad_compile_mode_is_refused_by_name() -> None:
+    from twell.bench.model_forward import ForwardConfig
+
+    with pytest.raises(ValueError, match="compile_mode must be one of default, reduce-overhead; got 'fast'"):
+        ForwardConfig(compile_mode="fast")
+
+
 def test_compiled_training_step_runs_both_variants(tmp_path: Path) -> None:
     train = _run_small_fp32(tmp_path, "train", "--train-compile")["meta"]["parts"]["train"]["result"]["variants"]
     for name, v in train.items():
@@ -267,6 +305,11 @@ def test_bad_arguments_are_refused() -> None:
         bench_model.main(["--preset", "tiny", "--forward-policies", "fastest"])
     with pytest.raises(SystemExit):
         bench_model.main(["--preset", "tiny", "--parts", "decode", "--decode-compile"])
+    with pytest.raises(SystemExit):
+        bench_model.main(["--preset", "tiny", "--parts", "forward", "--forward-compile-mode", "reduce-overhead"])
+    with pytest.raises(SystemExit):
+        bench_model.main(["--preset", "tiny", "--parts", "forward", "--forward-compile", "--forward-compile-mode",
+                          "max-autotune"])
 
 
 def test_divergence_diagnostic_reports_first_position_and_dense_logit_gap() -> None:

@@ -52,7 +52,7 @@ from ..nn.rope import rotary_fused
 from ..ops import hot_cold_plan
 from .environment import environment
 from .model_decode import DecodeConfig, run_decode
-from .model_forward import ForwardConfig, run_forward
+from .model_forward import COMPILE_MODES, ForwardConfig, run_forward
 from .model_measure import describe_error
 from .model_report import part_rows, plot_layers, summary_table
 from .model_setup import DEFAULT_L0, POLICIES, PRESETS, BenchModel, prepare
@@ -117,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="profile one more forward per variant (CUDA): its largest kernels, kernel vs wall time")
     g.add_argument("--forward-compile", action="store_true",
                    help="also time every variant's backbone under torch.compile (one variant after another)")
+    g.add_argument("--forward-compile-mode", choices=COMPILE_MODES, default="default",
+                   help="torch.compile mode of --forward-compile; reduce-overhead (CUDA graphs) traces and calls the "
+                        "variants inside twell.nn.static_dispatch")
     g = p.add_argument_group("train")
     g.add_argument("--train-batch", type=int, default=8, help="sequences per training step")
     g.add_argument("--train-impl", choices=["hot-cold", "auto", "triton", "sparse-reference"], default=None,
@@ -174,6 +177,9 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if a.new_tokens < 1 or any(b < 1 for b in a.decode_batches):
         p.error("--new-tokens and --decode-batches must be >= 1")
+    if a.forward_compile_mode != "default" and not a.forward_compile:
+        p.error(f"--forward-compile-mode {a.forward_compile_mode} sets the mode of --forward-compile; add "
+                "--forward-compile")
     if a.decode_compile and a.decode_loop != "graphed":
         p.error("--decode-compile compiles the step of --decode-loop graphed; add --decode-loop graphed")
 
@@ -222,7 +228,7 @@ def _run_part(part: str, bench: BenchModel, a: argparse.Namespace, log: _Log,
     if part == "forward":
         cfg = ForwardConfig(warmup=a.warmup, reps=a.reps, energy_seconds=a.energy_seconds,
                             check_seqs=a.check_seqs, policies=a.forward_policies, profile=a.forward_profile,
-                            compile=a.forward_compile)
+                            compile=a.forward_compile, compile_mode=a.forward_compile_mode)
         return run_forward(bench, cfg, log, update)
     if part == "decode":
         cfg = DecodeConfig(batches=a.decode_batches, prompt_len=a.prompt_len, new_tokens=a.new_tokens,

@@ -147,8 +147,9 @@ def compile_backend(device: torch.device) -> str:
     return "inductor" if device.type == "cuda" else "aot_eager"
 
 
-def time_compiled_variants(fns: dict[str, Callable[[], Any]], device: torch.device, reps: int) -> Timings:
-    """All reps of one variant, then the next, each after a dynamo reset and one untimed warm-up call.
+def time_compiled_variants(fns: dict[str, Callable[[], Any]], device: torch.device, reps: int,
+                           warmup: int = 1) -> Timings:
+    """All reps of one variant, then the next, each after a dynamo reset and ``warmup`` untimed calls.
 
     For compiled variants of one model whose MLP modules are swapped (``bench.sets.use``): a compiled
     step guards on those modules, so interleaving variants recompiled it at every swap (the first
@@ -157,7 +158,7 @@ def time_compiled_variants(fns: dict[str, Callable[[], Any]], device: torch.devi
     out = Timings(samples={name: [] for name in fns})
     for name, fn in fns.items():
         torch._dynamo.reset()
-        one = time_interleaved({name: fn}, device=device, warmup=1, reps=reps)
+        one = time_interleaved({name: fn}, device=device, warmup=warmup, reps=reps)
         out.samples[name] = one.samples.get(name, [])
         if name in one.last:
             out.last[name] = one.last[name]
