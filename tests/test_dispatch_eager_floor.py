@@ -163,3 +163,28 @@ def test_compiled_calls_are_eager_outside_static_dispatch(floor):
         assert ("sparse_gated_ffn_unchecked" in graph) == sparse, (m, inside, graph)
         assert rel_error(out, dense(x)) <= REL_TOL[torch.float64]
     torch._dynamo.reset()
+
+
+def test_one_compiled_layer_follows_static_dispatch_in_and_out_without_a_reset():
+    """dynamo guards the traced decision on ``static_dispatch``'s depth: the same compiled layer gets a second graph
+    inside it (sparse below the floor) and goes back to the first outside (dense), with no reset between."""
+    layer = _layer(eager_min_tokens=16)
+    x = torch.randn(4, 32, dtype=torch.float64)
+    graphs: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]):  # noqa: ANN202 - the compiled callable
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        layer(x)  # an eager call sets the l0 estimate
+        compiled = torch.compile(layer, backend=backend)
+        outs = [compiled(x)]
+        with static_dispatch():
+            outs.append(compiled(x))
+        outs.append(compiled(x))
+    torch._dynamo.reset()
+    assert ["sparse_gated_ffn_unchecked" in g for g in graphs] == [False, True]
+    want = layer.to_dense()(x)
+    assert all(rel_error(out, want) <= REL_TOL[torch.float64] for out in outs)
