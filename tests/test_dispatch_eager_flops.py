@@ -82,11 +82,13 @@ def test_without_eager_floor_keeps_everything_else():
 
 def test_the_summary_tells_the_work_floor_and_its_tokens():
     text = inference_summary(DEFAULT_POLICY, "cuda", (9, 0))
-    assert text.endswith("; eager calls whose dense FFN would take fewer than 6.18e+11 FLOPs (eager_min_flops; in "
+    assert text.endswith("; eager calls (also those compiled outside static_dispatch) whose dense FFN would take fewer "
+                         "than 6.18e+11 FLOPs (eager_min_flops; in "
                          "tokens 2048x5632: 8937, 4096x14336: 1756, 1024x3072: 32768) run dense")
     both = inference_summary(DispatchPolicy(eager_min_tokens=16, eager_min_flops=float(work(8192, (2048, 5632)))),
                              "cuda", (9, 0))
-    assert "; eager calls of fewer than 16 tokens (eager_min_tokens) or whose dense FFN" in both
+    assert ("; eager calls (also those compiled outside static_dispatch) of fewer than 16 tokens "
+            "(eager_min_tokens) or whose dense FFN") in both
 
 
 def test_the_benchmarks_time_the_tables_without_the_floor():

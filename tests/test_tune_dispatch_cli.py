@@ -207,7 +207,7 @@ def test_from_derives_the_eager_floor_from_the_points_the_table_sends_sparse(tmp
     policy = load_policy(tmp_path / "a_policy.json")
     assert policy.table == ((512, 0.005),) and policy.eager_min_tokens == 2048
     assert not policy.use_sparse(1024, 0.005, shape=(2048, 5632), eager=True)
-    assert policy.use_sparse(1024, 0.005, shape=(2048, 5632))  # traced or graphed calls keep the table
+    assert policy.use_sparse(1024, 0.005, shape=(2048, 5632))  # calls not eager keep the table
     out = capsys.readouterr().out
     assert "eager_min_tokens=2048" in out and "in dense FFN work 6 x 2048 x 2048 x 5632 = 1.42e+11 FLOPs" in out
     # the shipped default's floor at the shape, to compare with (twell.nn.EAGER_MIN_FLOPS: 8937 tokens here)

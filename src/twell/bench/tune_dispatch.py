@@ -269,7 +269,8 @@ def eager_floor_text(floor: int, bar: float, *, d: int, f: int) -> str:
         head = f"eager calls: none the table sends sparse fell below {bar:g}x of dense; no floor (eager_min_tokens=0)"
     else:
         head = (f"eager calls: one the table sends sparse fell below {bar:g}x of dense under {floor} tokens; "
-                f"eager_min_tokens={floor} (eager calls of fewer tokens run dense; traced or graphed calls keep the "
+                f"eager_min_tokens={floor} (eager calls of fewer tokens run dense, and calls compiled outside "
+                f"static_dispatch; graphed calls and calls inside static_dispatch keep the "
                 f"table); in dense FFN work 6 x {floor} x {d} x {f} = {dense_ffn_flops(floor, (d, f)):.3g} FLOPs")
     shipped = DEFAULT_POLICY.eager_floor_tokens((d, f))
     return (f"{head}\nthe default policy's eager floor at {d}x{f}: {shipped} tokens "

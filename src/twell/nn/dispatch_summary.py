@@ -69,7 +69,9 @@ def _eager_floor_text(policy: DispatchPolicy) -> str:
         floors = ", ".join(f"{d}x{f}: {policy.eager_floor_tokens((d, f))}" for d, f in _FLOOR_EXAMPLES)
         parts.append(f"whose dense FFN would take fewer than {policy.eager_min_flops:.3g} FLOPs (eager_min_flops; "
                      f"in tokens {floors})")
-    return f"; eager calls {' or '.join(parts)} run dense" if parts else ""
+    if not parts:
+        return ""
+    return f"; eager calls (also those compiled outside static_dispatch) {' or '.join(parts)} run dense"
 
 
 #: Layer shapes whose eager floor in tokens the summary names: the paper's, a 7-8B model's and a 0.6B model's.
