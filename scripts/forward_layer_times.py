@@ -27,6 +27,7 @@ import triton
 from twell.bench.model_setup import DEFAULT_L0, POLICIES, PRESETS, BenchModel, prepare
 from twell.bench.model_sparsity import SparsityTarget
 from twell.bench.probe import probe_device, probe_parser
+from twell.bench.timing import SLEEP_CYCLES_PER_MS
 from twell.format.twell import default_capacity
 from twell.nn import DispatchPolicy, SparseGatedMLP, hot_cold_cache
 
@@ -49,12 +50,20 @@ def _elapsed_ms(a: object, b: object) -> float:
 
 
 def layer_times(model: torch.nn.Module, mlps: list[torch.nn.Module], ids: torch.Tensor, reps: int,
-                dev: torch.device) -> list[float]:
-    """Median ms of each layer's MLP call over ``reps`` forwards of ``model.model`` on ``ids``."""
+                dev: torch.device, *, first_layer: torch.nn.Module | None = None, hold_ms: float = 0.0) -> list[float]:
+    """Median ms of each layer's MLP call over ``reps`` forwards of ``model.model`` on ``ids``.
+
+    ``hold_ms`` (CUDA, with ``first_layer``, the first decoder layer): the GPU spins that long as the first layer
+    starts, so the forward's kernels queue behind it while the host issues them and each span is GPU time alone.
+    Without it a span includes the host's issuing wherever the host falls behind (session 45, H100 machine: every
+    sparse layer 1.05-2.07 ms at 8192 tokens, 0.93 on average at 16,384, ``bench_results/h100/session45_runs.md``)."""
     stamp = _stamp(dev)
     marks: list[list[tuple[object, object]]] = [[] for _ in mlps]
     starts: dict[int, object] = {}
     handles = []
+    if hold_ms > 0 and first_layer is not None and dev.type == "cuda":
+        cycles = int(hold_ms * SLEEP_CYCLES_PER_MS)
+        handles.append(first_layer.register_forward_pre_hook(lambda _m, _a: torch.cuda._sleep(cycles)))
     for i, mlp in enumerate(mlps):
         handles.append(mlp.register_forward_pre_hook(lambda _m, _a, i=i: starts.__setitem__(i, stamp())))
         handles.append(mlp.register_forward_hook(lambda _m, _a, _o, i=i: marks[i].append((starts[i], stamp()))))
@@ -120,6 +129,10 @@ def main() -> None:
     ap = probe_parser(__doc__)
     add_model_args(ap)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--hold-ms", type=float, default=150.0,
+                    help="GPU hold as the first decoder layer starts (CUDA; 0: none, spans then include host time): "
+                         "longer than the host takes to issue one forward (32-43 ms sparse at 4096-16,384 tokens on "
+                         "the H100 machine's host, session 45)")
     ap.add_argument("--no-dense-rows", action="store_true",
                     help="every overflowing row in the row kernel (hot_cold_cache.DENSE_OVERFLOW_ROWS off)")
     a = ap.parse_args()
@@ -142,9 +155,11 @@ def main() -> None:
             mlps = bench.sets.use(name)
             for _ in range(2):  # the sparse set's first call measures l0 (dense path), the second builds plans
                 bench.model.model(input_ids=ids, use_cache=False)
-            times[name] = layer_times(bench.model, mlps, ids, reps, dev)
+            times[name] = layer_times(bench.model, mlps, ids, reps, dev, first_layer=bench.sets.layers[0],
+                                      hold_ms=a.hold_ms)
         sparse = bench.sets.use("sparse:default")
-        print(f"{preset}, {batch} x {seq} tokens, {dtype}; per layer: dense ms, sparse ms, dense / sparse, "
+        hold = f"GPU held {a.hold_ms:g} ms at the first layer" if a.hold_ms > 0 and dev.type == "cuda" else "no hold"
+        print(f"{preset}, {batch} x {seq} tokens, {dtype}, {hold}; per layer: dense ms, sparse ms, dense / sparse, "
               f"the sparse layer's hot units, overflowing cold tiles and dense-row budget (last call; dense rows "
               f"{'on' if hot_cold_cache.DENSE_OVERFLOW_ROWS else 'off'})", flush=True)
         for i, (t_d, t_s) in enumerate(zip(times["dense"], times["sparse:default"], strict=True)):
