@@ -122,3 +122,14 @@ def count_sparse_calls(monkeypatch) -> list[int]:  # noqa: ANN001
     monkeypatch.setattr(SparseGatedMLP, "_ffn_sparse", spy)
     return calls
 
+
+
+def recording_backend(graphs: list[str]):  # noqa: ANN201 - dynamo's backend callable
+    """A ``torch.compile`` backend that appends each traced graph's Python code to ``graphs`` and runs the graph as
+    traced (what a test reads to see which ops a compiled call took)."""
+
+    def backend(gm, example_inputs):  # noqa: ANN001, ANN202 - dynamo's backend signature
+        graphs.append(gm.code)
+        return gm.forward
+
+    return backend

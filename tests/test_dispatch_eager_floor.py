@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import count_sparse_calls
+from _helpers import count_sparse_calls, recording_backend
 
 from twell.nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, load_policy, save_policy, static_dispatch
 from twell.nn.dispatch_file import policy_from_dict, policy_to_dict
@@ -131,17 +131,13 @@ def test_static_dispatch_calls_are_not_eager(monkeypatch):
 
 def _compiled_graph(layer: SparseGatedMLP, x: torch.Tensor, *,
                     inside_static_dispatch: bool) -> tuple[str, torch.Tensor]:
-    """The graph torch.compile traces for ``layer(x)`` (a recording backend that runs it as traced) and its output."""
+    """The code of the graph torch.compile traces for ``layer(x)`` (run as traced) and its output."""
     import contextlib
 
     graphs: list[str] = []
 
-    def backend(gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]):  # noqa: ANN202 - the compiled callable
-        graphs.append(str(gm.graph))
-        return gm.forward
-
     torch._dynamo.reset()
-    compiled = torch.compile(layer, backend=backend)
+    compiled = torch.compile(layer, backend=recording_backend(graphs))
     with torch.no_grad(), static_dispatch() if inside_static_dispatch else contextlib.nullcontext():
         out = compiled(x)
     assert len(graphs) == 1, graphs
@@ -173,14 +169,10 @@ def test_one_compiled_layer_follows_static_dispatch_in_and_out_without_a_reset()
     x = torch.randn(4, 32, dtype=torch.float64)
     graphs: list[str] = []
 
-    def backend(gm: torch.fx.GraphModule, _inputs: list[torch.Tensor]):  # noqa: ANN202 - the compiled callable
-        graphs.append(str(gm.graph))
-        return gm.forward
-
     torch._dynamo.reset()
     with torch.no_grad():
         layer(x)  # an eager call sets the l0 estimate
-        compiled = torch.compile(layer, backend=backend)
+        compiled = torch.compile(layer, backend=recording_backend(graphs))
         outs = [compiled(x)]
         with static_dispatch():
             outs.append(compiled(x))

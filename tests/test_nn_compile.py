@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _helpers import recording_backend
 from test_nn_mlp import FF, D, make_layer, make_x
 from torch._dynamo.utils import counters
 
@@ -117,12 +118,7 @@ def test_compiled_hot_cold_inference_builds_its_weight_copies_from_the_current_w
         plan = layer._hot_cold._plan
         assert plan is not None and plan.hot.numel() > 0 and plan.cold.numel() > 0
         graphs: list[str] = []
-
-        def backend(gm, example_inputs):  # noqa: ANN001, ANN202 - dynamo's backend signature
-            graphs.append(gm.code)
-            return gm.forward
-
-        compiled = torch.compile(layer, backend=backend)
+        compiled = torch.compile(layer, backend=recording_backend(graphs))
         assert torch.equal(compiled(x), want)
         assert len(graphs) == 1 and "hot_cold_gated_ffn_unchecked" in graphs[0]  # the split, traced
         for w in layer.parameters():

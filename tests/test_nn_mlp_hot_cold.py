@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _helpers import recording_backend
 
 from twell.nn import DispatchPolicy, SparseGatedMLP, static_dispatch
 from twell.reference.inference import dense_gated_ffn
@@ -107,14 +108,10 @@ def test_a_compiled_call_without_a_chosen_hot_set_runs_dense_until_choose_hot_un
     x = _x(40, seed=8)
     graphs: list[str] = []
 
-    def backend(gm, example_inputs):  # noqa: ANN001, ANN202 - dynamo's backend signature
-        graphs.append(gm.code)
-        return gm.forward
-
     torch._dynamo.reset()
     with torch.no_grad():
         layer(x)  # eager, below the floor: dense, sets the l0 estimate
-        compiled = torch.compile(layer, backend=backend)
+        compiled = torch.compile(layer, backend=recording_backend(graphs))
         with static_dispatch():
             out = compiled(x)
         assert not layer._hot_cold.chosen and "twell" not in graphs[-1]
