@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,8 +39,9 @@ def allocator_counters(device: torch.device) -> dict[str, int]:
     return {k: int(s.get(k, 0)) for k in keys}
 
 
-def stall_events(fn, device: torch.device) -> list[dict]:
-    """The host-side runtime calls of one ``fn()`` whose names mark a possible stall, with count and total us."""
+def profiled_calls(fn: Callable[[], object], device: torch.device, markers: tuple[str, ...]) -> list[dict]:
+    """The events of one ``fn()`` under ``torch.profiler`` whose names contain one of ``markers``, with count and total
+    host us, largest first."""
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -49,9 +51,14 @@ def stall_events(fn, device: torch.device) -> list[dict]:
             torch.cuda.synchronize(device)
     rows = []
     for ev in prof.key_averages():
-        if any(m in ev.key for m in STALL_MARKERS):
+        if any(m in ev.key for m in markers):
             rows.append({"name": ev.key, "count": int(ev.count), "cpu_us": float(ev.cpu_time_total)})
     return sorted(rows, key=lambda r: -r["cpu_us"])
+
+
+def stall_events(fn: Callable[[], object], device: torch.device) -> list[dict]:
+    """The host-side runtime calls of one ``fn()`` whose names mark a possible stall, with count and total us."""
+    return profiled_calls(fn, device, STALL_MARKERS)
 
 
 def main() -> None:

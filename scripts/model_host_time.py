@@ -30,7 +30,9 @@ from pathlib import Path
 
 import torch
 from eager_floor_probe import forward_of, probe_model  # scripts/ (the script's own directory is on sys.path)
+from eager_stall_probe import profiled_calls
 
+from twell.bench.model_measure import time_interleaved
 from twell.bench.timing import SLEEP_CYCLES_PER_MS, synchronize
 from twell.nn import SparseGatedMLP
 
@@ -77,25 +79,16 @@ def layers_host_and_gpu_ms(fn: Callable[[], object], first_layer: torch.nn.Modul
 
 
 def wall_ms(fn: Callable[[], object], dev: torch.device, samples: int) -> float:
-    out = []
-    for _ in range(samples):
-        synchronize(dev)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(dev)
-        out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
+    """Median wall-clock ms of ``samples`` calls ``fn()``, each between two synchronisations."""
+    t = time_interleaved({"forward": fn}, device=dev, warmup=0, reps=samples)
+    if t.errors:
+        raise RuntimeError(t.errors["forward"])
+    return statistics.median(t.samples["forward"])
 
 
 def launches(fn: Callable[[], object], dev: torch.device) -> int:
     """Kernel launches (runtime and driver API) of one ``fn()``, by ``torch.profiler``."""
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if dev.type == "cuda":
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=acts) as prof:
-        fn()
-        synchronize(dev)
-    return sum(int(ev.count) for ev in prof.key_averages() if "LaunchKernel" in ev.key)
+    return sum(r["count"] for r in profiled_calls(fn, dev, ("LaunchKernel",)))
 
 
 def profile_text(fn: Callable[[], object], first_layer: torch.nn.Module, dev: torch.device, top: int) -> str:
