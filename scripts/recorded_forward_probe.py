@@ -1,0 +1,147 @@
+"""Why the 1.5B backbone recorded under ``torch.compile(mode="reduce-overhead")`` ran slower sparse than dense.
+
+Session 46 (H100 machine, ``bench_results/h100/session46_runs.md``): the recorded backbone, traced and called inside
+``static_dispatch`` as the README's recipe says, took 35.45 ms sparse (the default policy's tables) against 27.90 ms
+dense at 4096 tokens (0.787x) and 50.11 vs 52.98 at 8192 (1.057x), while session 45's eager decoder layers took
+21.48 ms of GPU time sparse against 22.41 dense at 4096 tokens.  35.45 ms is what the host-bound compiled forward
+without CUDA graphs took in session 45 (36.17): either inductor skipped the CUDA graphs of the sparse graph (a graph
+break, a mutated input, a CPU tensor in the graph) or the traced sparse path does GPU work the eager one does not (the
+weight copies it builds every call).  This tells the two apart for each set: dynamo's graph breaks and inductor's
+CUDA-graph skips (counters, and the ``perf_hints`` log on stderr), the host ms to issue one call and the GPU ms of the
+call while ``torch.cuda._sleep`` holds the GPU ahead of it, the wall clock, the kernel and graph launches per call,
+and the kernels with the most device time.
+
+    PYTHONPATH=src:scripts python3 scripts/recorded_forward_probe.py --tokens 4096 8192 --out $OUT/run   # GPU
+    PYTHONPATH=src:scripts python3 scripts/recorded_forward_probe.py --device cpu --tiny                 # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from eager_floor_probe import probe_model  # scripts/ (the script's own directory is on sys.path)
+from eager_stall_probe import profiled_calls
+from torch._dynamo.utils import counters
+
+from twell.bench.model_measure import time_interleaved
+from twell.bench.timing import SLEEP_CYCLES_PER_MS, synchronize
+from twell.nn import SparseGatedMLP, static_dispatch
+
+#: GPU hold ahead of each held sample (ms): above the ~43 ms the slowest eager sparse forward took to issue on the
+#: H100 machine (session 45), so the queue never drains while one call is issued
+HOLD_MS = 100.0
+
+
+def held_call_ms(fn: Callable[[], object], dev: torch.device, samples: int) -> tuple[float, float | None]:
+    """Medians over ``samples`` calls of the host ms to issue ``fn()`` and (CUDA) its GPU ms, the GPU held ahead of
+    it so that the GPU clock counts the call's work alone, not the host's gaps."""
+    host, gpu = [], []
+    for _ in range(samples):
+        synchronize(dev)
+        start = end = None
+        if dev.type == "cuda":
+            torch.cuda._sleep(int(HOLD_MS * SLEEP_CYCLES_PER_MS))
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e3)
+        if start is not None and end is not None:
+            end.record()
+            synchronize(dev)
+            gpu.append(start.elapsed_time(end))
+    return statistics.median(host), (statistics.median(gpu) if gpu else None)
+
+
+def top_kernels(fn: Callable[[], object], dev: torch.device, top: int) -> list[dict]:
+    """The ``top`` kernels of one ``fn()`` by device time (CUDA only), with count and total us."""
+    if dev.type != "cuda":
+        return []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(dev)
+    rows = [{"name": ev.key[:90], "count": int(ev.count), "device_us": float(ev.self_device_time_total)}
+            for ev in prof.key_averages() if ev.self_device_time_total > 0]
+    return sorted(rows, key=lambda r: -r["device_us"])[:top]
+
+
+def compile_counters() -> dict[str, object]:
+    """Dynamo's graph breaks (reason -> count), its unique graphs and inductor's CUDA-graph skips since the last
+    ``counters.clear()``."""
+    return {"graph_breaks": dict(counters["graph_break"]), "unique_graphs": counters["stats"].get("unique_graphs", 0),
+            "cudagraph_skips": counters["inductor"].get("cudagraph_skips", 0)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192])
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--policy", default="default")
+    p.add_argument("--samples", type=int, default=7)
+    p.add_argument("--top", type=int, default=12)
+    p.add_argument("--device", default=None)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    preset, tokens, seq, policy, samples = "1.5b", sorted(set(a.tokens)), a.seq, a.policy, a.samples
+    if a.tiny:
+        preset, tokens, seq, policy, samples = "tiny", [32], 32, "always-sparse", 2
+    torch._logging.set_logs(perf_hints=True, graph_breaks=True)
+    bench = probe_model(preset, dev, tokens, seq, [policy])
+    backbone = bench.model.model
+    mode = {"mode": "reduce-overhead"} if dev.type == "cuda" else {"backend": "aot_eager"}
+    rows = []
+    with torch.inference_mode():
+        for n in tokens:
+            ids = bench.tokens[:1, :n] if n <= seq else bench.tokens[: n // seq]
+            for name in ("dense", f"sparse:{policy}"):
+                mlps = bench.sets.use(name)
+                for _ in range(3):  # the recipe's warm-up: l0 measured, hot units chosen (inside static_dispatch)
+                    with static_dispatch():
+                        backbone(input_ids=ids, use_cache=False)
+                torch._dynamo.reset()
+                counters.clear()
+                compiled = torch.compile(backbone, **mode)
+
+                def fn() -> torch.Tensor:
+                    with static_dispatch():
+                        return compiled(input_ids=ids, use_cache=False).last_hidden_state.clone()
+
+                for _ in range(3):  # inductor records its CUDA graph on the second call
+                    fn()
+                row: dict[str, object] = {"tokens": n, "set": name, **compile_counters()}
+                row["hot_units"] = [len(m._hot_cold._plan.hot) if isinstance(m, SparseGatedMLP)
+                                    and m._hot_cold._plan is not None else None for m in mlps]
+                t = time_interleaved({"call": fn}, device=dev, warmup=0, reps=samples)
+                row["wall_ms"] = statistics.median(t.samples["call"])
+                row["host_ms"], row["gpu_ms"] = held_call_ms(fn, dev, samples)
+                row["launches"] = {r["name"]: r["count"] for r in profiled_calls(fn, dev, ("LaunchKernel",
+                                                                                          "GraphLaunch"))}
+                row["top_kernels"] = top_kernels(fn, dev, a.top)
+                rows.append(row)
+                gpu = "-" if row["gpu_ms"] is None else f"{row['gpu_ms']:.2f}"
+                print(f"tokens={n} {name}: wall {row['wall_ms']:.2f} ms, held call host {row['host_ms']:.2f} gpu "
+                      f"{gpu}; graph breaks {sum(row['graph_breaks'].values())}, unique graphs "
+                      f"{row['unique_graphs']}, cudagraph skips {row['cudagraph_skips']}; launches {row['launches']}",
+                      flush=True)
+                for k in row["top_kernels"]:
+                    print(f"    {k['device_us']:9.1f} us {k['count']:4d}x {k['name']}", flush=True)
+                for reason, count in row["graph_breaks"].items():
+                    print(f"    graph break x{count}: {reason[:200]}", flush=True)
+            torch._dynamo.reset()
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "recorded_forward_probe.json").write_text(json.dumps({"preset": preset, "policy": policy,
+                                                                     "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
