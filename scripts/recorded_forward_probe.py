@@ -103,9 +103,10 @@ def main() -> None:
             ids = bench.tokens[:1, :n] if n <= seq else bench.tokens[: n // seq]
             for name in ("dense", f"sparse:{policy}"):
                 mlps = bench.sets.use(name)
-                for _ in range(3):  # the recipe's warm-up: l0 measured, hot units chosen (inside static_dispatch)
-                    with static_dispatch():
-                        backbone(input_ids=ids, use_cache=False)
+                for _ in range(3):  # eager calls measure l0 (calls inside static_dispatch leave it as it is)
+                    backbone(input_ids=ids, use_cache=False)
+                with static_dispatch():  # the recipe's warm-up call: hot units chosen where eager calls ran dense
+                    backbone(input_ids=ids, use_cache=False)
                 torch._dynamo.reset()
                 counters.clear()
                 compiled = torch.compile(backbone, **mode)
@@ -119,6 +120,8 @@ def main() -> None:
                 row: dict[str, object] = {"tokens": n, "set": name, **compile_counters()}
                 row["hot_units"] = [len(m._hot_cold._plan.hot) if isinstance(m, SparseGatedMLP)
                                     and m._hot_cold._plan is not None else None for m in mlps]
+                row["l0"] = [round(float(m.last_l0), 1) if isinstance(m, SparseGatedMLP) and m.last_l0 is not None
+                             else None for m in mlps]
                 t = time_interleaved({"call": fn}, device=dev, warmup=0, reps=samples)
                 row["wall_ms"] = statistics.median(t.samples["call"])
                 row["host_ms"], row["gpu_ms"] = held_call_ms(fn, dev, samples)
@@ -127,6 +130,7 @@ def main() -> None:
                 row["top_kernels"] = top_kernels(fn, dev, a.top)
                 rows.append(row)
                 gpu = "-" if row["gpu_ms"] is None else f"{row['gpu_ms']:.2f}"
+                print(f"tokens={n} {name}: hot units {row['hot_units']}, l0 {row['l0']}", flush=True)
                 print(f"tokens={n} {name}: wall {row['wall_ms']:.2f} ms, held call host {row['host_ms']:.2f} gpu "
                       f"{gpu}; graph breaks {sum(row['graph_breaks'].values())}, unique graphs "
                       f"{row['unique_graphs']}, cudagraph skips {row['cudagraph_skips']}; launches {row['launches']}",
