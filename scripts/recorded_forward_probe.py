@@ -9,7 +9,7 @@ break, a mutated input, a CPU tensor in the graph) or the traced sparse path doe
 weight copies it builds every call).  This tells the two apart for each set: dynamo's graph breaks and inductor's
 CUDA-graph skips (counters, and the ``perf_hints`` log on stderr), the host ms to issue one call and the GPU ms of the
 call while ``torch.cuda._sleep`` holds the GPU ahead of it, the wall clock, the kernel and graph launches per call,
-and the kernels with the most device time.
+and the kernels with the most device time; and the eager forward's held host and GPU ms and kernels beside them.
 
     PYTHONPATH=src:scripts python3 scripts/recorded_forward_probe.py --tokens 4096 8192 --out $OUT/run   # GPU
     PYTHONPATH=src:scripts python3 scripts/recorded_forward_probe.py --device cpu --tiny                 # smoke test
@@ -82,7 +82,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192])
     p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--policy", default="default")
+    p.add_argument("--policy", default="default", help="the sparse set's policy (tables: without the eager floor, so "
+                                                       "eager calls run sparse where the recorded ones do)")
     p.add_argument("--samples", type=int, default=7)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--device", default=None)
@@ -107,6 +108,16 @@ def main() -> None:
                     backbone(input_ids=ids, use_cache=False)
                 with static_dispatch():  # the recipe's warm-up call: hot units chosen where eager calls ran dense
                     backbone(input_ids=ids, use_cache=False)
+                for m in mlps:  # no l0 refresh from here on: its host read would wait out a hold
+                    if isinstance(m, SparseGatedMLP):
+                        m.l0_refresh_every = 1 << 40
+
+                def eager_fn() -> torch.Tensor:
+                    return backbone(input_ids=ids, use_cache=False).last_hidden_state
+
+                eager: dict[str, object] = {}
+                eager["host_ms"], eager["gpu_ms"] = held_call_ms(eager_fn, dev, samples)
+                eager["top_kernels"] = top_kernels(eager_fn, dev, a.top)
                 torch._dynamo.reset()
                 counters.clear()
                 compiled = torch.compile(backbone, **mode)
@@ -117,7 +128,7 @@ def main() -> None:
 
                 for _ in range(3):  # inductor records its CUDA graph on the second call
                     fn()
-                row: dict[str, object] = {"tokens": n, "set": name, **compile_counters()}
+                row: dict[str, object] = {"tokens": n, "set": name, **compile_counters(), "eager": eager}
                 row["hot_units"] = [len(m._hot_cold._plan.hot) if isinstance(m, SparseGatedMLP)
                                     and m._hot_cold._plan is not None else None for m in mlps]
                 row["l0"] = [round(float(m.last_l0), 1) if isinstance(m, SparseGatedMLP) and m.last_l0 is not None
@@ -136,6 +147,10 @@ def main() -> None:
                       f"{row['unique_graphs']}, cudagraph skips {row['cudagraph_skips']}; launches {row['launches']}",
                       flush=True)
                 for k in row["top_kernels"]:
+                    print(f"    {k['device_us']:9.1f} us {k['count']:4d}x {k['name']}", flush=True)
+                gpu = "-" if eager["gpu_ms"] is None else f"{eager['gpu_ms']:.2f}"
+                print(f"tokens={n} {name} eager: held call host {eager['host_ms']:.2f} gpu {gpu}", flush=True)
+                for k in eager["top_kernels"]:
                     print(f"    {k['device_us']:9.1f} us {k['count']:4d}x {k['name']}", flush=True)
                 for reason, count in row["graph_breaks"].items():
                     print(f"    graph break x{count}: {reason[:200]}", flush=True)
