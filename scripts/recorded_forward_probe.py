@@ -32,6 +32,7 @@ from torch._dynamo.utils import counters
 from twell.bench.model_measure import time_interleaved
 from twell.bench.timing import SLEEP_CYCLES_PER_MS, synchronize
 from twell.nn import SparseGatedMLP, static_dispatch
+from twell.ops import hot_cold_plan
 
 #: GPU hold ahead of each held sample (ms): above the ~43 ms the slowest eager sparse forward took to issue on the
 #: H100 machine (session 45), so the queue never drains while one call is issued
@@ -84,6 +85,8 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--policy", default="default", help="the sparse set's policy (tables: without the eager floor, so "
                                                        "eager calls run sparse where the recorded ones do)")
+    p.add_argument("--small-bound", type=float, default=None,
+                   help="HOT_MAX_COLD_L0_SMALL for this run (the hot set's cold-pairs bound below HOT_SMALL_TOKENS)")
     p.add_argument("--samples", type=int, default=7)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--device", default=None)
@@ -94,6 +97,8 @@ def main() -> None:
     preset, tokens, seq, policy, samples = "1.5b", sorted(set(a.tokens)), a.seq, a.policy, a.samples
     if a.tiny:
         preset, tokens, seq, policy, samples = "tiny", [32], 32, "always-sparse", 2
+    if a.small_bound is not None:
+        hot_cold_plan.HOT_MAX_COLD_L0_SMALL = a.small_bound  # read at call time (default_max_cold_l0)
     torch._logging.set_logs(perf_hints=True, graph_breaks=True)
     bench = probe_model(preset, dev, tokens, seq, [policy])
     backbone = bench.model.model
@@ -159,6 +164,7 @@ def main() -> None:
         out = Path(a.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "recorded_forward_probe.json").write_text(json.dumps({"preset": preset, "policy": policy,
+                                                                     "small_bound": hot_cold_plan.HOT_MAX_COLD_L0_SMALL,
                                                                      "rows": rows}, indent=1) + "\n")
 
 
