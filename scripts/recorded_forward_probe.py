@@ -31,7 +31,7 @@ from torch._dynamo.utils import counters
 
 from twell.bench.model_measure import time_interleaved
 from twell.bench.timing import SLEEP_CYCLES_PER_MS, synchronize
-from twell.nn import SparseGatedMLP, static_dispatch
+from twell.nn import SparseGatedMLP, hot_cold_cache, static_dispatch
 from twell.ops import hot_cold_plan
 
 #: GPU hold ahead of each held sample (ms): above the ~43 ms the slowest eager sparse forward took to issue on the
@@ -87,6 +87,9 @@ def main() -> None:
                                                        "eager calls run sparse where the recorded ones do)")
     p.add_argument("--small-bound", type=float, default=None,
                    help="HOT_MAX_COLD_L0_SMALL for this run (the hot set's cold-pairs bound below HOT_SMALL_TOKENS)")
+    p.add_argument("--min-expected", type=float, default=None,
+                   help="DENSE_ROWS_MIN_EXPECTED for this run (the overflowing rows a call must be expected to hold "
+                        "for a dense-row pass)")
     p.add_argument("--samples", type=int, default=7)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--device", default=None)
@@ -99,6 +102,8 @@ def main() -> None:
         preset, tokens, seq, policy, samples = "tiny", [32], 32, "always-sparse", 2
     if a.small_bound is not None:
         hot_cold_plan.HOT_MAX_COLD_L0_SMALL = a.small_bound  # read at call time (default_max_cold_l0)
+    if a.min_expected is not None:
+        hot_cold_cache.DENSE_ROWS_MIN_EXPECTED = a.min_expected  # read at call time (HotColdCache.dense_rows)
     torch._logging.set_logs(perf_hints=True, graph_breaks=True)
     bench = probe_model(preset, dev, tokens, seq, [policy])
     backbone = bench.model.model
@@ -136,6 +141,8 @@ def main() -> None:
                 row: dict[str, object] = {"tokens": n, "set": name, **compile_counters(), "eager": eager}
                 row["hot_units"] = [len(m._hot_cold._plan.hot) if isinstance(m, SparseGatedMLP)
                                     and m._hot_cold._plan is not None else None for m in mlps]
+                row["dense_rows"] = [m._hot_cold.dense_rows(n) if isinstance(m, SparseGatedMLP) else None
+                                     for m in mlps]
                 row["l0"] = [round(float(m.last_l0), 1) if isinstance(m, SparseGatedMLP) and m.last_l0 is not None
                              else None for m in mlps]
                 t = time_interleaved({"call": fn}, device=dev, warmup=0, reps=samples)
@@ -146,7 +153,8 @@ def main() -> None:
                 row["top_kernels"] = top_kernels(fn, dev, a.top)
                 rows.append(row)
                 gpu = "-" if row["gpu_ms"] is None else f"{row['gpu_ms']:.2f}"
-                print(f"tokens={n} {name}: hot units {row['hot_units']}, l0 {row['l0']}", flush=True)
+                print(f"tokens={n} {name}: hot units {row['hot_units']}, dense rows {row['dense_rows']}, l0 "
+                      f"{row['l0']}", flush=True)
                 print(f"tokens={n} {name}: wall {row['wall_ms']:.2f} ms, held call host {row['host_ms']:.2f} gpu "
                       f"{gpu}; graph breaks {sum(row['graph_breaks'].values())}, unique graphs "
                       f"{row['unique_graphs']}, cudagraph skips {row['cudagraph_skips']}; launches {row['launches']}",
@@ -165,6 +173,8 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "recorded_forward_probe.json").write_text(json.dumps({"preset": preset, "policy": policy,
                                                                      "small_bound": hot_cold_plan.HOT_MAX_COLD_L0_SMALL,
+                                                                     "min_expected":
+                                                                         hot_cold_cache.DENSE_ROWS_MIN_EXPECTED,
                                                                      "rows": rows}, indent=1) + "\n")
 
 
