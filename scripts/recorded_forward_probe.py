@@ -9,7 +9,8 @@ break, a mutated input, a CPU tensor in the graph) or the traced sparse path doe
 weight copies it builds every call).  This tells the two apart for each set: dynamo's graph breaks and inductor's
 CUDA-graph skips (counters, and the ``perf_hints`` log on stderr), the host ms to issue one call and the GPU ms of the
 call while ``torch.cuda._sleep`` holds the GPU ahead of it, the wall clock, the kernel and graph launches per call,
-and the kernels with the most device time; and the eager forward's held host and GPU ms and kernels beside them.
+and the kernels with the most device time; and beside them the eager forward's kernels and its decoder layers' host
+and GPU ms, the GPU held from the first layer on (``model_host_time.layers_host_and_gpu_ms``).
 
     PYTHONPATH=src:scripts python3 scripts/recorded_forward_probe.py --tokens 4096 8192 --out $OUT/run   # GPU
     PYTHONPATH=src:scripts python3 scripts/recorded_forward_probe.py --device cpu --tiny                 # smoke test
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 from eager_floor_probe import probe_model  # scripts/ (the script's own directory is on sys.path)
 from eager_stall_probe import profiled_calls
+from model_host_time import layers_host_and_gpu_ms
 from torch._dynamo.utils import counters
 
 from twell.bench.model_measure import time_interleaved
@@ -90,6 +92,9 @@ def main() -> None:
     p.add_argument("--min-expected", type=float, default=None,
                    help="DENSE_ROWS_MIN_EXPECTED for this run (the overflowing rows a call must be expected to hold "
                         "for a dense-row pass)")
+    p.add_argument("--severe-tiles", type=int, default=None,
+                   help="DENSE_ROWS_SEVERE_TILES for this run (0: no pass for rows that overflow several tiles unless "
+                        "the row minimum is met)")
     p.add_argument("--samples", type=int, default=7)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--device", default=None)
@@ -104,6 +109,8 @@ def main() -> None:
         hot_cold_plan.HOT_MAX_COLD_L0_SMALL = a.small_bound  # read at call time (default_max_cold_l0)
     if a.min_expected is not None:
         hot_cold_cache.DENSE_ROWS_MIN_EXPECTED = a.min_expected  # read at call time (HotColdCache.dense_rows)
+    if a.severe_tiles is not None:
+        hot_cold_cache.DENSE_ROWS_SEVERE_TILES = a.severe_tiles  # read on each refresh of the hot set
     torch._logging.set_logs(perf_hints=True, graph_breaks=True)
     bench = probe_model(preset, dev, tokens, seq, [policy])
     backbone = bench.model.model
@@ -126,7 +133,11 @@ def main() -> None:
                     return backbone(input_ids=ids, use_cache=False).last_hidden_state
 
                 eager: dict[str, object] = {}
-                eager["host_ms"], eager["gpu_ms"] = held_call_ms(eager_fn, dev, samples)
+                # held from the first decoder layer on: the forward's causal-mask setup reads the device, so a hold
+                # ahead of the call is waited out there and the GPU clock then counts the host's issuing
+                # (session 46's calls 3-5 did that: eager "GPU" ms 28.84-80.10, host 113-180 ms behind 100 ms holds)
+                eager["host_ms"], eager["gpu_ms"] = layers_host_and_gpu_ms(eager_fn, bench.sets.layers[0], dev,
+                                                                           samples)
                 eager["top_kernels"] = top_kernels(eager_fn, dev, a.top)
                 torch._dynamo.reset()
                 counters.clear()
@@ -162,7 +173,8 @@ def main() -> None:
                 for k in row["top_kernels"]:
                     print(f"    {k['device_us']:9.1f} us {k['count']:4d}x {k['name']}", flush=True)
                 gpu = "-" if eager["gpu_ms"] is None else f"{eager['gpu_ms']:.2f}"
-                print(f"tokens={n} {name} eager: held call host {eager['host_ms']:.2f} gpu {gpu}", flush=True)
+                print(f"tokens={n} {name} eager: decoder layers held, host {eager['host_ms']:.2f} gpu {gpu}",
+                      flush=True)
                 for k in eager["top_kernels"]:
                     print(f"    {k['device_us']:9.1f} us {k['count']:4d}x {k['name']}", flush=True)
                 for reason, count in row["graph_breaks"].items():
@@ -175,6 +187,8 @@ def main() -> None:
                                                                      "small_bound": hot_cold_plan.HOT_MAX_COLD_L0_SMALL,
                                                                      "min_expected":
                                                                          hot_cold_cache.DENSE_ROWS_MIN_EXPECTED,
+                                                                     "severe_tiles":
+                                                                         hot_cold_cache.DENSE_ROWS_SEVERE_TILES,
                                                                      "rows": rows}, indent=1) + "\n")
 
 

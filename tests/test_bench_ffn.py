@@ -44,6 +44,7 @@ def test_bench_ffn_records_what_the_module_ran(tmp_path, capsys, monkeypatch):
     # the module chooses its hot set by the bench column's rule, on the same tokens
     assert isinstance(r["dispatch_n_hot"], int) and r["dispatch_n_hot"] == r["n_hot"]
     assert 0 <= r["dispatch_dense_rows"] <= 8 and 0.0 <= r["dispatch_overflow_row_frac"] <= 1.0
+    assert 0.0 <= r["dispatch_severe_overflow_row_frac"] <= r["dispatch_overflow_row_frac"]
     assert f"module H={r['dispatch_n_hot']} dense rows={r['dispatch_dense_rows']}" in capsys.readouterr().out
 
 

@@ -18,7 +18,7 @@ from twell.nn import hot_cold_cache
 from twell.nn.hot_cold_cache import HotColdCache
 from twell.ops import hot_cold
 from twell.ops.hot_cold_dense_rows import dense_row_budget, dense_rows_ffn, select_overflow_rows
-from twell.ops.hot_cold_plan import overflow_row_fraction, sample_active
+from twell.ops.hot_cold_plan import overflow_row_fraction, overflow_tiles_per_row, sample_active
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.reference import inference as ref
 from twell.tolerances import REL_TOL, rel_error
@@ -155,6 +155,15 @@ def test_overflow_row_fraction_counts_cold_tiles_only():
     assert overflow_row_fraction(active, hot, 3, 3) == 0.0
     assert overflow_row_fraction(active, torch.arange(8), 3, 1) == 0.0  # nothing cold
     assert overflow_row_fraction(active[:0], hot, 3, 1) == 0.0
+    active[3, [3, 4, 5, 6]] = True  # row 3: tile 0 (units 0, 1, 3) holds 3 as well, tile 1 holds 3
+    active[3, [0, 1]] = True
+    assert overflow_tiles_per_row(active, hot, 3, 2).tolist() == [0, 1, 0, 2]
+    assert overflow_row_fraction(active, hot, 3, 2) == 0.5
+    assert overflow_row_fraction(active, hot, 3, 2, min_tiles=2) == 0.25  # row 3 only
+    assert overflow_tiles_per_row(active, torch.arange(8), 3, 1).tolist() == [0, 0, 0, 0]
+    assert overflow_tiles_per_row(active[:0], hot, 3, 1).shape == (0,)
+    with pytest.raises(ValueError, match="min_tiles must be >= 1"):
+        overflow_row_fraction(active, hot, 3, 2, min_tiles=0)
 
 
 def test_dense_row_budget():
@@ -166,6 +175,13 @@ def test_dense_row_budget():
     assert dense_row_budget(16384, 1 / 4096, margin=1.5, slack=32, multiple=64, min_expected=16) == 0
     assert dense_row_budget(16384, 4 / 4096, margin=1.5, slack=32, multiple=64, min_expected=16) == 64  # 24 + 32
     assert dense_row_budget(131072, 1 / 4096, margin=1.5, slack=32, multiple=64, min_expected=16) == 128  # 48 + 32
+    # ... unless the rows overflowing several tiles are expected at least min_expected_severe times
+    few = {"margin": 1.5, "slack": 32, "multiple": 64, "min_expected": 16}
+    assert dense_row_budget(8192, 9 / 8192, severe_fraction=2 / 8192, min_expected_severe=1.0, **few) == 64  # 13 + 32
+    assert dense_row_budget(8192, 9 / 8192, severe_fraction=2 / 8192, min_expected_severe=3.0, **few) == 0
+    assert dense_row_budget(2048, 9 / 8192, severe_fraction=2 / 8192, min_expected_severe=1.0, **few) == 0  # 0.5
+    assert dense_row_budget(8192, 9 / 8192, severe_fraction=2 / 8192, **few) == 0  # the rule off by default
+    assert dense_row_budget(8192, 0.0, severe_fraction=2 / 8192, min_expected_severe=1.0, **few) == 0
 
 
 def test_cache_measures_the_overflow_fraction(device, monkeypatch):
@@ -177,9 +193,17 @@ def test_cache_measures_the_overflow_fraction(device, monkeypatch):
     want = overflow_row_fraction(active, cache._hot, 16, 2)
     assert want >= 2 / 8
     assert cache.overflow_fraction == want
-    # the shipped minimum: 8 tokens are expected to hold ~2-8 overflowing rows, too few for the pass; 64 tokens enough
+    severe = overflow_row_fraction(active, cache._hot, 16, 2, min_tiles=hot_cold_cache.DENSE_ROWS_SEVERE_TILES)
+    assert severe >= 2 / 8  # rows 1 and 6 fire most units: several cold tiles overflow
+    assert cache.severe_overflow_fraction == severe
+    # the shipped rules: 8 tokens hold too few overflowing rows for the 16-row minimum, but two rows that overflow
+    # several tiles each are a tail worth the pass
     assert hot_cold_cache.DENSE_ROWS_MIN_EXPECTED > 8 * want
+    assert 8 * severe >= hot_cold_cache.DENSE_ROWS_MIN_SEVERE
+    assert cache.dense_rows(8) == 8
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_MIN_SEVERE", 8 * severe + 1)
     assert cache.dense_rows(8) == 0
+    # 64 tokens are expected to hold enough overflowing rows for the 16-row minimum alone
     assert cache.dense_rows(64) == dense_row_budget(64, want, margin=hot_cold_cache.DENSE_ROWS_MARGIN,
                                                     slack=hot_cold_cache.DENSE_ROWS_SLACK,
                                                     multiple=hot_cold_cache.DENSE_ROWS_MULTIPLE) > 0
@@ -188,7 +212,11 @@ def test_cache_measures_the_overflow_fraction(device, monkeypatch):
     monkeypatch.setattr(hot_cold_cache, "DENSE_OVERFLOW_ROWS", False)
     assert cache.dense_rows(8) == 0
     cache.clear()
-    assert cache.overflow_fraction == 0.0
+    assert cache.overflow_fraction == 0.0 and cache.severe_overflow_fraction == 0.0
+    # the several-tiles rule off: the refresh measures no such rows
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_SEVERE_TILES", 0)
+    cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=2)
+    assert cache.overflow_fraction == want and cache.severe_overflow_fraction == 0.0
     # no hot unit: the layer has no plan (the plain TwELL op runs), so no dense-row budget either
     cache = HotColdCache(min_frequency=1.0, max_cold_l0=None)
     cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=2)

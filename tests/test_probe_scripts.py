@@ -54,6 +54,13 @@ PROBES = {
     # then the sparse forward's cProfile
     "model_host_time.py": ((), "", ["tokens=    16 | dense layers host ", "(refresh on ", "sparse layers host ",
                                     "cProfile of one sparse forward at 32 tokens", "_ffn_sparse"]),
+    # both sets compiled (aot_eager off CUDA) in one graph each, nothing skipped, the eager layers timed beside them;
+    # (the dense-row and hot-set switches parsed and applied without error)
+    "recorded_forward_probe.py": (("--min-expected", "1", "--severe-tiles", "3", "--small-bound", "3"), "tokens=",
+                                  ["tokens=32 dense: wall ", "graph breaks 0, unique graphs 1, cudagraph skips 0",
+                                   "tokens=32 sparse:always-sparse: wall ",
+                                   "sparse:always-sparse eager: decoder layers held, host ",
+                                   "sparse:always-sparse: hot units "]),
 }
 
 

@@ -158,6 +158,7 @@ def run_point(
     row["dispatch_n_hot"] = cache.n_hot if sparse_ran else None
     row["dispatch_dense_rows"] = cache.dense_rows(m) if sparse_ran else 0
     row["dispatch_overflow_row_frac"] = cache.overflow_fraction if sparse_ran else 0.0
+    row["dispatch_severe_overflow_row_frac"] = cache.severe_overflow_fraction if sparse_ran else 0.0
     row["hotcold_speedup"] = row["dense_ms"] / row["hotcold_ms"]
     row["dispatch_speedup"] = row["dense_ms"] / row["dispatch_ms"]
     row["dispatch_vs_dense_module"] = row["dense_module_ms"] / row["dispatch_ms"]

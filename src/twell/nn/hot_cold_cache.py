@@ -30,7 +30,7 @@ from ..ops.hot_cold_plan import (
     check_max_cold_l0,
     default_max_cold_l0,
     hot_units_for_call,
-    overflow_row_fraction,
+    overflow_tiles_per_row,
     sample_active,
 )
 
@@ -58,6 +58,20 @@ DENSE_ROWS_MULTIPLE = 64
 #: many tiles cost far more there: ~5.2-5.6 us each in the 1.5B forward's layers 0 and 1 (session 22 above: 4.16 ms for
 #: 739 rows, 1.11 ms for 213), so the pass repays ~0.079 ms from ~15 such rows.
 DENSE_ROWS_MIN_EXPECTED = 16.0
+#: ... unless the call is expected to hold at least ``DENSE_ROWS_MIN_SEVERE`` rows with ``DENSE_ROWS_SEVERE_TILES`` or
+#: more overflowing cold tiles each (0: no such rule): the row kernel recomputes a row's overflowing tiles one after
+#: another in one program, so such a row is a tail that no other program hides once the kernel is short.  Measured on
+#: the H100 in session 46 (call 1, ``forward_layer_times`` at 8192 tokens, the GPU held, medians of 5; bench_results/
+#: h100/forward_layer_times_b4_callrecorded_session46.log): without a budget, layer 3 (48 overflowing tiles in 9
+#: tokens) took 1.143 ms, layer 4 (37 in 11) 1.000, layer 5 (19 in 9) 0.843, layers 18 and 22 (2 tiles in 1 token)
+#: 0.643 / 0.640 against 0.546 / 0.521 for layers 19 and 23 (the same hot counts, nothing overflowing), while one tile
+#: in one token (layers 16, 20, 25, 27) cost 0.555-0.578; layers 0-2, with budgets of 128 rows, took 0.618-0.630 with
+#: 109-814 overflowing tiles, the pass ~0.07-0.08 ms over layer 19.  So a row with two such tiles already costs more
+#: than the pass.  The 16-row rule alone left the model's recorded forward at 4096 tokens (session 46 call 3, H100)
+#: with 11.2 ms of row kernel over 28 layers against 3.64 ms with a budget on every layer (call 5, an H200: the same
+#: forward, not yet timed both ways on one card).
+DENSE_ROWS_SEVERE_TILES = 2
+DENSE_ROWS_MIN_SEVERE = 1.0
 
 
 def _check_takes_two(rule: Callable) -> None:
@@ -103,6 +117,8 @@ class HotColdCache:
         self._key: Any = None
         #: fraction of the last refresh sample's rows with an overflowing cold tile under the current hot set
         self.overflow_fraction = 0.0
+        #: ... and with at least ``DENSE_ROWS_SEVERE_TILES`` of them (0.0 with that rule off)
+        self.severe_overflow_fraction = 0.0
 
     @property
     def chosen(self) -> bool:
@@ -129,16 +145,28 @@ class HotColdCache:
                 self._plan = None
                 self._key = None
             cap = default_capacity(tile) if capacity is None else capacity
-            self.overflow_fraction = overflow_row_fraction(active, self._hot, tile, cap) if self._hot.numel() else 0.0
+            self.overflow_fraction = self.severe_overflow_fraction = 0.0
+            if self._hot.numel():
+                per_row = overflow_tiles_per_row(active, self._hot, tile, cap)
+                if per_row.numel():
+                    fractions = [(per_row >= 1).float().mean()]
+                    if DENSE_ROWS_SEVERE_TILES > 0:
+                        fractions.append((per_row >= DENSE_ROWS_SEVERE_TILES).float().mean())
+                    read = torch.stack(fractions).tolist()  # one host read for both
+                    self.overflow_fraction = read[0]
+                    self.severe_overflow_fraction = read[1] if len(read) > 1 else 0.0
 
     def dense_rows(self, n_tokens: int) -> int:
         """The dense-row budget of a call of ``n_tokens`` (``hot_cold_gated_ffn``'s ``dense_rows``): 0 with
         :data:`DENSE_OVERFLOW_ROWS` off, or where the last refresh sample's overflowing rows predict fewer than
-        :data:`DENSE_ROWS_MIN_EXPECTED` in the call."""
+        :data:`DENSE_ROWS_MIN_EXPECTED` in the call and its rows with :data:`DENSE_ROWS_SEVERE_TILES` or more
+        overflowing tiles fewer than :data:`DENSE_ROWS_MIN_SEVERE`."""
         if not DENSE_OVERFLOW_ROWS:
             return 0
         return dense_row_budget(n_tokens, self.overflow_fraction, margin=DENSE_ROWS_MARGIN, slack=DENSE_ROWS_SLACK,
-                                multiple=DENSE_ROWS_MULTIPLE, min_expected=DENSE_ROWS_MIN_EXPECTED)
+                                multiple=DENSE_ROWS_MULTIPLE, min_expected=DENSE_ROWS_MIN_EXPECTED,
+                                severe_fraction=self.severe_overflow_fraction,
+                                min_expected_severe=DENSE_ROWS_MIN_SEVERE)
 
     #: A re-chosen hot set that shares at least this fraction of units with the current one (and has the
     #: same size) is ignored: units near the frequency threshold flip in and out of a 4096-token sample,
@@ -181,3 +209,4 @@ class HotColdCache:
         self._plan = None
         self._key = None
         self.overflow_fraction = 0.0
+        self.severe_overflow_fraction = 0.0

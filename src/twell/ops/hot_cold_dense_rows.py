@@ -26,6 +26,8 @@ of 1152 and 384 rows (bench_results/h200/forward_layer_times_{no_,}dense_rows_se
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -61,12 +63,16 @@ def dense_rows_ffn(x: torch.Tensor, rows: torch.Tensor, w_gate: torch.Tensor, w_
 
 
 def dense_row_budget(n_tokens: int, overflow_fraction: float, *, margin: float, slack: int, multiple: int,
-                     min_expected: float = 0.0) -> int:
-    """Rows to set aside for the dense pass in a call of ``n_tokens``: 0 where no overflowing row is expected
-    or fewer than ``min_expected`` are, else ``margin`` times the expected count plus ``slack``, rounded up to
-    ``multiple`` and at most ``n_tokens``."""
+                     min_expected: float = 0.0, severe_fraction: float = 0.0,
+                     min_expected_severe: float = math.inf) -> int:
+    """Rows to set aside for the dense pass in a call of ``n_tokens``: 0 where no overflowing row is expected, or
+    where fewer than ``min_expected`` are and fewer than ``min_expected_severe`` of the rows that overflow several
+    tiles (``severe_fraction`` of the rows, a subset of the overflowing ones) are; else ``margin`` times the expected
+    overflowing rows plus ``slack``, rounded up to ``multiple`` and at most ``n_tokens``."""
     expected = n_tokens * overflow_fraction
-    if overflow_fraction <= 0.0 or n_tokens <= 0 or expected < min_expected:
+    if overflow_fraction <= 0.0 or n_tokens <= 0:
+        return 0
+    if expected < min_expected and n_tokens * severe_fraction < min_expected_severe:
         return 0
     want = int(expected * margin) + slack
     return min(n_tokens, -(-want // multiple) * multiple)

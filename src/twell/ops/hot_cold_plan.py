@@ -163,22 +163,32 @@ def active_frequency(active: torch.Tensor) -> torch.Tensor:
     return active.float().mean(0)
 
 
-def overflow_row_fraction(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int) -> float:
-    """Fraction of the sample's rows with a cold tile of more than ``capacity`` non-zeros (one host sync).
+def overflow_tiles_per_row(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int) -> torch.Tensor:
+    """int64 [S]: how many cold tiles of each sample row hold more than ``capacity`` non-zeros (on ``active``'s device).
 
     ``active``: bool [S, F] (:func:`sample_active`); ``hot``: the hot unit ids.  The cold tiles are the split's:
     the cold units in increasing id order, ``tile`` to a tile (``build_hot_cold_plan``'s ``cold``).
     """
     s, f = active.shape
-    if s == 0:
-        return 0.0
     cold_mask = torch.ones(f, dtype=torch.bool, device=active.device)
     cold_mask[hot.to(active.device)] = False
     cold = active[:, cold_mask]
-    if cold.shape[1] == 0:
-        return 0.0
+    if s == 0 or cold.shape[1] == 0:
+        return torch.zeros(s, dtype=torch.int64, device=active.device)
     per_tile = tile_counts(cold.to(torch.int8), tile)  # 1 where a unit fires: the split's per-tile counts
-    return float((per_tile > capacity).any(1).float().mean())
+    return (per_tile > capacity).sum(1, dtype=torch.int64)
+
+
+def overflow_row_fraction(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int,
+                          min_tiles: int = 1) -> float:
+    """Fraction of the sample's rows with at least ``min_tiles`` cold tiles of more than ``capacity`` non-zeros
+    (:func:`overflow_tiles_per_row`; one host sync)."""
+    if min_tiles < 1:
+        raise ValueError(f"min_tiles must be >= 1, got {min_tiles}")
+    per_row = overflow_tiles_per_row(active, hot, tile, capacity)
+    if per_row.numel() == 0:
+        return 0.0
+    return float((per_row >= min_tiles).float().mean())
 
 
 def default_max_cold_l0(n_tokens: int, density: float | None = None) -> float:
