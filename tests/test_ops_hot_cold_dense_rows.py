@@ -201,6 +201,9 @@ def test_cache_measures_the_overflow_fraction(device, monkeypatch):
     assert hot_cold_cache.DENSE_ROWS_MIN_EXPECTED > 8 * want
     assert 8 * severe >= hot_cold_cache.DENSE_ROWS_MIN_SEVERE
     assert cache.dense_rows(8) == 8
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_SEVERE_MAX_TOKENS", 8)  # the rule for smaller calls only
+    assert cache.dense_rows(8) == 0
+    monkeypatch.undo()
     monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_MIN_SEVERE", 8 * severe + 1)
     assert cache.dense_rows(8) == 0
     # 64 tokens are expected to hold enough overflowing rows for the 16-row minimum alone

@@ -72,6 +72,12 @@ DENSE_ROWS_MIN_EXPECTED = 16.0
 #: forward, not yet timed both ways on one card).
 DENSE_ROWS_SEVERE_TILES = 2
 DENSE_ROWS_MIN_SEVERE = 1.0
+#: The several-tiles rule applies below this many tokens only: it was measured at 4096 and 8192 tokens, where the row
+#: kernel takes ~0.13-0.32 ms a layer (H100, above) and one row's serial tiles outlast it.  Larger calls give the
+#: gather's heavy-first queue a longer kernel to hide a few such rows behind (session 29: ~4 single-tile rows cost
+#: nothing at 16,384 tokens, above), and the 16-row rule already covers the model's layers whose rows overflow several
+#: tiles there (layers 3-5: 9-11 such rows at 8192 tokens, ~18-22 at 16,384).
+DENSE_ROWS_SEVERE_MAX_TOKENS = 16384
 
 
 def _check_takes_two(rule: Callable) -> None:
@@ -159,13 +165,14 @@ class HotColdCache:
     def dense_rows(self, n_tokens: int) -> int:
         """The dense-row budget of a call of ``n_tokens`` (``hot_cold_gated_ffn``'s ``dense_rows``): 0 with
         :data:`DENSE_OVERFLOW_ROWS` off, or where the last refresh sample's overflowing rows predict fewer than
-        :data:`DENSE_ROWS_MIN_EXPECTED` in the call and its rows with :data:`DENSE_ROWS_SEVERE_TILES` or more
-        overflowing tiles fewer than :data:`DENSE_ROWS_MIN_SEVERE`."""
+        :data:`DENSE_ROWS_MIN_EXPECTED` in the call and (below :data:`DENSE_ROWS_SEVERE_MAX_TOKENS` tokens) its rows
+        with :data:`DENSE_ROWS_SEVERE_TILES` or more overflowing tiles fewer than :data:`DENSE_ROWS_MIN_SEVERE`."""
         if not DENSE_OVERFLOW_ROWS:
             return 0
         return dense_row_budget(n_tokens, self.overflow_fraction, margin=DENSE_ROWS_MARGIN, slack=DENSE_ROWS_SLACK,
                                 multiple=DENSE_ROWS_MULTIPLE, min_expected=DENSE_ROWS_MIN_EXPECTED,
-                                severe_fraction=self.severe_overflow_fraction,
+                                severe_fraction=self.severe_overflow_fraction
+                                if n_tokens < DENSE_ROWS_SEVERE_MAX_TOKENS else 0.0,
                                 min_expected_severe=DENSE_ROWS_MIN_SEVERE)
 
     #: A re-chosen hot set that shares at least this fraction of units with the current one (and has the
