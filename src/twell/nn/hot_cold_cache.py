@@ -61,15 +61,16 @@ DENSE_ROWS_MIN_EXPECTED = 16.0
 #: ... unless the call is expected to hold at least ``DENSE_ROWS_MIN_SEVERE`` rows with ``DENSE_ROWS_SEVERE_TILES`` or
 #: more overflowing cold tiles each (0: no such rule): the row kernel recomputes a row's overflowing tiles one after
 #: another in one program, so such a row is a tail that no other program hides once the kernel is short.  Measured on
-#: the H100 in session 46 (call 1, ``forward_layer_times`` at 8192 tokens, the GPU held, medians of 5; bench_results/
-#: h100/forward_layer_times_b4_callrecorded_session46.log): without a budget, layer 3 (48 overflowing tiles in 9
+#: the H100 in session 46 (``forward_layer_times`` at 8192 tokens, the GPU held, medians of 5; bench_results/h100/
+#: forward_layer_times_b4_callrecorded_session46.log): without a budget, layer 3 (48 overflowing tiles in 9
 #: tokens) took 1.143 ms, layer 4 (37 in 11) 1.000, layer 5 (19 in 9) 0.843, layers 18 and 22 (2 tiles in 1 token)
 #: 0.643 / 0.640 against 0.546 / 0.521 for layers 19 and 23 (the same hot counts, nothing overflowing), while one tile
 #: in one token (layers 16, 20, 25, 27) cost 0.555-0.578; layers 0-2, with budgets of 128 rows, took 0.618-0.630 with
 #: 109-814 overflowing tiles, the pass ~0.07-0.08 ms over layer 19.  So a row with two such tiles already costs more
-#: than the pass.  The 16-row rule alone left the model's recorded forward at 4096 tokens (session 46 call 3, H100)
-#: with 11.2 ms of row kernel over 28 layers against 3.64 ms with a budget on every layer (call 5, an H200: the same
-#: forward, not yet timed both ways on one card).
+#: than the pass.  The 16-row rule alone left the model's recorded forward at 4096 tokens with 11.2 ms of row kernel
+#: over 28 layers on an H100 (bench_results/h100/recorded_forward_probe_tables_4096_session46.json) against 3.64 ms
+#: with a budget on every layer on an H200 (bench_results/h200/recorded_forward_probe_rows1_4096_bound3_session46.json;
+#: the same forward, not yet timed both ways on one card).
 DENSE_ROWS_SEVERE_TILES = 2
 DENSE_ROWS_MIN_SEVERE = 1.0
 #: The several-tiles rule applies below this many tokens only: it was measured at 4096 and 8192 tokens, where the row
