@@ -6,11 +6,13 @@ dense at 4096 tokens (0.787x) and 50.11 vs 52.98 at 8192 (1.057x), while session
 21.48 ms of GPU time sparse against 22.41 dense at 4096 tokens.  35.45 ms is what the host-bound compiled forward
 without CUDA graphs took in session 45 (36.17): either inductor skipped the CUDA graphs of the sparse graph (a graph
 break, a mutated input, a CPU tensor in the graph) or the traced sparse path does GPU work the eager one does not (the
-weight copies it builds every call).  This tells the two apart for each set: dynamo's graph breaks and inductor's
-CUDA-graph skips (counters, and the ``perf_hints`` log on stderr), the host ms to issue one call and the GPU ms of the
-call while ``torch.cuda._sleep`` holds the GPU ahead of it, the wall clock, the kernel and graph launches per call,
-and the kernels with the most device time; and beside them the eager forward's kernels and its decoder layers' host
-and GPU ms, the GPU held from the first layer on (``model_host_time.layers_host_and_gpu_ms``).
+weight copies it builds every call).  Neither, it turned out: no break or skip, one graph launch a call, and the
+eager forward runs the same sparse kernels for as long; the row kernel's tail on rows that overflow many cold tiles
+is the cost.  For each set the probe prints dynamo's graph breaks and inductor's CUDA-graph skips (counters, and the
+``perf_hints`` log on stderr), the host ms to issue one call and the GPU ms of the call while ``torch.cuda._sleep``
+holds the GPU ahead of it, the wall clock, the kernel and graph launches per call, and the kernels with the most
+device time; and beside them the eager forward's kernels and its decoder layers' host and GPU ms, the GPU held from
+the first layer on (``model_host_time.layers_host_and_gpu_ms``).
 
     PYTHONPATH=src:scripts python3 scripts/recorded_forward_probe.py --tokens 4096 8192 --out $OUT/run   # GPU
     PYTHONPATH=src:scripts python3 scripts/recorded_forward_probe.py --device cpu --tiny                 # smoke test
@@ -135,7 +137,7 @@ def main() -> None:
                 eager: dict[str, object] = {}
                 # held from the first decoder layer on: the forward's causal-mask setup reads the device, so a hold
                 # ahead of the call is waited out there and the GPU clock then counts the host's issuing
-                # (session 46's calls 3-5 did that: eager "GPU" ms 28.84-80.10, host 113-180 ms behind 100 ms holds)
+                # (session 46's first runs did that: eager "GPU" ms 28.84-80.10, host 113-180 ms behind 100 ms holds)
                 eager["host_ms"], eager["gpu_ms"] = layers_host_and_gpu_ms(eager_fn, bench.sets.layers[0], dev,
                                                                            samples)
                 eager["top_kernels"] = top_kernels(eager_fn, dev, a.top)
