@@ -255,12 +255,17 @@ def test_gpu_bf16_dense_first_tokens(shape):
         assert not torch.isnan(out).any()
 
 
-def test_module_passes_the_sample_budget(device, selections, monkeypatch):
-    """SparseGatedMLP's sparse call takes the budget its refresh sample gives (here every row's worth; the
-    minimum of expected rows off, since 8 tokens never reach the shipped one)."""
+@pytest.mark.parametrize("rule", ["rows", "severe", "off"])
+def test_module_passes_the_sample_budget(device, selections, monkeypatch, rule):
+    """SparseGatedMLP's sparse call takes the budget its refresh sample gives: every row's worth where the 16-row
+    minimum is lifted ("rows"), or by the shipped several-tiles rule alone ("severe": rows 1 and 6 overflow several
+    cold tiles each); no pass with that rule off too ("off": 8 tokens never reach the 16-row minimum)."""
     from twell.nn import DispatchPolicy, SparseGatedMLP
 
-    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_MIN_EXPECTED", 0.0)
+    if rule == "rows":
+        monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_MIN_EXPECTED", 0.0)
+    if rule == "off":
+        monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_SEVERE_TILES", 0)
 
     p = _problem_with_dense_rows(8, 32, 128, [1, 6], torch.float32, device)
     mlp = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"], backend="triton", tile=16, capacity=2,
@@ -268,6 +273,6 @@ def test_module_passes_the_sample_budget(device, selections, monkeypatch):
     mlp._hot_cold = HotColdCache(min_frequency=0.3, max_cold_l0=None)  # 8 tokens: some units cold
     with torch.no_grad():
         out = mlp(p["x"])
-    assert mlp._hot_cold.overflow_fraction > 0 and selections == [8]
+    assert mlp._hot_cold.overflow_fraction > 0 and selections == ([] if rule == "off" else [8])
     dense = ref.dense_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], precision="match")
     assert rel_error(out, dense) <= REL_TOL[torch.float32]
