@@ -74,6 +74,10 @@ def test_all_parts_in_process_write_results(tmp_path: Path) -> None:
     assert fwd["sparse:always-sparse"]["rel_l2_vs_dense"] < REL_TOL[torch.float32]
     assert fwd["sparse:always-sparse"]["ok"] is True
     assert fwd["sparse:always-sparse"]["sparse_layers"] == [0, 1]
+    # per layer: the hot set and its dense-row budget where the layer chose one; the CPU's torch backend runs no
+    # hot/cold split, so none here (the GPU runs record them: bench_results/h100/session46_runs.md)
+    for name in ("sparse:default", "sparse:always-sparse"):
+        assert fwd[name]["layer_hot_units"] == fwd[name]["layer_dense_rows"] == [None, None]
     dec = parts["decode"]["result"]["batches"]
     assert set(dec) == {"1", "2"}
     assert all(v["identical_fraction"] == 1.0 for b in dec.values() for v in b.values() if "speedup" in v)
