@@ -13,7 +13,8 @@
 # shipped.  The synthetic FFN problem (twell bench ffn, tune-dispatch) has no overflowing row in its refresh sample at
 # 0.25-10 % (bench_results/cpu_counts/session46_severe_rows.log), so the rule leaves those sweeps as they were.  Then
 # the bench's own recorded forward at 4096 tokens with the shipped rule (session 46: 0.787x before it), predicted
-# ~0.93-0.97x.
+# ~0.93-0.97x.  Last, 12,288 tokens (eager calls sparse there under the default policy too): the eager wall clock with
+# the rule against without, predicted within 2 % (the pass's ~18 launches a layer are host time near the floor).
 #   TWELL_SESSION=session47 TWELL_COMMIT=<sha> bash scripts/gpu_pending_dense_rows_ab.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session47}" rowsab
@@ -36,4 +37,8 @@ stage model_forward_recorded_b2 "$(left 560)" "^\| forward|^total|Error" python3
   --forward-compile --forward-compile-mode reduce-overhead --out "$R" --stem "model_forward_recorded_b2_$S"
 forward_summary "$R/model_forward_recorded_b2_$S.json"
 probe rows1 4096 --min-expected 1
+# above the eager floor (8937 tokens at 2048 x 5632), where eager calls run sparse and the pass's launches are host
+# time: the rule off / shipped, eager wall clock beside the recorded one
+probe severe0 12288 --severe-tiles 0
+probe shipped 12288
 call_end

@@ -141,6 +141,8 @@ def main() -> None:
                 eager["host_ms"], eager["gpu_ms"] = layers_host_and_gpu_ms(eager_fn, bench.sets.layers[0], dev,
                                                                            samples)
                 eager["top_kernels"] = top_kernels(eager_fn, dev, a.top)
+                t = time_interleaved({"eager": eager_fn}, device=dev, warmup=1, reps=samples)
+                eager["wall_ms"] = statistics.median(t.samples["eager"])
                 torch._dynamo.reset()
                 counters.clear()
                 compiled = torch.compile(backbone, **mode)
@@ -175,8 +177,8 @@ def main() -> None:
                 for k in row["top_kernels"]:
                     print(f"    {k['device_us']:9.1f} us {k['count']:4d}x {k['name']}", flush=True)
                 gpu = "-" if eager["gpu_ms"] is None else f"{eager['gpu_ms']:.2f}"
-                print(f"tokens={n} {name} eager: decoder layers held, host {eager['host_ms']:.2f} gpu {gpu}",
-                      flush=True)
+                print(f"tokens={n} {name} eager: wall {eager['wall_ms']:.2f} ms; decoder layers held, host "
+                      f"{eager['host_ms']:.2f} gpu {gpu}", flush=True)
                 for k in eager["top_kernels"]:
                     print(f"    {k['device_us']:9.1f} us {k['count']:4d}x {k['name']}", flush=True)
                 for reason, count in row["graph_breaks"].items():

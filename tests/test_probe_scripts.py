@@ -59,7 +59,7 @@ PROBES = {
     "recorded_forward_probe.py": (("--min-expected", "1", "--severe-tiles", "3", "--small-bound", "3"), "tokens=",
                                   ["tokens=32 dense: wall ", "graph breaks 0, unique graphs 1, cudagraph skips 0",
                                    "tokens=32 sparse:always-sparse: wall ",
-                                   "sparse:always-sparse eager: decoder layers held, host ",
+                                   "sparse:always-sparse eager: wall ", "; decoder layers held, host ",
                                    "sparse:always-sparse: hot units "]),
 }
 
