@@ -16,6 +16,9 @@ the first layer on (``model_host_time.layers_host_and_gpu_ms``).
 
     PYTHONPATH=src:scripts python3 scripts/recorded_forward_probe.py --tokens 4096 8192 --out $OUT/run   # GPU
     PYTHONPATH=src:scripts python3 scripts/recorded_forward_probe.py --device cpu --tiny                 # smoke test
+
+``--cached-weights`` records inside ``static_dispatch(cached_weights=True)`` after ``prepare_static_weights`` on every
+layer (the split's weight copies read in place, not built in the graph each call).
 """
 
 from __future__ import annotations
@@ -97,6 +100,9 @@ def main() -> None:
     p.add_argument("--severe-tiles", type=int, default=None,
                    help="DENSE_ROWS_SEVERE_TILES for this run (0: no pass for rows that overflow several tiles unless "
                         "the row minimum is met)")
+    p.add_argument("--cached-weights", action="store_true",
+                   help="record inside static_dispatch(cached_weights=True) after prepare_static_weights on each layer "
+                        "(the split's weight copies read in place instead of built every call)")
     p.add_argument("--samples", type=int, default=7)
     p.add_argument("--top", type=int, default=12)
     p.add_argument("--device", default=None)
@@ -143,17 +149,20 @@ def main() -> None:
                 eager["top_kernels"] = top_kernels(eager_fn, dev, a.top)
                 t = time_interleaved({"eager": eager_fn}, device=dev, warmup=1, reps=samples)
                 eager["wall_ms"] = statistics.median(t.samples["eager"])
+                ready = [m.prepare_static_weights() if a.cached_weights and isinstance(m, SparseGatedMLP) else None
+                         for m in mlps]
                 torch._dynamo.reset()
                 counters.clear()
                 compiled = torch.compile(backbone, **mode)
 
                 def fn() -> torch.Tensor:
-                    with static_dispatch():
+                    with static_dispatch(cached_weights=a.cached_weights):
                         return compiled(input_ids=ids, use_cache=False).last_hidden_state.clone()
 
                 for _ in range(3):  # inductor records its CUDA graph on the second call
                     fn()
-                row: dict[str, object] = {"tokens": n, "set": name, **compile_counters(), "eager": eager}
+                row: dict[str, object] = {"tokens": n, "set": name, **compile_counters(), "eager": eager,
+                                          "cached_weights_ready": ready}
                 row["hot_units"] = [len(m._hot_cold._plan.hot) if isinstance(m, SparseGatedMLP)
                                     and m._hot_cold._plan is not None else None for m in mlps]
                 row["dense_rows"] = [m._hot_cold.dense_rows(n) if isinstance(m, SparseGatedMLP) else None
@@ -193,6 +202,7 @@ def main() -> None:
                                                                          hot_cold_cache.DENSE_ROWS_MIN_EXPECTED,
                                                                      "severe_tiles":
                                                                          hot_cold_cache.DENSE_ROWS_SEVERE_TILES,
+                                                                     "cached_weights": a.cached_weights,
                                                                      "rows": rows}, indent=1) + "\n")
 
 

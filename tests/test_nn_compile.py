@@ -99,6 +99,47 @@ def test_compiled_hot_cold_training_layer_matches_eager_without_recompiling():
         assert torch.equal(a, b)
 
 
+def test_compiled_hot_cold_reads_the_prepared_copies_inside_static_dispatch_cached_weights():
+    """Inside ``static_dispatch(cached_weights=True)`` the traced split reads the plan's copies and the cached Wd^T
+    that ``prepare_static_weights`` made current (no gather or concatenation of weights in the graph), and matches
+    eager; after a weight update and another ``prepare_static_weights`` it matches eager again.  Outside the flag the
+    graph builds its copies, as before."""
+    from test_ops_kernels import make_problem
+
+    from twell.nn import SparseGatedMLP, static_dispatch
+
+    prob = make_problem(48, 32, 128, frac_pos=0.01, seed=2, dtype=torch.float32, device="cpu")
+    layer = SparseGatedMLP.from_weights(prob["w_gate"], prob["w_up"], prob["w_down"], backend="triton", tile=32,
+                                        policy=DispatchPolicy.always_sparse()).eval()
+    x = prob["x"]
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = layer(x)  # eager: l0 estimate, hot units chosen, plan built
+        assert layer.prepare_static_weights() is True
+        plan = layer._hot_cold._plan
+        for t in (plan.w_gemm, plan.w_down_hot_t, layer._wd_unit_major):
+            assert getattr(t, "_dynamo_static_input_type", None) is not None  # recorded graphs read them in place
+        graphs: list[str] = []
+        compiled = torch.compile(layer, backend=recording_backend(graphs))
+        with static_dispatch(cached_weights=True):
+            assert torch.equal(compiled(x), want)
+        assert "hot_cold_gated_ffn_unchecked" in graphs[-1]
+        assert "index_select" not in graphs[-1] and "torch.cat" not in graphs[-1], graphs[-1]
+        with static_dispatch():  # the flag off: a graph of its own, which builds the copies
+            assert torch.equal(compiled(x), want)
+        assert "index_select" in graphs[-1]
+        for w in layer.parameters():
+            w.mul_(1.25)
+        want = layer(x)
+        assert layer.prepare_static_weights() is True
+        with static_dispatch(cached_weights=True):
+            assert torch.equal(compiled(x), want)
+    torch._dynamo.reset()
+    # a layer that runs no split (the torch backend) has only the cached Wd^T to offer
+    assert SparseGatedMLP.from_weights(prob["w_gate"], prob["w_up"], prob["w_down"],
+                                       backend="torch").prepare_static_weights() is False
+
+
 def test_compiled_hot_cold_inference_builds_its_weight_copies_from_the_current_weights():
     """Traced, the hot/cold split reads only the unit ids from the cache and builds the weight copies
     in the graph: after an in-place weight update (which no dynamo guard sees) the compiled layer

@@ -273,21 +273,29 @@ def test_gpu_call_recorded_in_a_cuda_graph_under_static_dispatch():
 
 
 @pytest.mark.gpu
-def test_gpu_reduce_overhead_compile_matches_eager():
+@pytest.mark.parametrize("cached_weights", [False, True])
+def test_gpu_reduce_overhead_compile_matches_eager(cached_weights):
     """The other recipe for such a caller: the layer under ``torch.compile(mode="reduce-overhead")`` (inductor's CUDA
     graphs) after the same eager calls, traced and run inside ``static_dispatch`` (outside it a traced call below the
-    eager floor counts as eager and runs dense); new inputs each call, as the recorded graph copies them in."""
+    eager floor counts as eager and runs dense); new inputs each call, as the recorded graph copies them in.  With
+    ``cached_weights`` the graph reads the copies ``prepare_static_weights`` made (static addresses) and records
+    without a skip."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    from torch._dynamo.utils import counters
 
     layer, xs = _warm_sparse_layer(seed=17, n_inputs=4, choose=True)
     torch._dynamo.reset()
+    counters.clear()
     with torch.no_grad():
         wants = [layer(x) for x in xs]
+        if cached_weights:
+            assert layer.prepare_static_weights() is True
         compiled = torch.compile(layer, mode="reduce-overhead")
-        with static_dispatch():
+        with static_dispatch(cached_weights=cached_weights):
             for _ in range(2):  # inductor's first calls warm up, later ones replay the recorded graph
                 for x, want in zip(xs, wants, strict=True):
                     got = compiled(x).clone()  # a replay's output is overwritten by the next replay
                     assert not bool(torch.isnan(got).any())
                     assert rel_error(got, want) <= REL_TOL[torch.bfloat16]
+    assert counters["inductor"].get("cudagraph_skips", 0) == 0

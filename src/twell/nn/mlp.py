@@ -96,18 +96,20 @@ _PREP_GENERATIONS = itertools.count()
 
 
 class _StaticDispatchDepth:
-    """How many :func:`static_dispatch` contexts are open, and how many of them read the layers' cached
-    unit-major Wd^T (class attributes: one read per call)."""
+    """How many :func:`static_dispatch` contexts are open, how many of them read the layers' cached
+    unit-major Wd^T in decode calls, and how many read the layers' cached copies in hot/cold and TwELL calls
+    (class attributes: one read per call)."""
 
     depth = 0
     unit_major_down = 0
+    cached_weights = 0
 
 
 _STATIC_DISPATCH = _StaticDispatchDepth
 
 
 @contextlib.contextmanager
-def static_dispatch(*, unit_major_down: bool = False) -> Iterator[None]:
+def static_dispatch(*, unit_major_down: bool = False, cached_weights: bool = False) -> Iterator[None]:
     """Inside this context every :class:`SparseGatedMLP` inference call takes the path that
     torch.compile traces: the kernels chosen from the layer's current l0 estimate, with no call
     counting, no l0 refresh and no host synchronisation, so the same kernels run on every call.  That
@@ -125,14 +127,27 @@ def static_dispatch(*, unit_major_down: bool = False) -> Iterator[None]:
     that copy inside the context (a traced or recorded call cannot): the caller calls
     ``w_down_unit_major()`` on every layer after the last weight change and before entering, and keys
     anything it records on those copies' storage, as :class:`twell.generation.GreedyDecoder` does.  A
-    layer without a cached copy reads the view."""
+    layer without a cached copy reads the view.
+
+    ``cached_weights``: hot/cold and TwELL calls read the layer's cached weight copies (the hot/cold plan's gate
+    layout and hot Wd^T, and the unit-major Wd^T) instead of building them from the weights on every call, the
+    way a traced call otherwise must (no dynamo guard sees an in-place weight update).  Per call those copies write
+    ~54 MB and read as much at d=2048, F=5632 with ~1000 hot units (Wd^T 23 MB, the fused gate layout ~27 MB, the hot
+    Wd columns ~4 MB): estimated ~1 ms or more over the 1.5B model's 28 layers at ~3 TB/s, a few percent of its
+    recorded forward at 4096-8192 tokens (26-50 ms on an H100, session 46, ``bench_results/h100/session46_runs.md``;
+    not yet timed with this on).  As with ``unit_major_down`` nothing
+    checks the copies inside the context: the caller calls :meth:`SparseGatedMLP.prepare_static_weights` on every
+    layer after the last weight change and before tracing or recording, which also marks them as static
+    addresses for CUDA graphs.  A layer whose copies are not ready builds them per call as before."""
     _STATIC_DISPATCH.depth += 1
     _STATIC_DISPATCH.unit_major_down += int(unit_major_down)
+    _STATIC_DISPATCH.cached_weights += int(cached_weights)
     try:
         yield
     finally:
         _STATIC_DISPATCH.depth -= 1
         _STATIC_DISPATCH.unit_major_down -= int(unit_major_down)
+        _STATIC_DISPATCH.cached_weights -= int(cached_weights)
 
 
 class _InferenceState:
@@ -534,7 +549,9 @@ class SparseGatedMLP(nn.Module):
         copies the split needs are built in the graph from the current weights every call, ~26 MB at
         d=2048, F=5632 against the ~9 ms FFN at 131,072 tokens, so they can never be stale the way a
         cached copy could after a weight update that no guard sees); else the TwELL op.  Each takes a
-        Wd^T copy per call.  Traced outside :func:`static_dispatch`, the policy's eager floor applies (a compiled
+        Wd^T copy per call -- except inside ``static_dispatch(cached_weights=True)``, where the caller vouches for
+        the cached copies (:meth:`prepare_static_weights`) and the split and the TwELL op read them.  Traced outside
+        :func:`static_dispatch`, the policy's eager floor applies (a compiled
         graph issues its launches from the host unless CUDA graphs record it): trace inside ``static_dispatch`` for
         calls that will be recorded (``torch.compile(mode="reduce-overhead")``)."""
         w_gate, w_up, w_down = weights
@@ -576,18 +593,24 @@ class SparseGatedMLP(nn.Module):
                     return _dense_ffn(x, *weights, residual)[0]
                 self._choose_hot_set(x2.contiguous(), weights)
                 plan = self._hot_cold._plan
+            cached_wd = self._buffers["_wd_unit_major"] if _STATIC_DISPATCH.cached_weights else None
             if split and plan is not None:
                 fused_tile = fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device)
-                w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, plan.hot, plan.cold,
-                                                          fused_tile=fused_tile)
+                if cached_wd is not None and plan.fused_tile == fused_tile:
+                    # the caller's copies (static_dispatch(cached_weights=True), prepare_static_weights)
+                    w_gemm, w_down_hot_t, w_down_t = plan.w_gemm, plan.w_down_hot_t, cached_wd
+                else:
+                    w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, plan.hot, plan.cold,
+                                                              fused_tile=fused_tile)
+                    w_down_t = w_down.t().contiguous()
                 res2 = None if residual is None else residual.reshape(m, self.hidden_size).contiguous()
                 out, _ = torch.ops.twell.hot_cold_gated_ffn_unchecked(
-                    x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), plan.hot, plan.cold, w_gemm,
+                    x2.contiguous(), w_gate, w_up, w_down_t, plan.hot, plan.cold, w_gemm,
                     w_down_hot_t, self.tile, capacity, backend, fused_tile, self._hot_cold.dense_rows(m), res2)
                 return out.view(x.shape)
+            w_down_t = cached_wd if cached_wd is not None else w_down.t().contiguous()
             out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
-                x2.contiguous(), w_gate, w_up, w_down.t().contiguous(), self.tile, capacity, self.precision,
-                backend)
+                x2.contiguous(), w_gate, w_up, w_down_t, self.tile, capacity, self.precision, backend)
             return out.view(x.shape) if residual is None else residual + out.view(x.shape)
         return _dense_ffn(x, *weights, residual)[0]
 
@@ -763,6 +786,39 @@ class SparseGatedMLP(nn.Module):
                                "traces or a CUDA graph is being recorded")
         with torch.no_grad():
             self._choose_hot_set(x.reshape(-1, self.hidden_size).contiguous(), weights)
+
+    def prepare_static_weights(self) -> bool:
+        """Build the weight copies that calls inside ``static_dispatch(cached_weights=True)`` read, for the current
+        weights, and mark them as static addresses for CUDA graphs (``torch._dynamo.mark_static_address``, so a
+        recorded graph reads them in place instead of copying them in on every replay): the unit-major Wd^T and,
+        where the layer runs the hot/cold split and has chosen its hot units, the plan's gate layout and hot Wd^T.
+
+        Call it on every layer after the last weight change (an optimizer step, ``load_state_dict``) and before
+        tracing or recording inside that context; nothing checks the copies there.  Returns whether the split's
+        copies are ready (False: the layer has no hot set or does not run the split; its TwELL calls still read the
+        cached Wd^T).  Synchronises nothing, but builds copies: call it eagerly, not while torch.compile traces or a
+        CUDA graph is being recorded."""
+        weights = self._weights()
+        w = weights[0]
+        if torch.compiler.is_compiling() or (w.is_cuda and torch.cuda.is_current_stream_capturing()):
+            raise RuntimeError("prepare_static_weights builds weight copies: call it eagerly, not while torch.compile "
+                               "traces or a CUDA graph is being recorded")
+        from torch._dynamo import mark_static_address  # torch._dynamo's import is heavy: only where it is used
+
+        with torch.no_grad():
+            prep = self._prepare_sparse(*weights)
+            wd_t = self.w_down_unit_major()
+            if wd_t is self._buffers["_wd_unit_major"]:  # cached (not an inference-tensor weight's fresh copy)
+                mark_static_address(wd_t)
+            if not (prep.hot_cold and self._hot_cold.chosen):
+                return False
+            plan = self._hot_cold.plan(*weights, key=prep.generation,
+                                       fused_tile=fused_gate_tile(self.tile, w.dtype, self.hidden_size, w.device))
+            if plan is None:
+                return False
+            for t in (plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t):
+                mark_static_address(t)
+        return True
 
     def _choose_hot_set(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         """The hot units chosen from ``x`` [M, d] and the plan built (what a sparse call does on a refresh call), where
