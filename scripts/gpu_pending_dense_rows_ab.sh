@@ -31,6 +31,9 @@ probe() {  # name, tokens, probe arguments...: one probe process, labelled name_
     python3 scripts/recorded_forward_probe.py --policy tables --tokens "$n" --top 40 --samples 5 "$@" \
     --out "$R/${name}_$n"
 }
+# correctness first: the recorded-call GPU tests (cached_weights=True new in session 46), the dense-row tests
+wanted gputests && stage pytest_gpu_recorded "$(left 560)" "passed|failed|error" python3 -m pytest -q -m gpu \
+  tests/test_nn_mlp_hot_cold.py tests/test_ops_hot_cold_dense_rows.py -k "reduce_overhead or cuda_graph or gpu"
 # most telling first (~60-120 s each; a stage past the call's budget is skipped): the A/B at both sizes, the bench's
 # recorded forward, then a pass on every layer
 probe severe0 4096 --severe-tiles 0
