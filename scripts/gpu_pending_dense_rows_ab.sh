@@ -7,7 +7,8 @@
 # 11.21 ms over 28 layers on an H100 with the 16-row rule alone, 3.64 on an H200 with a budget everywhere).
 # One process per variant, the tables policy (eager calls sparse too), all on this call's card, in this order:
 # severe 0 (the rule off: session 45's behaviour) and shipped at 4096 and 8192 tokens, the bench's recorded forward,
-# DENSE_ROWS_MIN_EXPECTED = 1 at 4096, the cached weight copies at 4096 and 8192, then 12,288 tokens off / shipped.
+# DENSE_ROWS_MIN_EXPECTED = 1 at 4096, the cached weight copies at 4096 and 8192 (and the bench's forward with them),
+# then 12,288 tokens off / shipped.
 # Predicted: shipped against off, the row kernel at 4096 tokens ~3.5-5 ms against ~11 (H100), the recorded sparse
 # forward ~0.93-0.97x of dense against ~0.78x; at 8192 tokens ~1.08-1.12x against ~1.04x; min-expected 1 within 2 % of
 # shipped.  The synthetic FFN problem (twell bench ffn, tune-dispatch) has no overflowing row in its refresh sample at
@@ -49,6 +50,11 @@ probe rows1 4096 --min-expected 1
 # predicted ~1-1.5 ms off the recorded sparse forward at both sizes (~54 MB written and read per layer and call)
 probe cached 4096 --cached-weights
 probe cached 8192 --cached-weights
+wanted bench_b2_cached && stage model_forward_recorded_b2_cached "$(left 560)" "^\| forward|^total|Error" \
+  python3 -m twell.cli bench model --preset 1.5b --parts forward --batch 2 --fused-norms --fused-residual \
+  --forward-policies default --forward-compile --forward-compile-mode reduce-overhead --forward-cached-weights \
+  --out "$R" --stem "model_forward_recorded_b2_cached_$S"
+wanted bench_b2_cached && forward_summary "$R/model_forward_recorded_b2_cached_$S.json"
 # above the eager floor (8937 tokens at 2048 x 5632), where eager calls run sparse and the pass's launches are host
 # time: the rule off / shipped, eager wall clock beside the recorded one
 probe severe0 12288 --severe-tiles 0

@@ -154,9 +154,9 @@ def test_reduce_overhead_forward_warms_each_sparse_set_up_and_calls_inside_stati
     entered: list[str] = []
 
     @contextlib.contextmanager
-    def counted() -> object:
+    def counted(**kwargs: bool) -> object:
         entered.append("static_dispatch")
-        with static_dispatch():
+        with static_dispatch(**kwargs):
             yield
 
     monkeypatch.setattr(model_forward, "static_dispatch", counted)
@@ -171,6 +171,54 @@ def test_reduce_overhead_forward_warms_each_sparse_set_up_and_calls_inside_stati
         assert v["compiled_rel_l2_vs_eager"] < REL_TOL[torch.float32], name
     # one warm-up (the sparse set), then per variant three untimed calls and one timed: 1 + 2 x (3 + 1)
     assert len(entered) == 9
+
+
+def test_reduce_overhead_forward_with_cached_weights_prepares_each_sparse_layer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--forward-cached-weights: after each sparse set's warm-up its layers prepare their weight copies, and every
+    compiled call runs inside static_dispatch(cached_weights=True)."""
+    import contextlib
+
+    from twell.bench import model_forward
+    from twell.nn import SparseGatedMLP, static_dispatch
+
+    flags: list[bool] = []
+    prepared: list[int] = []
+
+    @contextlib.contextmanager
+    def recorded(*, cached_weights: bool = False) -> object:
+        flags.append(cached_weights)
+        with static_dispatch(cached_weights=cached_weights):
+            yield
+
+    real = SparseGatedMLP.prepare_static_weights
+
+    def counting(self: SparseGatedMLP) -> bool:
+        prepared.append(id(self))
+        return real(self)
+
+    monkeypatch.setattr(model_forward, "static_dispatch", recorded)
+    monkeypatch.setattr(SparseGatedMLP, "prepare_static_weights", counting)
+    data = _run_small_fp32(tmp_path, "forward", "--forward-compile", "--forward-compile-mode", "reduce-overhead",
+                           "--forward-cached-weights", "--forward-policies", "default")
+    result = data["meta"]["parts"]["forward"]["result"]
+    assert result["cached_weights"] is True
+    # the CPU's torch backend runs no split: each layer prepares its Wd^T only and says so
+    assert result["variants"]["sparse:default"]["cached_weights_ready"] == [False, False]
+    assert len(prepared) == 2 == len(set(prepared))
+    # the warm-up call without the flag, then 2 variants x (3 untimed + 1 timed) calls with it
+    assert flags == [False] + [True] * 8
+    for v in result["variants"].values():
+        assert v["compiled_rel_l2_vs_eager"] < REL_TOL[torch.float32]
+
+
+def test_cached_weights_needs_recorded_calls() -> None:
+    from twell.bench.model_forward import ForwardConfig
+
+    with pytest.raises(ValueError, match="cached_weights applies to recorded calls"):
+        ForwardConfig(compile=True, cached_weights=True)
+    with pytest.raises(SystemExit):
+        bench_model.main(["--preset", "tiny", "--parts", "forward", "--forward-compile", "--forward-cached-weights"])
 
 
 def test_a_bad_compile_mode_is_refused_by_name() -> None:

@@ -120,6 +120,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--forward-compile-mode", choices=COMPILE_MODES, default="default",
                    help="torch.compile mode of --forward-compile; reduce-overhead (CUDA graphs) traces and calls the "
                         "variants inside twell.nn.static_dispatch")
+    g.add_argument("--forward-cached-weights", action="store_true",
+                   help="with --forward-compile-mode reduce-overhead: record inside static_dispatch(cached_weights="
+                        "True) after prepare_static_weights on every sparse layer")
     g = p.add_argument_group("train")
     g.add_argument("--train-batch", type=int, default=8, help="sequences per training step")
     g.add_argument("--train-impl", choices=["hot-cold", "auto", "triton", "sparse-reference"], default=None,
@@ -180,6 +183,9 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.forward_compile_mode != "default" and not a.forward_compile:
         p.error(f"--forward-compile-mode {a.forward_compile_mode} sets the mode of --forward-compile; add "
                 "--forward-compile")
+    if a.forward_cached_weights and a.forward_compile_mode != "reduce-overhead":
+        p.error("--forward-cached-weights applies to recorded calls; add --forward-compile --forward-compile-mode "
+                "reduce-overhead")
     if a.decode_compile and a.decode_loop != "graphed":
         p.error("--decode-compile compiles the step of --decode-loop graphed; add --decode-loop graphed")
 
@@ -228,7 +234,8 @@ def _run_part(part: str, bench: BenchModel, a: argparse.Namespace, log: _Log,
     if part == "forward":
         cfg = ForwardConfig(warmup=a.warmup, reps=a.reps, energy_seconds=a.energy_seconds,
                             check_seqs=a.check_seqs, policies=a.forward_policies, profile=a.forward_profile,
-                            compile=a.forward_compile, compile_mode=a.forward_compile_mode)
+                            compile=a.forward_compile, compile_mode=a.forward_compile_mode,
+                            cached_weights=a.forward_cached_weights)
         return run_forward(bench, cfg, log, update)
     if part == "decode":
         cfg = DecodeConfig(batches=a.decode_batches, prompt_len=a.prompt_len, new_tokens=a.new_tokens,

@@ -64,10 +64,16 @@ class ForwardConfig:
     #: the compiled backbone's torch.compile mode (:data:`COMPILE_MODES`): "default", or "reduce-overhead" (inductor's
     #: CUDA graphs; traced and called inside static_dispatch, as the README's recipe for recorded calls says)
     compile_mode: str = "default"
+    #: under "reduce-overhead": record inside ``static_dispatch(cached_weights=True)`` after
+    #: ``SparseGatedMLP.prepare_static_weights`` on every layer of the set (the split's weight copies read in place)
+    cached_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}; got {self.compile_mode!r}")
+        if self.cached_weights and self.compile_mode != "reduce-overhead":
+            raise ValueError("cached_weights applies to recorded calls: it needs compile_mode 'reduce-overhead', got "
+                             f"{self.compile_mode!r}")
 
 
 
@@ -119,7 +125,9 @@ def _time_compiled(bench: BenchModel, ids: torch.Tensor, runnable: list[str], re
     ``static_dispatch`` (it chooses the hot units of layers whose eager calls ran dense below the policy's eager floor),
     then every variant is traced and called inside ``static_dispatch``, three untimed calls first (inductor records its
     CUDA graph on the second), and each call's output is cloned (a replay overwrites the last one's): a copy of the
-    [tokens, hidden] output in every variant's time alike."""
+    [tokens, hidden] output in every variant's time alike.  With ``cfg.cached_weights`` each sparse set's layers
+    prepare their weight copies after the warm-up (``prepare_static_weights``; ``cached_weights_ready`` per layer) and
+    the calls run inside ``static_dispatch(cached_weights=True)``."""
     backbone = bench.model.model
     backend = compile_backend(bench.device)
     recorded = cfg.compile_mode == "reduce-overhead"
@@ -131,16 +139,20 @@ def _time_compiled(bench: BenchModel, ids: torch.Tensor, runnable: list[str], re
         f"variant after another)")
     if recorded:
         for name in names:
-            if any(isinstance(m, SparseGatedMLP) for m in bench.sets.use(name)):
+            mlps = [m for m in bench.sets.use(name) if isinstance(m, SparseGatedMLP)]
+            if mlps:
                 with static_dispatch():
                     backbone(input_ids=ids, use_cache=False)
+                if cfg.cached_weights:
+                    result["variants"][name]["cached_weights_ready"] = [m.prepare_static_weights() for m in mlps]
+    result["cached_weights"] = cfg.cached_weights
 
     def call(name: str) -> Callable[[], torch.Tensor]:
         def fn() -> torch.Tensor:
             bench.sets.use(name)
             if not recorded:
                 return compiled(input_ids=ids, use_cache=False).last_hidden_state
-            with static_dispatch():
+            with static_dispatch(cached_weights=cfg.cached_weights):
                 return compiled(input_ids=ids, use_cache=False).last_hidden_state.clone()
 
         return fn
