@@ -813,8 +813,7 @@ class SparseGatedMLP(nn.Module):
                 mark_static_address(wd_t)
             if not (prep.hot_cold and self._hot_cold.chosen):
                 return False
-            plan = self._hot_cold.plan(*weights, key=prep.generation,
-                                       fused_tile=fused_gate_tile(self.tile, w.dtype, self.hidden_size, w.device))
+            plan = self._current_plan(w, weights, prep)  # calls come in the weights' dtype, on their device
             if plan is None:
                 return False
             for t in (plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t):
@@ -832,7 +831,8 @@ class SparseGatedMLP(nn.Module):
     def _current_plan(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                       prep: _SparsePrep) -> HotColdPlan | None:
         """The hot/cold plan of the chosen hot units for the current weights, in the fused gate's layout where the
-        kernel takes calls like ``x`` (built once per change of the weights or the set; None without hot units)."""
+        kernel takes calls like ``x`` (only its dtype and device are read; built once per change of the weights or the
+        set; None without hot units)."""
         return self._hot_cold.plan(*weights, key=prep.generation,
                                    fused_tile=fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device))
 
