@@ -16,7 +16,6 @@ grows with the token count shows as a synchronising call or an allocator retry.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from collections.abc import Callable
@@ -26,6 +25,7 @@ import torch
 from eager_floor_probe import forward_of, probe_model  # scripts/ (the script's own directory is on sys.path)
 
 from twell.bench.model_measure import time_interleaved
+from twell.bench.probe import probe_device, probe_parser
 
 STALL_MARKERS = ("Synchronize", "cudaMalloc", "cudaFree", "Memcpy", "cudaEventQuery", "cuMemAlloc", "cuMemFree")
 
@@ -62,17 +62,16 @@ def stall_events(fn: Callable[[], object], device: torch.device) -> list[dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = probe_parser(__doc__)  # --device, --tiny
+    p.set_defaults(device="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tokens", type=int, nargs="+", default=[4096, 6144, 8192, 12288, 16384])
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--policy", default="tables")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--device", default=None)
-    p.add_argument("--tiny", action="store_true")
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = probe_device(a.device)
     preset, tokens, seq, policy = "1.5b", sorted(set(a.tokens)), a.seq, a.policy
     if a.tiny:
         preset, tokens, seq, policy = "tiny", [16, 32, 64], 32, "always-sparse"

@@ -32,6 +32,15 @@ probe() {  # name, tokens, probe arguments...: one probe process, labelled name_
     python3 scripts/recorded_forward_probe.py --policy tables --tokens "$n" --top 40 --samples 5 "$@" \
     --out "$R/${name}_$n"
 }
+bench_b2() {  # label, extra bench arguments...: the recorded 1.5B forward at 4096 tokens, labelled bench_<label>
+  local label=$1
+  shift
+  wanted "bench_$label" || return 0
+  stage "model_forward_recorded_$label" "$(left 560)" "^\| forward|^total|Error" python3 -m twell.cli bench model \
+    --preset 1.5b --parts forward --batch 2 --fused-norms --fused-residual --forward-policies default \
+    --forward-compile --forward-compile-mode reduce-overhead "$@" --out "$R" --stem "model_forward_recorded_${label}_$S"
+  forward_summary "$R/model_forward_recorded_${label}_$S.json"
+}
 # correctness first: the recorded-call GPU tests (cached_weights=True new in session 46), the dense-row tests
 wanted gputests && stage pytest_gpu_recorded "$(left 560)" "passed|failed|error" python3 -m pytest -q -m gpu \
   tests/test_nn_mlp_hot_cold.py tests/test_ops_hot_cold_dense_rows.py -k "reduce_overhead or cuda_graph or gpu"
@@ -41,20 +50,13 @@ probe severe0 4096 --severe-tiles 0
 probe shipped 4096
 probe severe0 8192 --severe-tiles 0
 probe shipped 8192
-wanted bench_b2 && stage model_forward_recorded_b2 "$(left 560)" "^\| forward|^total|Error" python3 -m twell.cli \
-  bench model --preset 1.5b --parts forward --batch 2 --fused-norms --fused-residual --forward-policies default \
-  --forward-compile --forward-compile-mode reduce-overhead --out "$R" --stem "model_forward_recorded_b2_$S"
-wanted bench_b2 && forward_summary "$R/model_forward_recorded_b2_$S.json"
+bench_b2 b2
 probe rows1 4096 --min-expected 1
 # the split's weight copies read in place (static_dispatch(cached_weights=True), new in session 46 and not yet timed):
 # predicted ~1-1.5 ms off the recorded sparse forward at both sizes (~54 MB written and read per layer and call)
 probe cached 4096 --cached-weights
 probe cached 8192 --cached-weights
-wanted bench_b2_cached && stage model_forward_recorded_b2_cached "$(left 560)" "^\| forward|^total|Error" \
-  python3 -m twell.cli bench model --preset 1.5b --parts forward --batch 2 --fused-norms --fused-residual \
-  --forward-policies default --forward-compile --forward-compile-mode reduce-overhead --forward-cached-weights \
-  --out "$R" --stem "model_forward_recorded_b2_cached_$S"
-wanted bench_b2_cached && forward_summary "$R/model_forward_recorded_b2_cached_$S.json"
+bench_b2 b2_cached --forward-cached-weights
 # above the eager floor (8937 tokens at 2048 x 5632), where eager calls run sparse and the pass's launches are host
 # time: the rule off / shipped, eager wall clock beside the recorded one
 probe severe0 12288 --severe-tiles 0

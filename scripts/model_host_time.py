@@ -17,7 +17,6 @@ time is).  The l0 refresh is off for the held forwards: its host read would wait
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import functools
 import io
@@ -33,6 +32,7 @@ from eager_floor_probe import forward_of, probe_model  # scripts/ (the script's 
 from eager_stall_probe import profiled_calls
 
 from twell.bench.model_measure import time_interleaved
+from twell.bench.probe import probe_device, probe_parser
 from twell.bench.timing import SLEEP_CYCLES_PER_MS, synchronize
 from twell.nn import SparseGatedMLP
 
@@ -112,7 +112,8 @@ def profile_text(fn: Callable[[], object], first_layer: torch.nn.Module, dev: to
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = probe_parser(__doc__)  # --device, --tiny
+    p.set_defaults(device="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192, 16384])
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--policy", default="tables", help="the sparse set's policy (tables: the default without its "
@@ -120,11 +121,9 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=5)
     p.add_argument("--profile-tokens", type=int, default=None, help="the count to cProfile (default: the second)")
     p.add_argument("--top", type=int, default=30)
-    p.add_argument("--device", default=None)
-    p.add_argument("--tiny", action="store_true")
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = probe_device(a.device)
     preset, tokens, seq, policy, samples = "1.5b", sorted(set(a.tokens)), a.seq, a.policy, a.samples
     if a.tiny:
         preset, tokens, seq, policy, samples = "tiny", [16, 32], 32, "always-sparse", 2

@@ -23,7 +23,6 @@ layer (the split's weight copies read in place, not built in the graph each call
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -37,6 +36,7 @@ from model_host_time import layers_host_and_gpu_ms
 from torch._dynamo.utils import counters
 
 from twell.bench.model_measure import time_interleaved
+from twell.bench.probe import probe_device, probe_parser
 from twell.bench.timing import SLEEP_CYCLES_PER_MS, synchronize
 from twell.nn import SparseGatedMLP, hot_cold_cache, static_dispatch
 from twell.ops import hot_cold_plan
@@ -87,7 +87,8 @@ def compile_counters() -> dict[str, object]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = probe_parser(__doc__)  # --device, --tiny
+    p.set_defaults(device="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192])
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--policy", default="default", help="the sparse set's policy (tables: without the eager floor, so "
@@ -105,11 +106,9 @@ def main() -> None:
                         "(the split's weight copies read in place instead of built every call)")
     p.add_argument("--samples", type=int, default=7)
     p.add_argument("--top", type=int, default=12)
-    p.add_argument("--device", default=None)
-    p.add_argument("--tiny", action="store_true")
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = probe_device(a.device)
     preset, tokens, seq, policy, samples = "1.5b", sorted(set(a.tokens)), a.seq, a.policy, a.samples
     if a.tiny:
         preset, tokens, seq, policy, samples = "tiny", [32], 32, "always-sparse", 2
