@@ -175,8 +175,8 @@ def test_reduce_overhead_forward_warms_each_sparse_set_up_and_calls_inside_stati
 
 def test_reduce_overhead_forward_with_cached_weights_prepares_each_sparse_layer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--forward-cached-weights: after each sparse set's warm-up its layers prepare their weight copies, and every
-    compiled call runs inside static_dispatch(cached_weights=True)."""
+    """--forward-cached-weights (on by default in reduce-overhead mode): after each sparse set's warm-up its layers
+    prepare their weight copies, and every compiled call runs inside static_dispatch(cached_weights=True)."""
     import contextlib
 
     from twell.bench import model_forward
@@ -200,7 +200,7 @@ def test_reduce_overhead_forward_with_cached_weights_prepares_each_sparse_layer(
     monkeypatch.setattr(model_forward, "static_dispatch", recorded)
     monkeypatch.setattr(SparseGatedMLP, "prepare_static_weights", counting)
     data = _run_small_fp32(tmp_path, "forward", "--forward-compile", "--forward-compile-mode", "reduce-overhead",
-                           "--forward-cached-weights", "--forward-policies", "default")
+                           "--forward-policies", "default")
     result = data["meta"]["parts"]["forward"]["result"]
     assert result["cached_weights"] is True
     # the CPU's torch backend runs no split: each layer prepares its Wd^T only and says so
@@ -210,6 +210,23 @@ def test_reduce_overhead_forward_with_cached_weights_prepares_each_sparse_layer(
     assert flags == [False] + [True] * 8
     for v in result["variants"].values():
         assert v["compiled_rel_l2_vs_eager"] < REL_TOL[torch.float32]
+
+
+def test_no_forward_cached_weights_records_without_the_copies(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--no-forward-cached-weights: reduce-overhead calls run inside static_dispatch(cached_weights=False) and no layer
+    prepares its copies (the traced call then builds the split's weights itself, as before session 47)."""
+    from twell.nn import SparseGatedMLP
+
+    def refuse(self: SparseGatedMLP) -> bool:
+        raise AssertionError("prepare_static_weights called with --no-forward-cached-weights")
+
+    monkeypatch.setattr(SparseGatedMLP, "prepare_static_weights", refuse)
+    data = _run_small_fp32(tmp_path, "forward", "--forward-compile", "--forward-compile-mode", "reduce-overhead",
+                           "--no-forward-cached-weights", "--forward-policies", "default")
+    result = data["meta"]["parts"]["forward"]["result"]
+    assert result["cached_weights"] is False
+    assert "cached_weights_ready" not in result["variants"]["sparse:default"]
 
 
 def test_cached_weights_needs_recorded_calls() -> None:
