@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Ran in session 47 (0c1dedd, H100; bench_results/h100/session47_runs.md): batch 4 1.136x; batch 2 was cut by its
+# 110 s limit on a fresh machine (rerun alone: 0.980x; the limits are now 200 / 330 s) and the suite by the call's end
+# after 153 passed (the whole suite: scripts/gpu_pending_suite.sh).
 # Session 47, after the dense-row A/B (scripts/gpu_pending_dense_rows_ab.sh; bench_results/h100/session47_runs.md):
 # `twell bench model --forward-compile-mode reduce-overhead` now records inside static_dispatch(cached_weights=True)
 # by default.  First the README recipe's two figures with that default: the 1.5B backbone recorded at 4096 tokens
@@ -12,7 +15,7 @@
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session47}" cached
 nvidia-smi --query-gpu=name --format=csv,noheader
 for b in 2 4; do
-  stage "model_forward_recorded_cached_b$b" "$(left $((b == 2 ? 110 : 240)))" "^\| forward|^total|Error" \
+  stage "model_forward_recorded_cached_b$b" "$(left $((b == 2 ? 200 : 330)))" "^\| forward|^total|Error" \
     python3 -m twell.cli bench model --preset 1.5b --parts forward --batch "$b" --fused-norms --fused-residual \
     --forward-policies default --forward-compile --forward-compile-mode reduce-overhead --out "$R" \
     --stem "model_forward_recorded_cached_b${b}_${S}"

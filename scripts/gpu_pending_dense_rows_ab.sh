@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in session 47 (two calls on one H100, 297fbc3; bench_results/h100/session47_runs.md): the rule kept.
 # Pending since session 46 (bench_results/h100/session46_runs.md; more than one 10-minute call: a later call runs
 # what the first skipped through TWELL_ONLY): the same-card A/B of the dense-row pass's several-tiles rule
 # (DENSE_ROWS_SEVERE_TILES = 2, DENSE_ROWS_MIN_SEVERE = 1, twell.nn.hot_cold_cache), shipped on session 46's

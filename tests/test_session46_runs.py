@@ -58,7 +58,6 @@ def test_row_kernel_with_and_without_a_pass_on_every_layer():
     assert all(n == 64 for n in sparse["dense_rows"])  # DENSE_ROWS_MIN_EXPECTED = 1: a pass on every layer
     assert f"{dense['gpu_ms'] / sparse['gpu_ms']:.2f}x" == "0.93x"
     assert f"{dense['wall_ms'] / sparse['wall_ms']:.2f}x" == "0.96x"
-    assert "0.93x (GPU) / 0.96x (wall) of dense" in README
     assert "11.2 ms of row kernel" in README and "11.2 ms of row kernel" in CACHE_SOURCE
     assert "against 3.64 ms" in CACHE_SOURCE
 

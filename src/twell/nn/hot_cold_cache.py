@@ -69,8 +69,11 @@ DENSE_ROWS_MIN_EXPECTED = 16.0
 #: 109-814 overflowing tiles, the pass ~0.07-0.08 ms over layer 19.  So a row with two such tiles already costs more
 #: than the pass.  The 16-row rule alone left the model's recorded forward at 4096 tokens with 11.2 ms of row kernel
 #: over 28 layers on an H100 (bench_results/h100/recorded_forward_probe_tables_4096_session46.json) against 3.64 ms
-#: with a budget on every layer on an H200 (bench_results/h200/recorded_forward_probe_rows1_4096_bound3_session46.json;
-#: the same forward, not yet timed both ways on one card).
+#: with a budget on every layer on an H200 (bench_results/h200/recorded_forward_probe_rows1_4096_bound3_session46.json).
+#: Same card, rule off / on (H100, session 47, bench_results/h100/recorded_forward_probe_{severe0,shipped}_*
+#: _session47.json, the recorded forward, tables policy): 4096 tokens row kernel 11.15 -> 4.16 ms, the forward 0.787x ->
+#: 0.921x of dense by GPU time; 8192 tokens 8.75 -> 6.08 ms, 1.046x -> 1.083x; 12,288 tokens (eager, wall clock)
+#: 1.285x -> 1.310x.  A pass on every layer instead (DENSE_ROWS_MIN_EXPECTED = 1) ran 0.920x at 4096: no better.
 DENSE_ROWS_SEVERE_TILES = 2
 DENSE_ROWS_MIN_SEVERE = 1.0
 #: The several-tiles rule applies below this many tokens only: it was measured at 4096 and 8192 tokens, where the row
