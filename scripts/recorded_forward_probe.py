@@ -39,7 +39,7 @@ from twell.bench.model_measure import time_interleaved
 from twell.bench.probe import probe_device, probe_parser
 from twell.bench.timing import SLEEP_CYCLES_PER_MS, synchronize
 from twell.nn import SparseGatedMLP, hot_cold_cache, static_dispatch
-from twell.ops import hot_cold_plan
+from twell.ops import hot_cold_dense_rows, hot_cold_plan
 
 #: GPU hold ahead of each held sample (ms): above the ~43 ms the slowest eager sparse forward took to issue on the
 #: H100 machine (session 45), so the queue never drains while one call is issued
@@ -101,6 +101,9 @@ def main() -> None:
     p.add_argument("--severe-tiles", type=int, default=None,
                    help="DENSE_ROWS_SEVERE_TILES for this run (0: no pass for rows that overflow several tiles unless "
                         "the row minimum is met)")
+    p.add_argument("--no-fused-pass", action="store_true",
+                   help="hot_cold_dense_rows.FUSED_PASS off for this run: the dense-row pass in PyTorch ops (~20 "
+                        "launches) instead of its Triton kernels (8)")
     p.add_argument("--cached-weights", action="store_true",
                    help="record inside static_dispatch(cached_weights=True) after prepare_static_weights on each layer "
                         "(the split's weight copies read in place instead of built every call)")
@@ -118,6 +121,8 @@ def main() -> None:
         hot_cold_cache.DENSE_ROWS_MIN_EXPECTED = a.min_expected  # read at call time (HotColdCache.dense_rows)
     if a.severe_tiles is not None:
         hot_cold_cache.DENSE_ROWS_SEVERE_TILES = a.severe_tiles  # read on each refresh of the hot set
+    if a.no_fused_pass:
+        hot_cold_dense_rows.FUSED_PASS = False  # read at call time (select_overflow_rows, dense_rows_ffn)
     torch._logging.set_logs(perf_hints=True, graph_breaks=True)
     bench = probe_model(preset, dev, tokens, seq, [policy])
     backbone = bench.model.model
@@ -202,6 +207,7 @@ def main() -> None:
                                                                      "severe_tiles":
                                                                          hot_cold_cache.DENSE_ROWS_SEVERE_TILES,
                                                                      "cached_weights": a.cached_weights,
+                                                                     "fused_pass": hot_cold_dense_rows.FUSED_PASS,
                                                                      "rows": rows}, indent=1) + "\n")
 
 

@@ -111,6 +111,7 @@ SM90_KERNELS = frozenset({
     "decode_down_bm64", "decode_onepass_bm1", "decode_onepass_bm8", "decode_column_sum", "hot_cold_gate_t128",
     "hot_cold_gate_t64", "down_cold", "cold_list", "rope", "rope_backward", "batch_up_bm16", "batch_up_bm32",
     "batch_up_bm64", "batch_down_bm16", "batch_down_bm32", "batch_down_bm64", "batch_partial_sum",
+    "dense_rows_flags", "dense_rows_ranks", "dense_rows_product", "dense_rows_scatter",
 })
 
 

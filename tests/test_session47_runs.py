@@ -23,6 +23,7 @@ README = _flat((ROOT / "README.md").read_text())
 PERFORMANCE = _flat((ROOT / "docs" / "performance.md").read_text())
 LOG = _flat((H100 / "session47_runs.md").read_text())
 CACHE_SOURCE = _flat((ROOT / "src" / "twell" / "nn" / "hot_cold_cache.py").read_text())
+MLP_SOURCE = _flat((ROOT / "src" / "twell" / "nn" / "mlp.py").read_text())
 
 
 def _probe(label: str) -> dict[str, dict]:
@@ -67,6 +68,8 @@ def test_rule_and_copies_as_the_readme_and_the_rule_quote_them():
     assert "1.94 / 1.36 ms off (0.988x / 1.114x)" in README
     assert "0.787x -> 0.921x of dense by GPU time; 8192 tokens 8.75 -> 6.08 ms, 1.046x -> 1.083x" in CACHE_SOURCE
     assert "1.285x -> 1.310x" in CACHE_SOURCE and "1.285x -> 1.310x" in PERFORMANCE
+    assert "28.88 -> 26.94 ms at 4096 tokens (0.921x -> 0.988x of recorded dense)" in MLP_SOURCE
+    assert "47.46 -> 46.10 ms at 8192 (1.083x -> 1.114x)" in MLP_SOURCE
 
 
 def test_eager_wall_at_12288_tokens():

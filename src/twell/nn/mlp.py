@@ -133,9 +133,9 @@ def static_dispatch(*, unit_major_down: bool = False, cached_weights: bool = Fal
     layout and hot Wd^T, and the unit-major Wd^T) instead of building them from the weights on every call, the way a
     traced call otherwise must (no dynamo guard sees an in-place weight update). Per call those copies write ~54 MB
     and read as much at d=2048, F=5632 with ~1000 hot units (Wd^T 23 MB, the fused gate layout ~27 MB, the hot Wd
-    columns ~4 MB): estimated ~1 ms or more over the 1.5B model's 28 layers at ~3 TB/s, a few percent of its
-    recorded forward at 4096-8192 tokens (26-50 ms on an H100, session 46, ``bench_results/h100/session46_runs.md``;
-    not yet timed with this on). As with ``unit_major_down`` nothing checks the copies inside the context: the
+    columns ~4 MB). Measured on an H100 (session 47, ``bench_results/h100/session47_runs.md``): the 1.5B model's
+    recorded forward 28.88 -> 26.94 ms at 4096 tokens (0.921x -> 0.988x of recorded dense) and 47.46 -> 46.10 ms at
+    8192 (1.083x -> 1.114x). As with ``unit_major_down`` nothing checks the copies inside the context: the
     caller calls :meth:`SparseGatedMLP.prepare_static_weights` on every layer after the last weight change and
     before tracing or recording, which also marks them as static addresses for CUDA graphs (copies left from an
     eager call before a weight change would be read stale). A layer with no cached copies builds them per call as

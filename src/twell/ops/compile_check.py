@@ -434,6 +434,26 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         kernel = _compiled(_rope_kernel, sig, {"HALF": 32, "H_PAD": 32, "HALF_PAD": 32, "BACKWARD": backward}, target,
                            num_warps=4, enable_fp_fusion=False)
         results[f"rope{'_backward' if backward else ''}"] = _stats(kernel, arch)
+    from . import dense_rows_kernels as drk
+
+    kernel = _compiled(drk._overflow_flags_kernel,
+                       {"counts_ptr": "*i32", "stride_m": "i32", "stride_t": "i32", "m": "i32", "n_tiles": "i32",
+                        "capacity": "i32", "flags_ptr": "*i8", "block_counts_ptr": "*i32"},
+                       {"BLOCK_M": drk._SELECT_BLOCK_M, "BLOCK_T": drk._SELECT_BLOCK_T}, target, num_warps=4)
+    results["dense_rows_flags"] = _stats(kernel, arch)
+    kernel = _compiled(drk._overflow_ranks_kernel,
+                       {"flags_ptr": "*i8", "block_counts_ptr": "*i32", "n_blocks": "i32", "m": "i32", "budget": "i32",
+                        "rows_ptr": "*i64"},
+                       {"BLOCK_M": drk._SELECT_BLOCK_M, "CHUNK": drk._SELECT_CHUNK}, target, num_warps=4)
+    results["dense_rows_ranks"] = _stats(kernel, arch)
+    kernel = _compiled(drk._gated_product_kernel, {"g_ptr": "*bf16", "u_ptr": "*bf16", "h_ptr": "*bf16", "n": "i32"},
+                       {"BLOCK": drk._PRODUCT_BLOCK}, target, num_warps=4)
+    results["dense_rows_product"] = _stats(kernel, arch)
+    kernel = _compiled(drk._scatter_rows_kernel,
+                       {"y_ptr": "*bf16", "rows_ptr": "*i64", "res_ptr": "*bf16", "out_ptr": "*bf16", "d": "i32",
+                        "stride_y": "i32", "stride_res": "i32", "stride_out": "i32"},
+                       {"HAS_RES": True, "BLOCK_D": drk._SCATTER_BLOCK_D}, target, num_warps=4)
+    results["dense_rows_scatter"] = _stats(kernel, arch)
     return results
 
 

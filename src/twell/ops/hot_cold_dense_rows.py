@@ -22,6 +22,10 @@ Unused budget slots compute row 0 again and write the same dense result over it 
 Measured (H200, session 22, the same forward): layer 0 10.889 -> 6.725 ms and layer 1 7.924 -> 6.814 ms with budgets
 of 1152 and 384 rows (bench_results/h200/forward_layer_times_{no_,}dense_rows_session22.log); the 1.5B forward
 1.326x -> 1.348x of dense.  The budget comes from ``twell.nn.hot_cold_cache``.
+
+On CUDA (and under Triton's interpreter) the selection, the gated product and the write-back run as Triton kernels
+(``twell.ops.dense_rows_kernels``, :data:`FUSED_PASS`): eight launches a pass instead of ~20, the same bits; the
+PyTorch expressions below are their twins and run elsewhere.
 """
 
 from __future__ import annotations
@@ -31,14 +35,40 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .dense_rows_kernels import gated_product, launch_select_overflow_rows, scatter_rows, use_dense_row_kernels
+
+#: The pass's selection, gated product and write-back as Triton kernels where they run (CUDA, the interpreter);
+#: off: the PyTorch twins everywhere.  Session 47 (not yet timed on a GPU): ~20 launches a pass -> 8.
+FUSED_PASS = True
+
+
+def _check_selection(cold_counts: torch.Tensor, capacity: int, budget: int) -> None:
+    if not isinstance(cold_counts, torch.Tensor) or cold_counts.dim() != 2 or cold_counts.dtype != torch.int32:
+        got = (f"{cold_counts.dtype} of shape {tuple(cold_counts.shape)}" if isinstance(cold_counts, torch.Tensor)
+               else type(cold_counts).__name__)
+        raise ValueError(f"cold_counts must be an int32 tensor [M, n_cold_tiles], got {got}")
+    for name, v in (("capacity", capacity), ("budget", budget)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+
 
 def select_overflow_rows(cold_counts: torch.Tensor, capacity: int, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(skip int8 [M], rows int64 [budget])``: the first ``budget`` rows with a cold tile of more than
     ``capacity`` non-zeros, flagged in ``skip`` and listed in ``rows`` in row order (unused slots hold 0).
 
-    ``cold_counts``: int32 [M, n_cold_tiles], the cold part of the op's counts.  Deterministic (a prefix sum,
-    then a scatter whose only repeated target is a discarded slot).
+    ``cold_counts``: int32 [M, n_cold_tiles], the cold part of the op's counts (any strides).  Deterministic: the
+    Triton kernels (:data:`FUSED_PASS`) and :func:`select_overflow_rows_torch` give the same result.
     """
+    _check_selection(cold_counts, capacity, budget)
+    if FUSED_PASS and use_dense_row_kernels(cold_counts):
+        return launch_select_overflow_rows(cold_counts, capacity, budget)
+    return select_overflow_rows_torch(cold_counts, capacity, budget)
+
+
+def select_overflow_rows_torch(cold_counts: torch.Tensor, capacity: int,
+                               budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`select_overflow_rows` in PyTorch ops: a prefix sum, then a scatter whose only repeated target is a
+    discarded slot."""
     m = cold_counts.shape[0]
     over = cold_counts.amax(1) > capacity
     rank = torch.cumsum(over, 0, dtype=torch.int64)  # inclusive: the k-th overflowing row has rank k
@@ -55,8 +85,14 @@ def dense_rows_ffn(x: torch.Tensor, rows: torch.Tensor, w_gate: torch.Tensor, w_
     fp32 accumulation in every GEMM, the output rounded once); ``w_down_t`` is Wd^T [F, d].  With ``residual``
     ([M, d]) ``out[rows] = residual[rows] + FFN(x[rows])``, the sum rounded again (the row kernel's bits)."""
     xr = x.index_select(0, rows)
-    h = F.relu(F.linear(xr, w_gate)) * F.linear(xr, w_up)
+    fused = (FUSED_PASS and use_dense_row_kernels(x) and out.stride(1) == 1
+             and (residual is None or residual.stride(1) == 1))
+    g, u = F.linear(xr, w_gate), F.linear(xr, w_up)
+    h = gated_product(g, u) if fused else F.relu(g) * u
     y = torch.mm(h, w_down_t)
+    if fused:
+        scatter_rows(y, rows, out, residual)
+        return
     if residual is not None:
         y += residual.index_select(0, rows)
     out.index_copy_(0, rows, y)
