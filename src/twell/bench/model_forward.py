@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..nn import SparseGatedMLP, static_dispatch
+from ..nn import SparseGatedMLP, prepare_static_weights, static_dispatch
 from ..tolerances import MODEL_DENSE_ERROR_FACTOR, within_tolerance
 from .model_energy import EnergyMeter
 from .model_measure import (
@@ -144,7 +144,7 @@ def _time_compiled(bench: BenchModel, ids: torch.Tensor, runnable: list[str], re
                 with static_dispatch():
                     backbone(input_ids=ids, use_cache=False)
                 if cfg.cached_weights:
-                    result["variants"][name]["cached_weights_ready"] = [m.prepare_static_weights() for m in mlps]
+                    result["variants"][name]["cached_weights_ready"] = prepare_static_weights(backbone)
     result["cached_weights"] = cfg.cached_weights
 
     def call(name: str) -> Callable[[], torch.Tensor]:

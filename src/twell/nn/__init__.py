@@ -30,6 +30,7 @@ from .norm import FusedRMSNorm, fuse_rms_norms, unfuse_rms_norms
 from .qkv import fuse_qkv, qkv_fused, unfuse_qkv
 from .residual import fuse_residual_adds, residual_adds_fused, unfuse_residual_adds
 from .rope import fuse_rotary, unfuse_rotary
+from .static_weights import prepare_static_weights
 from .train_dispatch_file import load_train_policy, save_train_policy
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "fuse_rotary",
     "load_policy",
     "load_train_policy",
+    "prepare_static_weights",
     "qkv_fused",
     "residual_adds_fused",
     "save_policy",
