@@ -29,5 +29,14 @@ for n in 4096 8192; do
     budget=$((budget + 85))
   done
 done
+# then the small-call hot-set bound again now that the several-tiles rule handles the overflowing rows: session 46 on
+# the H200 with a pass on every layer had bound 10 at 26.94 ms against bound 3's 27.92 (row kernel 4.74 vs 3.64, gate
+# 4.16 vs 4.87; bench_results/h200/recorded_forward_probe_rows1_4096_bound{10,3}_session46.json), while the synthetic
+# tuning chose 3 (hot_cold_plan.HOT_MAX_COLD_L0_SMALL's comment).  Predicted ~0.5-1 ms faster than fused_4096 here;
+# a change would also need the synthetic 2048 / 4096-token points retimed.
+stage probe_fused_bound10_4096 "$(left "$budget")" \
+  "^tokens=.*(gpu)|^ {4} *[0-9].*(twell|hot_cold_gate)|Error" \
+  python3 scripts/recorded_forward_probe.py --policy tables --tokens 4096 --top 40 --samples 5 --cached-weights \
+  --small-bound 10 --out "$R/fused_bound10_4096"
 stage pytest_gpu_all "$(left 590)" "passed|failed|FAILED|Error" python3 -m pytest tests -q -m gpu -p no:cacheprovider
 call_end
