@@ -105,3 +105,10 @@ def test_partial_gpu_suite_as_quoted():
     assert sum(line.split(" ")[0].count(".") for line in progress) == 153
     assert not re.search(r"\bfailed\b|FAILED|^[.sF]*F", log, re.M)  # cut by the limit before pytest's summary
     assert "153 passed, none failed" in LOG and "153 passed, none failed" in PERFORMANCE
+
+
+def test_recorded_call_gpu_tests_as_quoted():
+    log = (H100 / "pytest_gpu_recorded_callrowsab_session47.log").read_text()
+    assert re.search(r"^5 passed, 32 deselected", log, re.M)
+    assert "test_gpu_reduce_overhead_compile_matches_eager[True]" in log
+    assert "the recorded-call GPU tests 5 passed" in README and "**5 passed**" in LOG
