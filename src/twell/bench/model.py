@@ -123,7 +123,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--forward-cached-weights", action=argparse.BooleanOptionalAction, default=None,
                    help="record inside static_dispatch(cached_weights=True) after prepare_static_weights on every "
                         "sparse layer (default: on with --forward-compile-mode reduce-overhead, which it needs; "
-                        "session 47, H100, 1.5B at 4096 tokens: 0.950x -> 1.016x of recorded dense)")
+                        "session 47, H100, 1.5B at 4096 tokens: 0.950x -> 0.980x / 1.016x of recorded dense in two "
+                        "runs)")
     g = p.add_argument_group("train")
     g.add_argument("--train-batch", type=int, default=8, help="sequences per training step")
     g.add_argument("--train-impl", choices=["hot-cold", "auto", "triton", "sparse-reference"], default=None,

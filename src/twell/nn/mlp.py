@@ -136,10 +136,10 @@ def static_dispatch(*, unit_major_down: bool = False, cached_weights: bool = Fal
     columns ~4 MB). Measured on an H100 (session 47, ``bench_results/h100/session47_runs.md``): the 1.5B model's
     recorded forward 28.88 -> 26.94 ms at 4096 tokens (0.921x -> 0.988x of recorded dense) and 47.46 -> 46.10 ms at
     8192 (1.083x -> 1.114x). As with ``unit_major_down`` nothing checks the copies inside the context: the
-    caller calls :meth:`SparseGatedMLP.prepare_static_weights` on every layer after the last weight change and
-    before tracing or recording, which also marks them as static addresses for CUDA graphs (copies left from an
-    eager call before a weight change would be read stale). A layer with no cached copies builds them per call as
-    before."""
+    caller calls :meth:`SparseGatedMLP.prepare_static_weights` on every layer (``twell.nn.prepare_static_weights``
+    does, given the model) after the last weight change and before tracing or recording, which also marks them as
+    static addresses for CUDA graphs (copies left from an eager call before a weight change would be read stale). A
+    layer with no cached copies builds them per call as before."""
     _STATIC_DISPATCH.depth += 1
     _STATIC_DISPATCH.unit_major_down += int(unit_major_down)
     _STATIC_DISPATCH.cached_weights += int(cached_weights)
