@@ -23,6 +23,7 @@ layer (the split's weight copies read in place, not built in the graph each call
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import time
@@ -101,9 +102,9 @@ def main() -> None:
     p.add_argument("--severe-tiles", type=int, default=None,
                    help="DENSE_ROWS_SEVERE_TILES for this run (0: no pass for rows that overflow several tiles unless "
                         "the row minimum is met)")
-    p.add_argument("--no-fused-pass", action="store_true",
-                   help="hot_cold_dense_rows.FUSED_PASS off for this run: the dense-row pass in PyTorch ops (~20 "
-                        "launches) instead of its Triton kernels (8)")
+    p.add_argument("--fused-pass", action=argparse.BooleanOptionalAction, default=None,
+                   help="hot_cold_dense_rows.FUSED_PASS for this run: the dense-row pass as its Triton kernels (8 "
+                        "launches) or in PyTorch ops (~20); default: as shipped")
     p.add_argument("--cached-weights", action="store_true",
                    help="record inside static_dispatch(cached_weights=True) after prepare_static_weights on each layer "
                         "(the split's weight copies read in place instead of built every call)")
@@ -121,8 +122,8 @@ def main() -> None:
         hot_cold_cache.DENSE_ROWS_MIN_EXPECTED = a.min_expected  # read at call time (HotColdCache.dense_rows)
     if a.severe_tiles is not None:
         hot_cold_cache.DENSE_ROWS_SEVERE_TILES = a.severe_tiles  # read on each refresh of the hot set
-    if a.no_fused_pass:
-        hot_cold_dense_rows.FUSED_PASS = False  # read at call time (select_overflow_rows, dense_rows_ffn)
+    if a.fused_pass is not None:
+        hot_cold_dense_rows.FUSED_PASS = a.fused_pass  # read at call time (select_overflow_rows, dense_rows_ffn)
     torch._logging.set_logs(perf_hints=True, graph_breaks=True)
     bench = probe_model(preset, dev, tokens, seq, [policy])
     backbone = bench.model.model

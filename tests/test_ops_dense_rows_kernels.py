@@ -65,7 +65,9 @@ def test_selection_without_rows_or_overflow(device):
     assert int(skip.sum()) == 0 and int(rows.abs().sum()) == 0  # every slot holds row 0
 
 
-def test_selection_first_rows_in_order_through_the_op_entry(device):
+@pytest.mark.parametrize("fused", [True, False])
+def test_selection_first_rows_in_order_through_the_op_entry(fused, device, monkeypatch):
+    monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
     counts = torch.tensor([[1, 2], [5, 0], [0, 0], [3, 9], [4, 4], [0, 7]], dtype=torch.int32, device=device)
     skip, rows = select_overflow_rows(counts, 4, 2)
     assert skip.cpu().tolist() == [0, 1, 0, 1, 0, 0] and rows.cpu().tolist() == [1, 3]

@@ -16,7 +16,7 @@ from test_ops_kernels import make_problem
 import twell.ops as ops
 from twell.nn import hot_cold_cache
 from twell.nn.hot_cold_cache import HotColdCache
-from twell.ops import hot_cold
+from twell.ops import hot_cold, hot_cold_dense_rows
 from twell.ops.hot_cold_dense_rows import dense_row_budget, dense_rows_ffn, select_overflow_rows
 from twell.ops.hot_cold_plan import overflow_row_fraction, overflow_tiles_per_row, sample_active
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
@@ -109,9 +109,11 @@ def test_row_kernel_skip_flags_checked(device):
                          taken=torch.zeros(4, dtype=torch.int8, device=device))
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["twins", "fused_pass"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("budget", [0, 1, 2, 3, 64])
-def test_op_with_dense_rows_matches_reference(budget, dtype, device):
+def test_op_with_dense_rows_matches_reference(budget, dtype, fused, device, monkeypatch):
+    monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
     m, d, f, tile, cap, n_hot = 9, 32, 128, 16, 2, 16
     p = _problem_with_dense_rows(m, d, f, [0, 4, 8], dtype, device)
     plan = _plan(p, n_hot)
@@ -227,11 +229,15 @@ def test_cache_measures_the_overflow_fraction(device, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True], ids=["twins", "fused_pass"])
 @pytest.mark.parametrize("shape", [(2048, 5632), (768, 2048)])
-def test_gpu_bf16_dense_first_tokens(shape):
+def test_gpu_bf16_dense_first_tokens(shape, fused, monkeypatch):
     """Real shapes, bf16: a batch whose first tokens of each sequence fire ~15 % of units (as the 1.5B forward's
-    first layers do); the dense rows against an fp32 reference and against the op without them."""
+    first layers do); the dense rows against an fp32 reference and against the op without them, the pass in PyTorch
+    ops or as its Triton kernels (hot_cold_dense_rows.FUSED_PASS)."""
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
+
+    monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
 
     d, f = shape
     dev = torch.device("cuda")

@@ -57,7 +57,7 @@ PROBES = {
     # both sets compiled (aot_eager off CUDA) in one graph each, nothing skipped, the eager layers timed beside them;
     # (the dense-row, hot-set, fused-pass and cached-weights switches parsed and applied without error)
     "recorded_forward_probe.py": (("--min-expected", "1", "--severe-tiles", "3", "--small-bound", "3",
-                                   "--no-fused-pass", "--cached-weights"), "tokens=",
+                                   "--fused-pass", "--cached-weights"), "tokens=",
                                   ["tokens=32 dense: wall ", "graph breaks 0, unique graphs 1, cudagraph skips 0",
                                    "tokens=32 sparse:always-sparse: wall ",
                                    "sparse:always-sparse eager: wall ", "; decoder layers held, host ",

@@ -23,9 +23,9 @@ Measured (H200, session 22, the same forward): layer 0 10.889 -> 6.725 ms and la
 of 1152 and 384 rows (bench_results/h200/forward_layer_times_{no_,}dense_rows_session22.log); the 1.5B forward
 1.326x -> 1.348x of dense.  The budget comes from ``twell.nn.hot_cold_cache``.
 
-On CUDA (and under Triton's interpreter) the selection, the gated product and the write-back run as Triton kernels
-(``twell.ops.dense_rows_kernels``, :data:`FUSED_PASS`): eight launches a pass instead of ~20, the same bits; the
-PyTorch expressions below are their twins and run elsewhere.
+With :data:`FUSED_PASS` on, on CUDA (and under Triton's interpreter) the selection, the gated product and the
+write-back run as Triton kernels (``twell.ops.dense_rows_kernels``): eight launches a pass instead of ~20, the same
+bits; the PyTorch expressions below are their twins and run elsewhere.
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ import torch.nn.functional as F
 from .dense_rows_kernels import gated_product, launch_select_overflow_rows, scatter_rows, use_dense_row_kernels
 
 #: The pass's selection, gated product and write-back as Triton kernels where they run (CUDA, the interpreter);
-#: off: the PyTorch twins everywhere.  Session 47 (not yet timed on a GPU): ~20 launches a pass -> 8.
-FUSED_PASS = True
+#: off: the PyTorch twins everywhere.  Built in session 47 (~20 launches a pass -> 8, bit-equal to the twins in the
+#: interpreter tests, compiled for sm_80 / sm_90) after that session's device time was spent: off until its GPU tests
+#: and the same-card A/B (scripts/gpu_pending_fused_pass.sh) have run.
+FUSED_PASS = False
 
 
 def _check_selection(cold_counts: torch.Tensor, capacity: int, budget: int) -> None:
