@@ -8,7 +8,8 @@
 # Predicted (H100, session 47's runs: the pass on 23 of 28 layers at 4096 tokens, 16 at 8192, ~0.07-0.08 ms a pass of
 # which ~0.025 ms is its GEMMs' weight reads): ~12 fewer small kernels a pass, ~0.02-0.035 ms each pass, so the
 # recorded sparse forward ~0.5-0.8 ms faster at 4096 tokens (26.94 ms in session 47: ~1.00-1.02x of dense against
-# 0.988x) and ~0.3-0.6 ms at 8192 (46.10 ms: ~1.12x against 1.114x).  If the kernels win and their tests pass, set FUSED_PASS = True.
+# 0.988x) and ~0.3-0.6 ms at 8192 (46.10 ms: ~1.12x against 1.114x).  If the kernels win and their tests pass, set
+# FUSED_PASS = True.
 # Then the whole GPU suite with what is left (or scripts/gpu_pending_suite.sh in a call of its own).
 #   TWELL_SESSION=session48 TWELL_COMMIT=<sha> bash scripts/gpu_pending_fused_pass.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
