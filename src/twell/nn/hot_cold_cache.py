@@ -30,7 +30,7 @@ from ..ops.hot_cold_plan import (
     check_max_cold_l0,
     default_max_cold_l0,
     hot_units_for_call,
-    overflow_tiles_per_row,
+    overflow_row_fractions,
     sample_active,
 )
 
@@ -157,14 +157,10 @@ class HotColdCache:
             cap = default_capacity(tile) if capacity is None else capacity
             self.overflow_fraction = self.severe_overflow_fraction = 0.0
             if self._hot.numel():
-                per_row = overflow_tiles_per_row(active, self._hot, tile, cap)
-                if per_row.numel():
-                    fractions = [(per_row >= 1).float().mean()]
-                    if DENSE_ROWS_SEVERE_TILES > 0:
-                        fractions.append((per_row >= DENSE_ROWS_SEVERE_TILES).float().mean())
-                    read = torch.stack(fractions).tolist()  # one host read for both
-                    self.overflow_fraction = read[0]
-                    self.severe_overflow_fraction = read[1] if len(read) > 1 else 0.0
+                thresholds = (1, DENSE_ROWS_SEVERE_TILES) if DENSE_ROWS_SEVERE_TILES > 0 else (1,)
+                read = overflow_row_fractions(active, self._hot, tile, cap, thresholds)  # one host read for both
+                self.overflow_fraction = read[0]
+                self.severe_overflow_fraction = read[1] if len(read) > 1 else 0.0
 
     def dense_rows(self, n_tokens: int) -> int:
         """The dense-row budget of a call of ``n_tokens`` (``hot_cold_gated_ffn``'s ``dense_rows``): 0 with

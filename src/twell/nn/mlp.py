@@ -595,21 +595,20 @@ class SparseGatedMLP(nn.Module):
                 self._choose_hot_set(x2.contiguous(), weights)
                 plan = self._hot_cold._plan
             cached_wd = self._buffers["_wd_unit_major"] if _STATIC_DISPATCH.cached_weights else None
+            w_down_t = cached_wd if cached_wd is not None else w_down.t().contiguous()
             if split and plan is not None:
                 fused_tile = fused_gate_tile(self.tile, x.dtype, self.hidden_size, x.device)
                 if cached_wd is not None and plan.fused_tile == fused_tile:
                     # the caller's copies (static_dispatch(cached_weights=True), prepare_static_weights)
-                    w_gemm, w_down_hot_t, w_down_t = plan.w_gemm, plan.w_down_hot_t, cached_wd
+                    w_gemm, w_down_hot_t = plan.w_gemm, plan.w_down_hot_t
                 else:
                     w_gemm, w_down_hot_t = plan_weight_copies(w_gate, w_up, w_down, plan.hot, plan.cold,
                                                               fused_tile=fused_tile)
-                    w_down_t = w_down.t().contiguous()
                 res2 = None if residual is None else residual.reshape(m, self.hidden_size).contiguous()
                 out, _ = torch.ops.twell.hot_cold_gated_ffn_unchecked(
                     x2.contiguous(), w_gate, w_up, w_down_t, plan.hot, plan.cold, w_gemm,
                     w_down_hot_t, self.tile, capacity, backend, fused_tile, self._hot_cold.dense_rows(m), res2)
                 return out.view(x.shape)
-            w_down_t = cached_wd if cached_wd is not None else w_down.t().contiguous()
             out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
                 x2.contiguous(), w_gate, w_up, w_down_t, self.tile, capacity, self.precision, backend)
             return out.view(x.shape) if residual is None else residual + out.view(x.shape)

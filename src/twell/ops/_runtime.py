@@ -26,6 +26,14 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def kernels_run_on(device: torch.device) -> bool:
+    """Whether a self-contained Triton helper kernel runs for tensors on ``device``: CUDA, or the CPU under Triton's
+    interpreter, and never while torch.compile traces (the PyTorch expression then runs, which inductor fuses)."""
+    if not triton_available() or torch.compiler.is_compiling():
+        return False
+    return device.type == "cuda" or (interpreting() and device.type == "cpu")
+
+
 def resolve_backend(backend: str, device: torch.device) -> str:
     """Map ``auto`` to a concrete backend and refuse combinations that cannot run."""
     if backend not in BACKENDS:

@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from ._runtime import cdiv, interpreting, sm_count, triton_available
+from ._runtime import cdiv, kernels_run_on, sm_count, triton_available
 
 __all__ = ["mean_active_per_token"]
 
@@ -67,11 +67,7 @@ def _programs_cap(device_index: int | None) -> int:
 
 
 def _use_kernel(a: torch.Tensor) -> bool:
-    if not triton_available() or not a.is_contiguous() or a.numel() == 0:
-        return False
-    if torch.compiler.is_compiling():
-        return False
-    return a.device.type == "cuda" or (interpreting() and a.device.type == "cpu")
+    return a.is_contiguous() and a.numel() > 0 and kernels_run_on(a.device)
 
 
 def mean_active_per_token(a: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from ._runtime import cdiv, interpreting, next_pow2, triton_available
+from ._runtime import cdiv, next_pow2, triton_available
 
-__all__ = ["gated_product", "launch_select_overflow_rows", "scatter_rows", "use_dense_row_kernels"]
+__all__ = ["gated_product", "launch_select_overflow_rows", "scatter_rows"]
 
 #: Rows per program of the selection kernels: 16 blocks at 4096 tokens, 512 at 131,072.
 _SELECT_BLOCK_M = 256
@@ -111,14 +111,6 @@ if triton_available():
             res = tl.load(res_ptr + r * stride_res + cols, mask=mask, other=0.0)
             v = round_to(v.to(tl.float32) + res.to(tl.float32), v.dtype)  # torch's add in the dtype: one rounding
         tl.store(out_ptr + r * stride_out + cols, v, mask=mask)
-
-
-def use_dense_row_kernels(t: torch.Tensor) -> bool:
-    """Whether the pass's kernels run for tensors on ``t``'s device: CUDA, or the CPU under Triton's interpreter; never
-    while torch.compile traces (the PyTorch twins then run, which inductor fuses itself)."""
-    if not triton_available() or torch.compiler.is_compiling():
-        return False
-    return t.device.type == "cuda" or (interpreting() and t.device.type == "cpu")
 
 
 def launch_select_overflow_rows(cold_counts: torch.Tensor, capacity: int,

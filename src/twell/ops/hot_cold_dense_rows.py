@@ -35,7 +35,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .dense_rows_kernels import gated_product, launch_select_overflow_rows, scatter_rows, use_dense_row_kernels
+from ._runtime import kernels_run_on
+from .dense_rows_kernels import gated_product, launch_select_overflow_rows, scatter_rows
 
 #: The pass's selection, gated product and write-back as Triton kernels where they run (CUDA, the interpreter);
 #: off: the PyTorch twins everywhere.  Built in session 47 (~20 launches a pass -> 8, bit-equal to the twins in the
@@ -62,7 +63,7 @@ def select_overflow_rows(cold_counts: torch.Tensor, capacity: int, budget: int) 
     Triton kernels (:data:`FUSED_PASS`) and :func:`select_overflow_rows_torch` give the same result.
     """
     _check_selection(cold_counts, capacity, budget)
-    if FUSED_PASS and use_dense_row_kernels(cold_counts):
+    if FUSED_PASS and kernels_run_on(cold_counts.device):
         return launch_select_overflow_rows(cold_counts, capacity, budget)
     return select_overflow_rows_torch(cold_counts, capacity, budget)
 
@@ -87,7 +88,7 @@ def dense_rows_ffn(x: torch.Tensor, rows: torch.Tensor, w_gate: torch.Tensor, w_
     fp32 accumulation in every GEMM, the output rounded once); ``w_down_t`` is Wd^T [F, d].  With ``residual``
     ([M, d]) ``out[rows] = residual[rows] + FFN(x[rows])``, the sum rounded again (the row kernel's bits)."""
     xr = x.index_select(0, rows)
-    fused = (FUSED_PASS and use_dense_row_kernels(x) and out.stride(1) == 1
+    fused = (FUSED_PASS and kernels_run_on(x.device) and out.stride(1) == 1
              and (residual is None or residual.stride(1) == 1))
     g, u = F.linear(xr, w_gate), F.linear(xr, w_up)
     h = gated_product(g, u) if fused else F.relu(g) * u

@@ -7,7 +7,7 @@ Kept free of Triton so that ``twell.ops`` imports on machines without it; the ke
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -179,16 +179,26 @@ def overflow_tiles_per_row(active: torch.Tensor, hot: torch.Tensor, tile: int, c
     return (per_tile > capacity).sum(1, dtype=torch.int64)
 
 
+def overflow_row_fractions(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int,
+                           min_tiles: Sequence[int]) -> list[float]:
+    """For each entry of ``min_tiles``, the fraction of the sample's rows with at least that many cold tiles of more
+    than ``capacity`` non-zeros (:func:`overflow_tiles_per_row`; one host sync for all of them; 0.0 for an empty
+    sample)."""
+    if not min_tiles or any(k < 1 for k in min_tiles):
+        raise ValueError(f"min_tiles must be one or more ints >= 1, got {list(min_tiles)}")
+    per_row = overflow_tiles_per_row(active, hot, tile, capacity)
+    if per_row.numel() == 0:
+        return [0.0] * len(min_tiles)
+    return torch.stack([(per_row >= k).float().mean() for k in min_tiles]).tolist()
+
+
 def overflow_row_fraction(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int,
                           min_tiles: int = 1) -> float:
     """Fraction of the sample's rows with at least ``min_tiles`` cold tiles of more than ``capacity`` non-zeros
-    (:func:`overflow_tiles_per_row`; one host sync)."""
+    (:func:`overflow_row_fractions` for one threshold)."""
     if min_tiles < 1:
         raise ValueError(f"min_tiles must be >= 1, got {min_tiles}")
-    per_row = overflow_tiles_per_row(active, hot, tile, capacity)
-    if per_row.numel() == 0:
-        return 0.0
-    return float((per_row >= min_tiles).float().mean())
+    return overflow_row_fractions(active, hot, tile, capacity, (min_tiles,))[0]
 
 
 def default_max_cold_l0(n_tokens: int, density: float | None = None) -> float:
