@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 
@@ -133,3 +135,13 @@ def recording_backend(graphs: list[str]):  # noqa: ANN201 - dynamo's backend cal
         return gm.forward
 
     return backend
+
+
+def probe_rows(path: Path) -> dict[str, dict]:
+    """A ``scripts/recorded_forward_probe.py`` JSON's rows by variant set (``dense``, ``sparse:<policy>``)."""
+    return {r["set"]: r for r in json.loads(Path(path).read_text())["rows"]}
+
+
+def kernel_ms(row: dict, name: str) -> float:
+    """Device ms of a probe row's top kernels whose names start with ``name``."""
+    return sum(k["device_us"] for k in row["top_kernels"] if k["name"].startswith(name)) / 1e3

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _helpers import INT_VIEW
 
 from twell.ops import hot_cold_dense_rows
 from twell.ops.dense_rows_kernels import gated_product, launch_select_overflow_rows, scatter_rows
@@ -91,9 +92,8 @@ def test_selection_bad_inputs_are_named(counts, capacity, budget, match):
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """The tensor's bit patterns, every NaN as one pattern (NaN payloads and signs are not compared)."""
-    view = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[t.dtype]
     t = t.cpu().contiguous()
-    return torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t).view(view)
+    return torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t).view(INT_VIEW[t.dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from _helpers import kernel_ms, probe_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "bench_results" / "h100"
@@ -19,14 +20,6 @@ CACHE_SOURCE = (ROOT / "src" / "twell" / "nn" / "hot_cold_cache.py").read_text()
 
 def _forward(name: str) -> dict:
     return json.loads((H100 / name).read_text())["meta"]["parts"]["forward"]["result"]["variants"]
-
-
-def _probe_rows(path: Path) -> dict[str, dict]:
-    return {r["set"]: r for r in json.loads(path.read_text())["rows"]}
-
-
-def _kernel_ms(row: dict, name: str) -> float:
-    return sum(k["device_us"] for k in row["top_kernels"] if k["name"].startswith(name)) / 1e3
 
 
 @pytest.mark.parametrize(("batch", "speedup", "sparse_ms", "dense_ms"),
@@ -50,11 +43,11 @@ def test_graphed_decode_figures():
 
 
 def test_row_kernel_with_and_without_a_pass_on_every_layer():
-    without = _probe_rows(H100 / "recorded_forward_probe_tables_4096_session46.json")["sparse:tables"]
-    assert f"{_kernel_ms(without, '_twell_ffn_row_kernel'):.2f}" == "11.21"
-    with_pass = _probe_rows(H200 / "recorded_forward_probe_rows1_4096_bound3_session46.json")
+    without = probe_rows(H100 / "recorded_forward_probe_tables_4096_session46.json")["sparse:tables"]
+    assert f"{kernel_ms(without, '_twell_ffn_row_kernel'):.2f}" == "11.21"
+    with_pass = probe_rows(H200 / "recorded_forward_probe_rows1_4096_bound3_session46.json")
     sparse, dense = with_pass["sparse:tables"], with_pass["dense"]
-    assert f"{_kernel_ms(sparse, '_twell_ffn_row_kernel'):.2f}" == "3.64"
+    assert f"{kernel_ms(sparse, '_twell_ffn_row_kernel'):.2f}" == "3.64"
     assert all(n == 64 for n in sparse["dense_rows"])  # DENSE_ROWS_MIN_EXPECTED = 1: a pass on every layer
     assert f"{dense['gpu_ms'] / sparse['gpu_ms']:.2f}x" == "0.93x"
     assert f"{dense['wall_ms'] / sparse['wall_ms']:.2f}x" == "0.96x"

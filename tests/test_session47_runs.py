@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from _helpers import kernel_ms, probe_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "bench_results" / "h100"
@@ -27,12 +28,7 @@ MLP_SOURCE = _flat((ROOT / "src" / "twell" / "nn" / "mlp.py").read_text())
 
 
 def _probe(label: str) -> dict[str, dict]:
-    rows = json.loads((H100 / f"recorded_forward_probe_{label}_session47.json").read_text())["rows"]
-    return {r["set"]: r for r in rows}
-
-
-def _row_kernel_ms(row: dict) -> float:
-    return sum(k["device_us"] for k in row["top_kernels"] if k["name"].startswith("_twell_ffn_row_kernel")) / 1e3
+    return probe_rows(H100 / f"recorded_forward_probe_{label}_session47.json")
 
 
 def _forward(name: str) -> dict:
@@ -51,7 +47,7 @@ def _forward(name: str) -> dict:
 def test_probe_figures(label, row_ms, sparse_ms, gpu_ratio, passes):
     rows = _probe(label)
     sparse, dense = rows["sparse:tables"], rows["dense"]
-    assert f"{_row_kernel_ms(sparse):.2f}" == row_ms
+    assert f"{kernel_ms(sparse, '_twell_ffn_row_kernel'):.2f}" == row_ms
     assert f"{sparse['gpu_ms']:.2f}" == sparse_ms
     assert f"{dense['gpu_ms'] / sparse['gpu_ms']:.3f}x" == gpu_ratio
     assert sum(1 for n in sparse["dense_rows"] if n) == passes
