@@ -42,9 +42,9 @@ from .dense_rows_kernels import gated_product, launch_select_overflow_rows, scat
 #: off: the PyTorch twins everywhere.  Built in session 47 (~20 launches a pass -> 8, bit-equal to the twins).
 #: Session 48 (H100 80GB HBM3, the recorded 1.5B forward with cached weights and the tables policy, each variant in
 #: its own process; bench_results/h100/recorded_forward_probe_{fused,unfused}_{4096,8192}_session48.json): GPU time of
-#: a held call 27.11 -> 26.52 ms at 4096 tokens (23 passes; 0.992x -> 1.012x of recorded dense) and 45.63 -> 45.40 at
+#: a held call 27.11 -> 26.52 ms at 4096 tokens (23 passes; 0.991x -> 1.013x of recorded dense) and 45.63 -> 45.40 at
 #: 8192 (16 passes; 1.123x -> 1.129x); the eager decoder layers' host time 39.66 -> 38.00 / 35.58 -> 32.39 ms.  The
-#: four kernels take ~10 us a pass (223.6 us over 23 passes).  Predicted 0.5-0.8 / 0.3-0.6 ms: hit / just under.  Its
+#: four kernels take ~10 us a pass (223.7 us over 23 passes).  Predicted 0.5-0.8 / 0.3-0.6 ms: hit / just under.  Its
 #: GPU tests passed (pytest_gpu_dense_rows_callfusedpass_session48.log).  On.
 FUSED_PASS = True
 
