@@ -105,6 +105,10 @@ def main() -> None:
     p.add_argument("--fused-pass", action=argparse.BooleanOptionalAction, default=None,
                    help="hot_cold_dense_rows.FUSED_PASS for this run: the dense-row pass as its Triton kernels (8 "
                         "launches) or in PyTorch ops (~20); default: as shipped")
+    p.add_argument("--heavy-pairs", type=int, default=None,
+                   help="hot_cold_dense_rows.HEAVY_ROW_PAIRS for this run: rows with more cold pairs than this (and no "
+                        "overflowing tile) also go to the dense-row pass, in the slots the overflowing rows leave (0: "
+                        "none); default: as shipped")
     p.add_argument("--cached-weights", action="store_true",
                    help="record inside static_dispatch(cached_weights=True) after prepare_static_weights on each layer "
                         "(the split's weight copies read in place instead of built every call)")
@@ -124,6 +128,8 @@ def main() -> None:
         hot_cold_cache.DENSE_ROWS_SEVERE_TILES = a.severe_tiles  # read on each refresh of the hot set
     if a.fused_pass is not None:
         hot_cold_dense_rows.FUSED_PASS = a.fused_pass  # read at call time (select_overflow_rows, dense_rows_ffn)
+    if a.heavy_pairs is not None:
+        hot_cold_dense_rows.HEAVY_ROW_PAIRS = a.heavy_pairs  # read at call time (the op's selection)
     torch._logging.set_logs(perf_hints=True, graph_breaks=True)
     bench = probe_model(preset, dev, tokens, seq, [policy])
     backbone = bench.model.model
@@ -209,6 +215,7 @@ def main() -> None:
                                                                          hot_cold_cache.DENSE_ROWS_SEVERE_TILES,
                                                                      "cached_weights": a.cached_weights,
                                                                      "fused_pass": hot_cold_dense_rows.FUSED_PASS,
+                                                                     "heavy_pairs": hot_cold_dense_rows.HEAVY_ROW_PAIRS,
                                                                      "rows": rows}, indent=1) + "\n")
 
 

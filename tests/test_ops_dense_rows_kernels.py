@@ -29,9 +29,10 @@ def _counts(m: int, n_tiles: int, p_over: float, capacity: int, seed: int, devic
     return c.to(device)
 
 
-def _same_selection(counts: torch.Tensor, capacity: int, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
-    skip, rows = launch_select_overflow_rows(counts, capacity, budget)
-    want_skip, want_rows = select_overflow_rows_torch(counts, capacity, budget)
+def _same_selection(counts: torch.Tensor, capacity: int, budget: int,
+                    heavy_pairs: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    skip, rows = launch_select_overflow_rows(counts, capacity, budget, heavy_pairs)
+    want_skip, want_rows = select_overflow_rows_torch(counts, capacity, budget, heavy_pairs)
     assert skip.dtype == torch.int8 and rows.dtype == torch.int64
     assert torch.equal(skip.cpu(), want_skip.cpu())
     assert torch.equal(rows.cpu(), want_rows.cpu())
@@ -47,6 +48,42 @@ def test_selection_matches_its_twin(m, n_tiles, p_over, device):
     for budget in sorted({1, 3, max(1, n_over // 2), n_over + 5, m}):
         skip, rows = _same_selection(counts, capacity, budget)
         assert int(skip.sum()) == min(n_over, budget)
+
+
+@pytest.mark.parametrize(("m", "n_tiles"), [(7, 3), (257, 44), (1000, 70)])
+@pytest.mark.parametrize("p_over", [0.0, 0.05, 1.0])
+def test_selection_with_heavy_rows_matches_its_twin(m, n_tiles, p_over, device):
+    """Long rows without an overflowing tile ranked after every overflowing row, in the slots those leave."""
+    capacity = 8
+    counts = _counts(m, n_tiles, p_over, capacity, seed=m * 7 + n_tiles, device=device)
+    pairs = counts.sum(1).cpu()
+    over = (counts.amax(1) > capacity).cpu()
+    for heavy_pairs in (1, int(pairs.float().median()), int(pairs.max()) + 1):
+        heavy = ~over & (pairs > heavy_pairs)
+        n_over, n_heavy = int(over.sum()), int(heavy.sum())
+        for budget in sorted({1, max(1, n_over // 2), n_over + 3, n_over + n_heavy, m}):
+            skip, rows = _same_selection(counts, capacity, budget, heavy_pairs)
+            taken = skip.cpu().bool()
+            assert int(taken.sum()) == min(n_over + n_heavy, budget)
+            # every overflowing row the budget holds comes first; heavy rows only in the slots left
+            assert int((taken & over).sum()) == min(n_over, budget)
+            assert int((taken & heavy).sum()) == min(n_heavy, max(0, budget - n_over))
+            assert not bool((taken & ~over & ~heavy).any())
+            head = rows.cpu()[:min(n_over, budget)]
+            assert bool(over[head].all()) and torch.equal(head, head.sort().values)
+
+
+def test_selection_heavy_rows_by_hand(device):
+    counts = torch.tensor([[1, 2], [5, 0], [3, 3], [3, 9], [4, 4], [0, 7]], dtype=torch.int32, device=device)
+    # capacity 4: rows 1 and 3 overflow; more than 5 pairs: rows 2 (6), 4 (8), then row 5 (7) overflows too
+    skip, rows = _same_selection(counts, 4, 6, heavy_pairs=5)
+    assert skip.cpu().tolist() == [0, 1, 1, 1, 1, 1] and rows.cpu().tolist() == [1, 3, 5, 2, 4, 0]
+    skip, rows = _same_selection(counts, 4, 4, heavy_pairs=5)
+    assert skip.cpu().tolist() == [0, 1, 1, 1, 0, 1] and rows.cpu().tolist() == [1, 3, 5, 2]
+    skip, rows = _same_selection(counts, 4, 2, heavy_pairs=5)
+    assert skip.cpu().tolist() == [0, 1, 0, 1, 0, 0] and rows.cpu().tolist() == [1, 3]
+    skip, rows = _same_selection(counts, 4, 6, heavy_pairs=0)  # 0: no heavy rows
+    assert skip.cpu().tolist() == [0, 1, 0, 1, 0, 1] and rows.cpu().tolist() == [1, 3, 5, 0, 0, 0]
 
 
 def test_selection_reads_strided_counts(device):
@@ -88,6 +125,12 @@ def test_selection_first_rows_in_order_through_the_op_entry(fused, device, monke
 def test_selection_bad_inputs_are_named(counts, capacity, budget, match):
     with pytest.raises(ValueError, match=match):
         select_overflow_rows(counts, capacity, budget)
+
+
+@pytest.mark.parametrize("heavy_pairs", [-1, 2.5, True])
+def test_selection_bad_heavy_bound_is_named(heavy_pairs):
+    with pytest.raises(ValueError, match=f"heavy_pairs must be an int >= 0, got {heavy_pairs!r}"):
+        select_overflow_rows(torch.zeros(4, 2, dtype=torch.int32), 2, 1, heavy_pairs)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -154,6 +197,7 @@ def test_gpu_selection_at_model_sizes(m):
     counts = _counts(m, 44, 0.01, 13, seed=m, device="cuda")
     for budget in (64, 1152):
         _same_selection(counts, 13, budget)
+        _same_selection(counts, 13, budget, heavy_pairs=300)  # ~half the rows (sums of 44 counts of 0-13)
 
 
 @pytest.mark.gpu

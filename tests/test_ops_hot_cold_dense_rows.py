@@ -95,6 +95,64 @@ def test_row_kernel_skips_flagged_overflowing_rows_only(device):
     assert rel_error(out[~over], want.cpu()[~over]) <= REL_TOL[torch.float32]
 
 
+@pytest.mark.parametrize("lists", [True, False], ids=["listed", "searched"])
+def test_row_kernel_skips_every_flagged_row_with_skip_flagged(lists, device):
+    """``skip_flagged`` (the pass's long rows): a flagged row is skipped whether or not a tile overflows, listed or
+    searched; unflagged rows are computed."""
+    m, d, f, tile, cap = 6, 16, 64, 16, 6
+    p = _problem_with_dense_rows(m, d, f, [1, 4], torch.bfloat16, device)  # lists pack 16-bit values
+    gate = ops.gate_twell(p["x"], p["w_gate"], tile=tile, capacity=cap)
+    over = (gate.counts > cap).any(1).cpu()
+    plain = torch.nonzero(~over).flatten().tolist()
+    assert len(plain) >= 2 and over.any(), "needs an overflowing row and two without one"
+    flagged = torch.zeros(m, dtype=torch.bool)
+    flagged[[plain[0], int(torch.nonzero(over)[0])]] = True  # a plain row and an overflowing one
+    wdt = p["w_down"].t().contiguous()
+    out = torch.full((m, d), float("nan"), dtype=torch.bfloat16, device=device)
+    launch_twell_ffn(p["x"], gate.values, gate.indices, gate.counts, None, None, p["w_gate"], p["w_up"], wdt,
+                     n_cols=f, tile=tile, round_hidden=True, out=out,
+                     skip_overflow_rows=flagged.to(torch.int8).to(device), skip_flagged=True, listed=lists)
+    want = ref.dense_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], precision="match").cpu()
+    out = out.cpu()
+    assert torch.isnan(out[flagged]).all()
+    left = ~flagged & ~over
+    assert not torch.isnan(out[left]).any()
+    assert rel_error(out[left], want[left]) <= REL_TOL[torch.bfloat16]
+    with pytest.raises(ValueError, match="`skip_flagged` needs the flags, `skip_overflow_rows`"):
+        launch_twell_ffn(p["x"], gate.values, gate.indices, gate.counts, None, None, p["w_gate"], p["w_up"], wdt,
+                         n_cols=f, tile=tile, round_hidden=True, out=out, skip_flagged=True)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["twins", "fused_pass"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_op_with_heavy_rows_matches_reference(dtype, fused, device, monkeypatch):
+    """With HEAVY_ROW_PAIRS the pass also takes long rows without an overflowing tile (the row kernel skips them):
+    the output is still the layer's, and the selection saw the bound; at or above HEAVY_ROWS_MAX_TOKENS it does not."""
+    monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
+    m, d, f, tile, cap, n_hot = 9, 32, 128, 16, 2, 16
+    p = _problem_with_dense_rows(m, d, f, [0, 4, 8], dtype, device)
+    plan = _plan(p, n_hot)
+    seen: list[int] = []
+    real = hot_cold.select_overflow_rows
+
+    def spy(counts, capacity, budget, heavy_pairs=0):
+        seen.append(heavy_pairs)
+        return real(counts, capacity, budget, heavy_pairs)
+
+    monkeypatch.setattr(hot_cold, "select_overflow_rows", spy)
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS", 1)
+    ref_out, _ = _run(p, plan, "torch", tile=tile, capacity=cap)
+    dense = ref.dense_gated_ffn(p["x"], p["w_gate"], p["w_up"], p["w_down"], precision="match")
+    for budget in (1, 4, 64):
+        out, _ = _run(p, plan, "triton", tile=tile, capacity=cap, dense_rows=budget)
+        assert rel_error(out, ref_out) <= REL_TOL[dtype] and rel_error(out, dense) <= REL_TOL[dtype]
+        assert not torch.isnan(out.float()).any()
+    assert seen == [1, 1, 1]
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROWS_MAX_TOKENS", m)  # this call is not below it: no heavy rows
+    out, _ = _run(p, plan, "triton", tile=tile, capacity=cap, dense_rows=64)
+    assert seen[-1] == 0 and rel_error(out, dense) <= REL_TOL[dtype]
+
+
 def test_row_kernel_skip_flags_checked(device):
     p = make_problem(4, 16, 32, frac_pos=0.3, seed=1, dtype=torch.float32, device=device)
     args = row_kernel_args(p, 16, 4)

@@ -55,9 +55,9 @@ PROBES = {
     "model_host_time.py": ((), "", ["tokens=    16 | dense layers host ", "(refresh on ", "sparse layers host ",
                                     "cProfile of one sparse forward at 32 tokens", "_ffn_sparse"]),
     # both sets compiled (aot_eager off CUDA) in one graph each, nothing skipped, the eager layers timed beside them;
-    # (the dense-row, hot-set, fused-pass and cached-weights switches parsed and applied without error)
+    # (the dense-row, hot-set, fused-pass, heavy-row and cached-weights switches parsed and applied without error)
     "recorded_forward_probe.py": (("--min-expected", "1", "--severe-tiles", "3", "--small-bound", "3",
-                                   "--fused-pass", "--cached-weights"), "tokens=",
+                                   "--fused-pass", "--heavy-pairs", "2", "--cached-weights"), "tokens=",
                                   ["tokens=32 dense: wall ", "graph breaks 0, unique graphs 1, cudagraph skips 0",
                                    "tokens=32 sparse:always-sparse: wall ",
                                    "sparse:always-sparse eager: wall ", "; decoder layers held, host ",

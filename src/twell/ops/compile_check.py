@@ -438,7 +438,8 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
 
     kernel = _compiled(drk._overflow_flags_kernel,
                        {"counts_ptr": "*i32", "stride_m": "i32", "stride_t": "i32", "m": "i32", "n_tiles": "i32",
-                        "capacity": "i32", "flags_ptr": "*i8", "block_counts_ptr": "*i32"},
+                        "capacity": "i32", "heavy_pairs": "i32", "n_blocks": "i32", "flags_ptr": "*i8",
+                        "block_counts_ptr": "*i32"},
                        {"BLOCK_M": drk._SELECT_BLOCK_M, "BLOCK_T": drk._SELECT_BLOCK_T}, target, num_warps=4)
     results["dense_rows_flags"] = _stats(kernel, arch)
     kernel = _compiled(drk._overflow_ranks_kernel,

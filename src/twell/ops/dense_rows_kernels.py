@@ -13,11 +13,12 @@ launches in all (the two selection kernels, the row gather, three GEMMs, the pro
 The selection is :func:`twell.ops.hot_cold_dense_rows.select_overflow_rows`'s, bit for bit (its PyTorch twin):
 
 1. :func:`_overflow_flags_kernel`, one program per ``BLOCK_M`` rows: each row's largest cold count against the
-   capacity, written as an int8 flag, and the block's number of overflowing rows;
+   capacity and its cold pairs (the counts' sum) against the heavy-row bound, written as an int8 flag (2: an
+   overflowing tile, 1: heavy, 0: neither), and the block's numbers of overflowing and of heavy rows;
 2. :func:`_overflow_ranks_kernel`, the same grid: each program sums the counts of the blocks before it (a loop over
-   the ``cdiv(M, BLOCK_M)`` counts, at most 2048 at 524,288 tokens), ranks its flagged rows by a prefix sum, keeps
-   those ranked within the budget (the flags rewritten in place), writes their row numbers to their rank's slot, and
-   program 0 fills the slots past the last rank with row 0.
+   the ``cdiv(M, BLOCK_M)`` counts, at most 2048 at 524,288 tokens), ranks its overflowing rows by a prefix sum and
+   its heavy rows after every overflowing one, keeps those ranked within the budget (the flags rewritten in place as
+   0 / 1), writes their row numbers to their rank's slot, and program 0 fills the slots past the last rank with row 0.
 
 Integer sums in a fixed order: deterministic.
 """
@@ -50,20 +51,24 @@ if triton_available():
     from .gate_kernel import round_to
 
     @triton.jit
-    def _overflow_flags_kernel(counts_ptr, stride_m, stride_t, m, n_tiles, capacity, flags_ptr, block_counts_ptr,
-                               BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr):
+    def _overflow_flags_kernel(counts_ptr, stride_m, stride_t, m, n_tiles, capacity, heavy_pairs, n_blocks, flags_ptr,
+                               block_counts_ptr, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr):
         pid = tl.program_id(0)
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         in_m = rows < m
         top = tl.zeros((BLOCK_M,), dtype=tl.int32)
+        pairs = tl.zeros((BLOCK_M,), dtype=tl.int32)  # at most n_tiles * tile, far below 2**31
         for t0 in range(0, n_tiles, BLOCK_T):
             t = t0 + tl.arange(0, BLOCK_T)
             c = tl.load(counts_ptr + rows[:, None].to(tl.int64) * stride_m + t[None, :] * stride_t,
                         mask=in_m[:, None] & (t[None, :] < n_tiles), other=0)
             top = tl.maximum(top, tl.max(c, axis=1))
+            pairs += tl.sum(c, axis=1)
         over = (top > capacity) & in_m
-        tl.store(flags_ptr + rows, over.to(tl.int8), mask=in_m)
+        heavy = (heavy_pairs > 0) & (pairs > heavy_pairs) & in_m & ~over
+        tl.store(flags_ptr + rows, (over.to(tl.int8) * 2 + heavy.to(tl.int8)), mask=in_m)
         tl.store(block_counts_ptr + pid, tl.sum(over.to(tl.int32), axis=0))
+        tl.store(block_counts_ptr + n_blocks + pid, tl.sum(heavy.to(tl.int32), axis=0))
 
     @triton.jit
     def _overflow_ranks_kernel(flags_ptr, block_counts_ptr, n_blocks, m, budget, rows_ptr,
@@ -71,20 +76,28 @@ if triton_available():
         pid = tl.program_id(0)
         before = tl.zeros((), dtype=tl.int32)
         total = tl.zeros((), dtype=tl.int32)
+        before_heavy = tl.zeros((), dtype=tl.int32)
+        total_heavy = tl.zeros((), dtype=tl.int32)
         for c0 in range(0, n_blocks, CHUNK):
             b = c0 + tl.arange(0, CHUNK)
             cnt = tl.load(block_counts_ptr + b, mask=b < n_blocks, other=0)
             before += tl.sum(tl.where(b < pid, cnt, 0), axis=0)
             total += tl.sum(cnt, axis=0)
+            cnt_h = tl.load(block_counts_ptr + n_blocks + b, mask=b < n_blocks, other=0)
+            before_heavy += tl.sum(tl.where(b < pid, cnt_h, 0), axis=0)
+            total_heavy += tl.sum(cnt_h, axis=0)
         rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
         in_m = rows < m
-        over = tl.load(flags_ptr + rows, mask=in_m, other=0).to(tl.int32)
-        rank = before + tl.cumsum(over, axis=0)  # inclusive: the k-th overflowing row has rank k
-        take = (over > 0) & (rank <= budget)
+        flag = tl.load(flags_ptr + rows, mask=in_m, other=0).to(tl.int32)
+        over = (flag == 2).to(tl.int32)
+        heavy = (flag == 1).to(tl.int32)
+        # inclusive: the k-th overflowing row has rank k, the k-th heavy row total + k
+        rank = tl.where(over > 0, before + tl.cumsum(over, axis=0), total + before_heavy + tl.cumsum(heavy, axis=0))
+        take = (flag > 0) & (rank <= budget)
         tl.store(flags_ptr + rows, take.to(tl.int8), mask=in_m)
         tl.store(rows_ptr + (rank - 1), rows.to(tl.int64), mask=take)
-        if pid == 0:  # the slots no overflowing row took hold row 0 (slots below min(total, budget) are taken)
-            used = tl.minimum(total, budget)
+        if pid == 0:  # the slots no flagged row took hold row 0 (slots below min(flagged, budget) are taken)
+            used = tl.minimum(total + total_heavy, budget)
             for s0 in range(0, budget, CHUNK):
                 s = s0 + tl.arange(0, CHUNK)
                 tl.store(rows_ptr + s, tl.zeros((CHUNK,), dtype=tl.int64), mask=(s >= used) & (s < budget))
@@ -113,8 +126,8 @@ if triton_available():
         tl.store(out_ptr + r * stride_out + cols, v, mask=mask)
 
 
-def launch_select_overflow_rows(cold_counts: torch.Tensor, capacity: int,
-                                budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+def launch_select_overflow_rows(cold_counts: torch.Tensor, capacity: int, budget: int,
+                                heavy_pairs: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(skip int8 [M], rows int64 [budget])`` as :func:`twell.ops.hot_cold_dense_rows.select_overflow_rows` (the
     caller has checked its arguments): two launches, no host synchronisation."""
     m, n_tiles = cold_counts.shape
@@ -125,10 +138,11 @@ def launch_select_overflow_rows(cold_counts: torch.Tensor, capacity: int,
         rows.zero_()
         return skip, rows
     n_blocks = cdiv(m, _SELECT_BLOCK_M)
-    block_counts = torch.empty(n_blocks, dtype=torch.int32, device=dev)
+    block_counts = torch.empty(2 * n_blocks, dtype=torch.int32, device=dev)  # overflowing rows, then heavy ones
     block_t = min(_SELECT_BLOCK_T, next_pow2(max(n_tiles, 1)))
     _overflow_flags_kernel[(n_blocks,)](cold_counts, cold_counts.stride(0), cold_counts.stride(1), m, n_tiles,
-                                        capacity, skip, block_counts, BLOCK_M=_SELECT_BLOCK_M, BLOCK_T=block_t)
+                                        capacity, heavy_pairs, n_blocks, skip, block_counts,
+                                        BLOCK_M=_SELECT_BLOCK_M, BLOCK_T=block_t)
     _overflow_ranks_kernel[(n_blocks,)](skip, block_counts, n_blocks, m, budget, rows, BLOCK_M=_SELECT_BLOCK_M,
                                         CHUNK=_SELECT_CHUNK)
     return skip, rows

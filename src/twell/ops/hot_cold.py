@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import hot_cold_gate_kernel
+from . import hot_cold_dense_rows, hot_cold_gate_kernel
 from ._runtime import cdiv, interpreting, pdl_supported
 from .bitmap_kernels import launch_bitmap_ffn, launch_pack_bitmap
 from .cold_down_kernel import down_cold_supported, launch_down_cold
@@ -297,15 +297,17 @@ def launch_hot_cold_ffn(
         launch_bitmap_ffn(x, g_cold, *cold, plan.cold, w_up, w_down_t, tile=tile, out=out, init=init)
     else:
         skip = rows = None
+        heavy_pairs = hot_cold_dense_rows.HEAVY_ROW_PAIRS if m < hot_cold_dense_rows.HEAVY_ROWS_MAX_TOKENS else 0
         if dense_rows > 0 and taken is None and m:
-            skip, rows = select_overflow_rows(cold[-1], capacity, min(dense_rows, m))
+            skip, rows = select_overflow_rows(cold[-1], capacity, min(dense_rows, m), heavy_pairs)
         fuse = residual if FUSE_RESIDUAL and taken is None else None
         # a kernel between the gate and the list pass that does not touch the container: the hot down GEMM
         # (taken is None: cuBLAS's) or the dense rows' selection
         between = (init is not None and taken is None) or skip is not None
         launch_twell_ffn(x, *cold, None, None, w_gate, w_up, w_down_t, n_cols=n_cold, tile=tile, round_hidden=True,
                          out=out, unit_map=plan.cold, init=init, idx_is_unit=unit_ids, taken=taken,
-                         skip_overflow_rows=skip, residual=fuse, heavy=heavy, lists=lists,
+                         skip_overflow_rows=skip, skip_flagged=skip is not None and heavy_pairs > 0,
+                         residual=fuse, heavy=heavy, lists=lists,
                          pdl=LIST_PDL and (between or lists is not None))
         if rows is not None:
             dense_rows_ffn(x, rows, w_gate, w_up, w_down_t, out, residual=fuse)

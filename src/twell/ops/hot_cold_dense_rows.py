@@ -11,8 +11,9 @@ tiles in 739 of its 131,072 tokens and took 10.504 ms sparse against 6.0-6.5 ms 
 With a budget of ``K`` rows the op instead (all on the device, no host synchronisation, so CUDA graphs and
 torch.compile keep it):
 
-1. picks the first ``K`` rows (in row order) that have an overflowing cold tile, from the gate's cold counts
-   (:func:`select_overflow_rows`); the row kernel skips them (``skip_overflow_rows``);
+1. picks the first ``K`` rows (in row order) that have an overflowing cold tile, from the gate's cold counts, and
+   with :data:`HEAVY_ROW_PAIRS` the rows with many cold pairs in the slots left (:func:`select_overflow_rows`); the
+   row kernel skips them (``skip_overflow_rows``);
 2. computes those rows' whole FFN as the dense PyTorch FFN does in the input dtype (:func:`dense_rows_ffn`:
    ``relu(x Wg^T) * (x Wu^T)`` rounded, then ``@ Wd^T``), and writes them into the output.
 
@@ -47,39 +48,61 @@ from .dense_rows_kernels import gated_product, launch_select_overflow_rows, scat
 #: four kernels take ~10 us a pass (223.7 us over 23 passes).  Predicted 0.5-0.8 / 0.3-0.6 ms: hit / just under.  Its
 #: GPU tests passed (pytest_gpu_dense_rows_callfusedpass_session48.log).  On.
 FUSED_PASS = True
+#: Rows of a call below :data:`HEAVY_ROWS_MAX_TOKENS` tokens with more than this many cold pairs (and no overflowing
+#: tile) also go to the pass, after the overflowing rows, in the budget's slots those leave (0: none).  Why (session
+#: 48): the recorded 1.5B forward at 2048 tokens ran 0.83x of dense on an H100 with the row kernel at 3.67 ms over 28
+#: layers (4.21 at 4096 tokens: it barely shrinks with the call), while a layer's budget of 64 rows held only its 2-4
+#: overflowing rows; the rows the row kernel kept there were one sequence's positions 2-10 with 190-320 cold pairs each
+#: against 2.4 on the mean row (scripts/heavy_rows_stats.py on the CPU, bench_results/h100/heavy_rows_stats_2048
+#: _session48.log), so one program walked ~12-20 gather steps while the others walked one: a tail of a few rows.
+#: The spare slots computed row 0 again; taking these rows there costs no more GEMM rows.  Off until timed on a GPU
+#: (scripts/gpu_pending_heavy_rows.sh).
+HEAVY_ROW_PAIRS = 0
+#: ... below this many tokens (the several-tiles rule's bound: larger calls give the heavy-first queue a long kernel to
+#: hide a few long rows behind, and their heavy rows carry a large share of the gather's pairs).
+HEAVY_ROWS_MAX_TOKENS = 16384
 
 
-def _check_selection(cold_counts: torch.Tensor, capacity: int, budget: int) -> None:
+def _check_selection(cold_counts: torch.Tensor, capacity: int, budget: int, heavy_pairs: int = 0) -> None:
     if not isinstance(cold_counts, torch.Tensor) or cold_counts.dim() != 2 or cold_counts.dtype != torch.int32:
         got = (f"{cold_counts.dtype} of shape {tuple(cold_counts.shape)}" if isinstance(cold_counts, torch.Tensor)
                else type(cold_counts).__name__)
         raise ValueError(f"cold_counts must be an int32 tensor [M, n_cold_tiles], got {got}")
-    for name, v in (("capacity", capacity), ("budget", budget)):
+    for name, v in (("capacity", capacity), ("budget", budget), ("heavy_pairs", heavy_pairs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"{name} must be an int >= 0, got {v!r}")
 
 
-def select_overflow_rows(cold_counts: torch.Tensor, capacity: int, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+def select_overflow_rows(cold_counts: torch.Tensor, capacity: int, budget: int,
+                         heavy_pairs: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(skip int8 [M], rows int64 [budget])``: the first ``budget`` rows with a cold tile of more than
-    ``capacity`` non-zeros, flagged in ``skip`` and listed in ``rows`` in row order (unused slots hold 0).
+    ``capacity`` non-zeros (in row order), then, in the slots they leave, the rows without one whose cold pairs
+    (the sum of their counts) exceed ``heavy_pairs`` (0: none; in row order), flagged in ``skip`` and listed in
+    ``rows`` (unused slots hold 0).
 
     ``cold_counts``: int32 [M, n_cold_tiles], the cold part of the op's counts (any strides).  Deterministic: the
     Triton kernels (:data:`FUSED_PASS`) and :func:`select_overflow_rows_torch` give the same result.
     """
-    _check_selection(cold_counts, capacity, budget)
+    _check_selection(cold_counts, capacity, budget, heavy_pairs)
     if FUSED_PASS and kernels_run_on(cold_counts.device):
-        return launch_select_overflow_rows(cold_counts, capacity, budget)
-    return select_overflow_rows_torch(cold_counts, capacity, budget)
+        return launch_select_overflow_rows(cold_counts, capacity, budget, heavy_pairs)
+    return select_overflow_rows_torch(cold_counts, capacity, budget, heavy_pairs)
 
 
-def select_overflow_rows_torch(cold_counts: torch.Tensor, capacity: int,
-                               budget: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`select_overflow_rows` in PyTorch ops: a prefix sum, then a scatter whose only repeated target is a
+def select_overflow_rows_torch(cold_counts: torch.Tensor, capacity: int, budget: int,
+                               heavy_pairs: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`select_overflow_rows` in PyTorch ops: prefix sums, then a scatter whose only repeated target is a
     discarded slot."""
     m = cold_counts.shape[0]
     over = cold_counts.amax(1) > capacity
     rank = torch.cumsum(over, 0, dtype=torch.int64)  # inclusive: the k-th overflowing row has rank k
-    take = over & (rank <= budget)
+    flagged = over
+    if heavy_pairs > 0:
+        heavy = ~over & (cold_counts.sum(1, dtype=torch.int64) > heavy_pairs)
+        # ranked after every overflowing row: over.sum() + the heavy row's own inclusive rank
+        rank = torch.where(over, rank, over.sum(dtype=torch.int64) + torch.cumsum(heavy, 0, dtype=torch.int64))
+        flagged = over | heavy
+    take = flagged & (rank <= budget)
     slot = torch.where(take, rank - 1, budget)  # slot ``budget`` collects the rest and is dropped
     rows = torch.zeros(budget + 1, dtype=torch.int64, device=cold_counts.device)
     rows.scatter_(0, slot, torch.arange(m, dtype=torch.int64, device=cold_counts.device))

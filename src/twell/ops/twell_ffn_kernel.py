@@ -337,6 +337,7 @@ def _twell_ffn_row_kernel(
     MARK: tl.constexpr = 1,
     skip_ptr=None,
     SKIP_OVERFLOW_ROWS: tl.constexpr = False,
+    SKIP_FLAGGED_ROWS: tl.constexpr = False,
     res_ptr=None,
     stride_rm=0,
     HAS_RESIDUAL: tl.constexpr = False,
@@ -364,6 +365,10 @@ def _twell_ffn_row_kernel(
         keep = tl.load(taken_ptr + row) == 0
         d_ok = d_ok & keep
     x, out = _row_input_and_acc(x_ptr, init_ptr, row, stride_xm, stride_im, offs_d, d_ok, D_PAD, HAS_INIT)
+    if SKIP_FLAGGED_ROWS:  # (SKIP_OVERFLOW_ROWS too) every flagged row is the caller's, long rows without an
+        # overflowing tile included: its flag read beside the row's first loads, nothing written
+        if tl.load(skip_ptr + row) != 0:
+            return
     n_list = -1
     if LISTED:  # the row's entries as one flat list (twell_list_kernel): no search, rows -1 take the path below
         n_list = tl.load(lst_n_ptr + row)
@@ -504,6 +509,7 @@ def launch_twell_ffn(
     listed: bool | None = None,
     heavy_first: bool | None = None,
     skip_overflow_rows: torch.Tensor | None = None,
+    skip_flagged: bool = False,
     residual: torch.Tensor | None = None,
     heavy: tuple[torch.Tensor, torch.Tensor] | None = None,
     pdl: bool = False,
@@ -540,7 +546,8 @@ def launch_twell_ffn(
     (ValueError without them).
     ``skip_overflow_rows`` (int8 [M]): rows flagged non-zero that have an overflowing tile are neither read nor
     written (the caller computes them whole: ``hot_cold_dense_rows``); a flag on a row without one is not read
-    (the row is computed as usual).  Not with the tensor-core gather or ``taken`` (ValueError).
+    (the row is computed as usual) unless ``skip_flagged``: then every flagged row is skipped (the dense-row pass's
+    long rows, ``hot_cold_dense_rows.HEAVY_ROW_PAIRS``).  Not with the tensor-core gather or ``taken`` (ValueError).
     ``residual`` ([M, d], ``out``'s dtype, unit stride along d): every row the kernel writes gets
     ``round(round(ffn) + residual)``, what ``residual + ffn(x)`` gives in that dtype; rows skipped for
     ``skip_overflow_rows`` are the caller's, residual included.  Not with the tensor-core gather or ``taken``
@@ -573,6 +580,8 @@ def launch_twell_ffn(
     if sb is None:
         sb = default_sb(d, prefetch)
     has_spill = spill_values is not None
+    if skip_flagged and skip_overflow_rows is None:
+        raise ValueError("launch_twell_ffn: `skip_flagged` needs the flags, `skip_overflow_rows`")
     if skip_overflow_rows is not None:
         if taken is not None or tensor_cores:
             raise ValueError("launch_twell_ffn: `skip_overflow_rows` does not combine with `taken` or the tensor-core "
@@ -684,6 +693,7 @@ def launch_twell_ffn(
         MARK=twell_list_kernel.HEAVY_MARK,
         skip_ptr=skip_overflow_rows if skip_overflow_rows is not None else counts,
         SKIP_OVERFLOW_ROWS=skip_overflow_rows is not None,
+        SKIP_FLAGGED_ROWS=skip_overflow_rows is not None and skip_flagged,
         res_ptr=residual if residual is not None else dummy,
         stride_rm=residual.stride(0) if residual is not None else 0,
         HAS_RESIDUAL=residual is not None,

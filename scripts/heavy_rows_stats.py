@@ -1,0 +1,131 @@
+"""Where the row kernel's work lies in the 1.5B forward's layers: per layer, the rows the dense-row pass takes and
+the heaviest rows it leaves to the row kernel (cold pairs, overflowing tiles), under the small-call hot-set bounds.
+
+Why (session 48): the recorded 1.5B forward at 2048 tokens ran 0.83x of recorded dense on an H100 (16.06 vs 13.42
+ms; bench_results/h100/recorded_forward_probe_bound3_2048_session48.json) with the row kernel at 3.67 ms over 28
+layers, 0.131 ms a layer, while the synthetic layer's whole op took 0.158 ms at 2048 tokens and 0.5 % (bound 3,
+dispatch_2048x5632_session48_small_bound3.json); at 4096 tokens it took 4.21 ms, so it barely grows with the tokens:
+a tail of a few long rows, each one program's serial work, is the suspect.  The model's first 8 positions fire 360-830
+units a layer against 14-42 for the rest (model_forward_recorded_b2_session48.json, ``layers``).  This counts, on the
+CPU (fp32), what each layer hands the row kernel.
+
+    PYTHONPATH=src:scripts python3 scripts/heavy_rows_stats.py --tokens 2048 --bounds 3 10
+    PYTHONPATH=src:scripts python3 scripts/heavy_rows_stats.py --tiny   # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from eager_floor_probe import probe_model
+
+from twell.format.twell import DEFAULT_TILE, default_capacity
+from twell.nn import SparseGatedMLP
+from twell.nn.hot_cold_cache import (
+    DENSE_ROWS_MARGIN,
+    DENSE_ROWS_MIN_EXPECTED,
+    DENSE_ROWS_MIN_SEVERE,
+    DENSE_ROWS_MULTIPLE,
+    DENSE_ROWS_SEVERE_MAX_TOKENS,
+    DENSE_ROWS_SEVERE_TILES,
+    DENSE_ROWS_SLACK,
+)
+from twell.ops.hot_cold_dense_rows import dense_row_budget
+from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, active_frequency, choose_hot_units, sample_active
+from twell.ops.twell_ffn_kernel import default_sb
+
+#: The list pass's longest list: rows past it are searched tile by tile.
+LIST_MAX = 128
+#: Cold-pair counts above which the rows left to the row kernel are counted (candidate heavy-row bounds).
+HEAVY_BOUNDS = (16, 32, 64, 128)
+
+
+def layer_rows(active: torch.Tensor, bound: float, tile: int, cap: int, step: int) -> dict:
+    """One layer's split at cold-pairs bound ``bound``: the pass's budget and rows, and what the row kernel keeps."""
+    n, f = active.shape
+    sample = active if n <= 4096 else active[torch.linspace(0, n - 1, 4096).long()]
+    hot = choose_hot_units(active_frequency(sample), min_frequency=HOT_MIN_FREQUENCY, max_cold_l0=bound)
+    is_hot = torch.zeros(f, dtype=torch.bool)
+    is_hot[hot] = True
+    cold = active[:, ~is_hot]
+    n_tiles = -(-cold.shape[1] // tile)
+    padded = torch.nn.functional.pad(cold, (0, n_tiles * tile - cold.shape[1]))
+    counts = padded.view(n, n_tiles, tile).sum(2)
+    over_tiles = (counts > cap).sum(1)
+    over = over_tiles > 0
+    sample_over = over if n <= 4096 else over[torch.linspace(0, n - 1, 4096).long()]
+    severe = (over_tiles >= DENSE_ROWS_SEVERE_TILES) if n <= 4096 else None
+    frac = float(sample_over.float().mean())
+    severe_frac = float(severe.float().mean()) if severe is not None and n < DENSE_ROWS_SEVERE_MAX_TOKENS else 0.0
+    budget = dense_row_budget(n, frac, margin=DENSE_ROWS_MARGIN, slack=DENSE_ROWS_SLACK, multiple=DENSE_ROWS_MULTIPLE,
+                              min_expected=DENSE_ROWS_MIN_EXPECTED, severe_fraction=severe_frac,
+                              min_expected_severe=DENSE_ROWS_MIN_SEVERE)
+    taken = over & (torch.cumsum(over.long(), 0) <= budget)  # select_overflow_rows: the first `budget` in index order
+    pairs = torch.where(counts <= cap, counts, 0).sum(1)  # what the row kernel gathers (overflowing tiles recomputed)
+    # one program's serial steps: its pairs in ``step``-entry steps (the row kernel's SB), each overflowing tile
+    # tile / step steps of three weight rows
+    steps = -(-pairs // step) + over_tiles * (tile // step) * 3
+    left = ~taken
+    order = torch.argsort(torch.where(left, steps, -1), descending=True)[:5]
+    return {"bound": bound, "hot": int(hot.numel()), "cold_pairs_per_row": float(pairs[left].float().mean()),
+            "overflow_rows": int(over.sum()), "budget": budget, "taken": int(taken.sum()),
+            "left_overflow_rows": int((over & left).sum()),
+            "left_searched_rows": int((left & (pairs > LIST_MAX)).sum()),
+            "left_rows_over": {str(k): int((left & (pairs > k)).sum()) for k in HEAVY_BOUNDS},
+            "heaviest_left": [{"row": int(r), "pairs": int(pairs[r]), "over_tiles": int(over_tiles[r]),
+                               "steps": int(steps[r])} for r in order if left[r]],
+            "mean_steps": float(steps[left].float().mean())}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--bounds", type=float, nargs="+", default=[3.0, 10.0])
+    p.add_argument("--tiny", action="store_true", help="the tiny preset on 32 tokens (smoke test)")
+    p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    a = p.parse_args()
+    preset, tokens, seq = ("tiny", 32, 32) if a.tiny else ("1.5b", a.tokens, a.seq)
+    torch.manual_seed(0)
+    bench = probe_model(preset, torch.device("cpu"), [tokens], seq, ["default"])
+    bench.sets.use("sparse:default")
+    inputs: list[torch.Tensor] = []
+    mlps = [m for m in bench.model.modules() if isinstance(m, SparseGatedMLP)]
+
+    def keep_input(_module: torch.nn.Module, args: tuple) -> None:
+        inputs.append(args[0].detach().reshape(-1, args[0].shape[-1]))
+
+    hooks = [m.register_forward_pre_hook(keep_input) for m in mlps]
+    ids = bench.tokens[:1, :tokens] if tokens <= seq else bench.tokens[: tokens // seq]
+    with torch.no_grad():
+        bench.model.model(ids)
+    for h in hooks:
+        h.remove()
+    tile = mlps[0].tile or DEFAULT_TILE
+    cap = mlps[0].capacity or default_capacity(tile)
+    rows = []
+    for i, (m, x) in enumerate(zip(mlps, inputs, strict=True)):
+        active = sample_active(x.float(), m.gate_proj.weight.float(), max_tokens=x.shape[0])
+        l0 = active.sum(1)
+        for bound in a.bounds:
+            r = {"layer": i, "tokens": x.shape[0], "l0_mean": float(l0.float().mean()), "l0_max": int(l0.max()),
+                 **layer_rows(active, bound, tile, cap, default_sb(x.shape[1]))}
+            rows.append(r)
+            heavy = ", ".join(f"{h['row']}:{h['pairs']}p/{h['over_tiles']}t" for h in r["heaviest_left"])
+            print(f"layer {i:2d} bound {bound:4.1f}: l0 {r['l0_mean']:5.1f} (max {r['l0_max']:4d}) hot {r['hot']:4d} "
+                  f"pairs/row {r['cold_pairs_per_row']:5.1f} overflow rows {r['overflow_rows']:3d} budget "
+                  f"{r['budget']:3d} left overflowing {r['left_overflow_rows']:3d} searched "
+                  f"{r['left_searched_rows']:3d} mean steps {r['mean_steps']:4.1f}; left rows over "
+                  f"{'/'.join(str(k) for k in HEAVY_BOUNDS)} pairs: "
+                  f"{'/'.join(str(n) for n in r['left_rows_over'].values())}; heaviest left (row:pairs/tiles) "
+                  f"{heavy}")
+    if a.out:
+        a.out.write_text(json.dumps({"preset": preset, "tokens": tokens, "tile": tile, "capacity": cap,
+                                     "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
