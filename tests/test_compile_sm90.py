@@ -104,6 +104,7 @@ SM90_KERNELS = frozenset({
     "ffn_gated1_spill0_split1_ids_listed", "list_rows", "list_rows_heavy_first",
     "ffn_gated1_spill0_split1_ids_listed_heavy_first", "list_rows_heavy_first_pdl",
     "ffn_gated1_spill0_split1_ids_listed_heavy_first_pdl", "list_rows_heavy_first_beside_gate",
+    "ffn_gated1_spill0_split1_ids_listed_heavy_first_skip_flagged",
     "hot_cold_gate_t128_counted", "ffn_tc_block", "hot_hidden",
     "pack_bitmap", "bitmap_ffn", "block_union", "union_up", "union_down", "train_pack_rows",
     "train_forward_rows", "train_backward_rows", "train_unit_grads", "decode_hidden_bm16",

@@ -267,6 +267,14 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
         _compiled(_twell_ffn_row_kernel, {**ffn_sig, "lst_ptr": "*i32", "lst_n_ptr": "*i32", **heavy_sig},
                   {**consts, "HEAVY_FIRST": True, "MARK": HEAVY_MARK}, target, num_warps=4, divisible=row_divisible),
         arch)
+    # as the hot/cold op launches it with a dense-row pass that takes long rows (HEAVY_ROW_PAIRS): every flagged row
+    # skipped, the residual added
+    results["ffn_gated1_spill0_split1_ids_listed_heavy_first_skip_flagged"] = _stats(
+        _compiled(_twell_ffn_row_kernel, {**ffn_sig, "lst_ptr": "*i32", "lst_n_ptr": "*i32", **heavy_sig,
+                                          "skip_ptr": "*i8", "res_ptr": "*bf16", "stride_rm": "i32"},
+                  {**consts, "HEAVY_FIRST": True, "MARK": HEAVY_MARK, "SKIP_OVERFLOW_ROWS": True,
+                   "SKIP_FLAGGED_ROWS": True, "HAS_RESIDUAL": True}, target, num_warps=4, divisible=row_divisible),
+        arch)
     if arch >= 90:  # both as programmatic dependents (griddepcontrol: sm_90 on; hot_cold.LIST_PDL)
         kernel = _compiled(_list_twell_rows_kernel, {**list_sig, **heavy_sig},
                            {**list_consts, **heavy_consts, "PDL": True}, target, num_warps=4)

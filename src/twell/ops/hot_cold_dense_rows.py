@@ -52,12 +52,17 @@ FUSED_PASS = True
 #: tile) also go to the pass, after the overflowing rows, in the budget's slots those leave (0: none).  Why (session
 #: 48): the recorded 1.5B forward at 2048 tokens ran 0.83x of dense on an H100 with the row kernel at 3.67 ms over 28
 #: layers (4.21 at 4096 tokens: it barely shrinks with the call), while a layer's budget of 64 rows held only its 2-4
-#: overflowing rows; the rows the row kernel kept there were one sequence's positions 2-10 with 190-320 cold pairs each
-#: against 2.4 on the mean row (scripts/heavy_rows_stats.py on the CPU, bench_results/h100/heavy_rows_stats_2048
-#: _session48.log), so one program walked ~12-20 gather steps while the others walked one: a tail of a few rows.
-#: The spare slots computed row 0 again; taking these rows there costs no more GEMM rows.  Off until timed on a GPU
-#: (scripts/gpu_pending_heavy_rows.sh).
-HEAVY_ROW_PAIRS = 0
+#: overflowing rows; the rows the row kernel kept there were one sequence's positions 2-10 with 188-321 cold pairs each
+#: against 2.0-2.6 on the mean row (scripts/heavy_rows_stats.py on the CPU, bench_results/h100/heavy_rows_stats_2048
+#: _session48.log): at 4 pairs a step (the row kernel's SB at d=2048) one program walked ~50-80 steps while the others
+#: walked one.  The spare slots computed row 0 again, so taking these rows there costs no more GEMM rows.  64 pairs: 16
+#: steps, against ~1 for the mean row; 7-15 rows a layer there (31 at most over 32 pairs, 49 over 16).  Measured (H100,
+#: session 48, the recorded forward with cached weights, tables policy, at 2048 tokens;
+#: bench_results/h100/recorded_forward_probe_{bound3,heavy64}_2048_session48.json, two calls on two machines of the same
+#: card whose dense forward took 13.42 ms on both; the same call's run without it was cut by the session's device time):
+#: the row kernel 3.67 -> 0.92 ms, the forward 16.06 -> 13.25 ms, 0.835x -> 1.014x of dense; predicted 1.0-1.5 ms and
+#: 0.93-0.97x.  4096 and 8192 tokens and a same-call A/B are pending (scripts/gpu_pending_heavy_rows.sh).  On.
+HEAVY_ROW_PAIRS = 64
 #: ... below this many tokens (the several-tiles rule's bound: larger calls give the heavy-first queue a long kernel to
 #: hide a few long rows behind, and their heavy rows carry a large share of the gather's pairs).
 HEAVY_ROWS_MAX_TOKENS = 16384

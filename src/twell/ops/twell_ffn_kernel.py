@@ -366,12 +366,16 @@ def _twell_ffn_row_kernel(
         d_ok = d_ok & keep
     x, out = _row_input_and_acc(x_ptr, init_ptr, row, stride_xm, stride_im, offs_d, d_ok, D_PAD, HAS_INIT)
     if SKIP_FLAGGED_ROWS:  # (SKIP_OVERFLOW_ROWS too) every flagged row is the caller's, long rows without an
-        # overflowing tile included: its flag read beside the row's first loads, nothing written
-        if tl.load(skip_ptr + row) != 0:
-            return
+        # overflowing tile included: nothing written.  The flag is requested with the row's first loads and its list
+        # count, and tested once those are out, so the test adds no round trip of its own (session 48's GPU run,
+        # b3a14df, tested it before the count's load).
+        flagged = tl.load(skip_ptr + row)
     n_list = -1
     if LISTED:  # the row's entries as one flat list (twell_list_kernel): no search, rows -1 take the path below
         n_list = tl.load(lst_n_ptr + row)
+        if SKIP_FLAGGED_ROWS:
+            if flagged != 0:
+                return
         if HEAVY_FIRST:  # a queued row: done by a queue program; there, its mark off (its count, or -1: searched)
             if (n_list >= MARK - 1) & (tl.program_id(0) >= H_SLOTS):  # (the id read again: nothing held for it)
                 return
@@ -388,6 +392,10 @@ def _twell_ffn_row_kernel(
             wu_s, wd_s = _unit_rows(live, unit, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
             out += _rows_contribution(a, live, wu_s, wd_s, x, dtype, GATED, ROUND_HIDDEN)
     searched = n_list < 0
+    if SKIP_FLAGGED_ROWS:
+        if not LISTED:
+            if flagged != 0:
+                return
 
     if PRELOAD or PREFETCH:
         # the row's whole container (every slot, used or not: [n_tiles, CAP] values and indices, contiguous)
