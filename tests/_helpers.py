@@ -145,3 +145,9 @@ def probe_rows(path: Path) -> dict[str, dict]:
 def kernel_ms(row: dict, name: str) -> float:
     """Device ms of a probe row's top kernels whose names start with ``name``."""
     return sum(k["device_us"] for k in row["top_kernels"] if k["name"].startswith(name)) / 1e3
+
+
+def flat_text(path: Path) -> str:
+    """A file's text with line breaks, comment markers and runs of spaces as single spaces (the provenance tests'
+    quotes span wrapped lines)."""
+    return " ".join(Path(path).read_text().replace("#:", " ").split())

@@ -9,22 +9,17 @@ import re
 from pathlib import Path
 
 import pytest
-from _helpers import kernel_ms, probe_rows
+from _helpers import flat_text, kernel_ms, probe_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "bench_results" / "h100"
 
 
-def _flat(text: str) -> str:
-    """The text with line breaks, comment markers and runs of spaces as single spaces (quotes span wrapped lines)."""
-    return " ".join(text.replace("#:", " ").split())
-
-
-README = _flat((ROOT / "README.md").read_text())
-PERFORMANCE = _flat((ROOT / "docs" / "performance.md").read_text())
-LOG = _flat((H100 / "session47_runs.md").read_text())
-CACHE_SOURCE = _flat((ROOT / "src" / "twell" / "nn" / "hot_cold_cache.py").read_text())
-MLP_SOURCE = _flat((ROOT / "src" / "twell" / "nn" / "mlp.py").read_text())
+README = flat_text(ROOT / "README.md")
+PERFORMANCE = flat_text(ROOT / "docs" / "performance.md")
+LOG = flat_text(H100 / "session47_runs.md")
+CACHE_SOURCE = flat_text(ROOT / "src" / "twell" / "nn" / "hot_cold_cache.py")
+MLP_SOURCE = flat_text(ROOT / "src" / "twell" / "nn" / "mlp.py")
 
 
 def _probe(label: str) -> dict[str, dict]:

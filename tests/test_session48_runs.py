@@ -9,22 +9,17 @@ import re
 from pathlib import Path
 
 import pytest
-from _helpers import kernel_ms, probe_rows
+from _helpers import flat_text, kernel_ms, probe_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = ROOT / "bench_results" / "h100"
 PASS_KERNELS = ("_overflow_flags_kernel", "_overflow_ranks_kernel", "_gated_product_kernel", "_scatter_rows_kernel")
 
 
-def _flat(text: str) -> str:
-    """The text with line breaks, comment markers and runs of spaces as single spaces (quotes span wrapped lines)."""
-    return " ".join(text.replace("#:", " ").split())
-
-
-README = _flat((ROOT / "README.md").read_text())
-PERFORMANCE = _flat((ROOT / "docs" / "performance.md").read_text())
-LOG = _flat((H100 / "session48_runs.md").read_text())
-SWITCH_SOURCE = _flat((ROOT / "src" / "twell" / "ops" / "hot_cold_dense_rows.py").read_text())
+README = flat_text(ROOT / "README.md")
+PERFORMANCE = flat_text(ROOT / "docs" / "performance.md")
+LOG = flat_text(H100 / "session48_runs.md")
+SWITCH_SOURCE = flat_text(ROOT / "src" / "twell" / "ops" / "hot_cold_dense_rows.py")
 
 
 def _probe(label: str) -> dict[str, dict]:
@@ -173,8 +168,7 @@ def test_heavy_rows_run_as_quoted():
     assert "| heavy64_2048 | 2048 | 0.92 | 2.62 | 0.66 | 13.25 | 13.42 | 1.014x | 11.52 (11.74) |" in table
     assert ("| bound3_2048 (call 2, bound 0) | 2048 | 3.67 | 2.66 | 0.68 | 16.06 | 13.42 | 0.835x | 14.27 (11.76) |"
             in table)
-    assert "the row kernel 3.67 -> 0.92 ms, the forward 16.06 -> 13.25 ms, 0.835x -> 1.014x" in " ".join(
-        (ROOT / "src" / "twell" / "ops" / "hot_cold_dense_rows.py").read_text().replace("#:", " ").split())
+    assert "the row kernel 3.67 -> 0.92 ms, the forward 16.06 -> 13.25 ms, 0.835x -> 1.014x" in SWITCH_SOURCE
     assert "HEAVY_ROW_PAIRS = 64" in SWITCH_SOURCE
     assert "the forward **1.014x** of dense (13.25 vs 13.42 ms" in README
     tests = (H100 / "pytest_gpu_heavy_callheavyshort_session48.log").read_text()
