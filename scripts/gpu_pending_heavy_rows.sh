@@ -2,16 +2,16 @@
 # Pending since session 48 (its device time spent): long rows into the dense-row pass
 # (hot_cold_dense_rows.HEAVY_ROW_PAIRS, 64 since session 48 on one run at 2048 tokens: the row kernel 3.67 -> 0.92 ms,
 # the forward 0.835x -> 1.014x of dense, against a run of call 2 on another H100; this call is the same-call A/B and
-# the larger calls).  Session 48 found the recorded 1.5B forward
-# at 2048 tokens at 0.83x of recorded dense on an H100 (16.06 vs 13.42 ms; row kernel 3.67 ms over 28 layers, 4.21 at
-# 4096 tokens), and on the CPU (scripts/heavy_rows_stats.py, bench_results/h100/heavy_rows_stats_2048_session48.log)
-# that each layer's 64-row budget held only its 2-4 overflowing rows while positions 2-10 kept 188-321 cold pairs
-# each (the mean row 2.0-2.6): at 4 pairs a step (SB at d=2048) one program walks ~50-80 steps while the rest walk one.
+# the larger calls).  Session 48 found the recorded 1.5B forward at 2048 tokens at 0.83x of recorded dense on an H100
+# (16.06 vs 13.42 ms; row kernel 3.67 ms over 28 layers, 4.21 at 4096 tokens), and on the CPU
+# (scripts/heavy_rows_stats.py, bench_results/h100/heavy_rows_stats_2048_session48.log) that each layer's 64-row
+# budget held only its 2-4 overflowing rows while positions 2-10 kept 188-321 cold pairs each (the mean row 2.0-2.6):
+# at 4 pairs a step (SB at d=2048) one program walks ~50-80 steps while the rest walk one.
 # First the selection's and the op's tests on the GPU (the two files whole: their `device` tests run on CUDA), then the
 # recorded forward (cached weights, tables policy) with the bound at 64 and at 0, each in its own process, at 2048,
 # 4096 and 8192 tokens.
-# Predicted: at 2048 tokens the row kernel ~3.7 -> ~1.0-1.5 ms and the forward ~16.1 -> ~13.8-14.5 ms (~0.93-0.97x of
-# dense: the gate, list pass, hot down and pass GEMMs alone are near dense's FFN there); at 4096 ~4.2 -> ~1.5-2.0 ms,
+# Predicted before session 48's run: at 2048 tokens the row kernel ~3.7 -> ~1.0-1.5 ms and the forward ~16.1 ->
+# ~13.8-14.5 ms (~0.93-0.97x of dense; that run: 0.92 ms, 13.25 ms, 1.014x); at 4096 ~4.2 -> ~1.5-2.0 ms,
 # the forward ~1.08-1.10x against ~1.02x; at 8192 (16 of 28 layers with a budget) ~0.5-1 ms off.  Where it loses,
 # HEAVY_ROWS_MAX_TOKENS comes down to there; then the bound (32 / 128) and a budget that counts the heavy rows (layers
 # without an overflowing row get none today).

@@ -7,7 +7,7 @@ layers, 0.131 ms a layer, while the synthetic layer's whole op took 0.158 ms at 
 dispatch_2048x5632_session48_small_bound3.json); at 4096 tokens it took 4.21 ms, so it barely grows with the tokens:
 a tail of a few long rows, each one program's serial work, is the suspect.  The model's first 8 positions fire 360-830
 units a layer against 14-42 for the rest (model_forward_recorded_b2_session48.json, ``layers``).  This counts, on the
-CPU (fp32), what each layer hands the row kernel.
+CPU (fp32; ``--device cuda``: bf16 on the GPU), what each layer hands the row kernel.
 
     PYTHONPATH=src:scripts python3 scripts/heavy_rows_stats.py --tokens 2048 --bounds 3 10
     PYTHONPATH=src:scripts python3 scripts/heavy_rows_stats.py --tiny   # smoke test
@@ -15,13 +15,13 @@ CPU (fp32), what each layer hands the row kernel.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
 from eager_floor_probe import probe_model
 
+from twell.bench.probe import probe_device, probe_parser
 from twell.format.twell import DEFAULT_TILE, default_capacity
 from twell.nn import SparseGatedMLP
 from twell.nn.hot_cold_cache import (
@@ -81,16 +81,16 @@ def layer_rows(active: torch.Tensor, bound: float, tile: int, cap: int, step: in
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = probe_parser(__doc__)  # --device (here: cpu unless told), --tiny
+    p.set_defaults(device="cpu")
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--bounds", type=float, nargs="+", default=[3.0, 10.0])
-    p.add_argument("--tiny", action="store_true", help="the tiny preset on 32 tokens (smoke test)")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     a = p.parse_args()
     preset, tokens, seq = ("tiny", 32, 32) if a.tiny else ("1.5b", a.tokens, a.seq)
     torch.manual_seed(0)
-    bench = probe_model(preset, torch.device("cpu"), [tokens], seq, ["default"])
+    bench = probe_model(preset, probe_device(a.device), [tokens], seq, ["default"])
     bench.sets.use("sparse:default")
     inputs: list[torch.Tensor] = []
     mlps = [m for m in bench.model.modules() if isinstance(m, SparseGatedMLP)]
@@ -108,7 +108,7 @@ def main() -> None:
     cap = mlps[0].capacity or default_capacity(tile)
     rows = []
     for i, (m, x) in enumerate(zip(mlps, inputs, strict=True)):
-        active = sample_active(x.float(), m.gate_proj.weight.float(), max_tokens=x.shape[0])
+        active = sample_active(x.float(), m.gate_proj.weight.float(), max_tokens=x.shape[0]).cpu()
         l0 = active.sum(1)
         for bound in a.bounds:
             r = {"layer": i, "tokens": x.shape[0], "l0_mean": float(l0.float().mean()), "l0_max": int(l0.max()),

@@ -56,6 +56,9 @@ PROBES = {
                                     "cProfile of one sparse forward at 32 tokens", "_ffn_sparse"]),
     # both sets compiled (aot_eager off CUDA) in one graph each, nothing skipped, the eager layers timed beside them;
     # (the dense-row, hot-set, fused-pass, heavy-row and cached-weights switches parsed and applied without error)
+    # every layer's split at each bound, the rows left to the row kernel counted
+    "heavy_rows_stats.py": ((), "layer", ["bound  3.0: l0", "bound 10.0: l0", "left rows over 16/32/64/128 pairs",
+                                          "heaviest left"]),
     "recorded_forward_probe.py": (("--min-expected", "1", "--severe-tiles", "3", "--small-bound", "3",
                                    "--fused-pass", "--heavy-pairs", "2", "--cached-weights"), "tokens=",
                                   ["tokens=32 dense: wall ", "graph breaks 0, unique graphs 1, cudagraph skips 0",
