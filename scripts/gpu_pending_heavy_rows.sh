@@ -15,20 +15,42 @@
 # the forward ~1.08-1.10x against ~1.02x; at 8192 (16 of 28 layers with a budget) ~0.5-1 ms off.  Where it loses,
 # HEAVY_ROWS_MAX_TOKENS comes down to there; then the bound (32 / 128) and a budget that counts the heavy rows (layers
 # without an overflowing row get none today).
-#   TWELL_SESSION=session49 TWELL_COMMIT=<sha> bash scripts/gpu_pending_heavy_rows.sh
+#   TWELL_SESSION=session49 TWELL_COMMIT=<sha> bash scripts/gpu_pending_heavy_rows.sh           # call 1
+#   PART=2 TWELL_SESSION=session49 TWELL_COMMIT=<sha> bash scripts/gpu_pending_heavy_rows.sh    # call 2
 . "$(dirname "$0")/gpu_call_lib.sh"
-call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session49}" heavyrows
+part=${PART:-1}
+call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session49}" "heavyrows$part"
 nvidia-smi --query-gpu=name --format=csv,noheader
-stage pytest_gpu_heavy_rows "$(left 150)" "passed|failed|error" python3 -m pytest -q -p no:cacheprovider \
-  tests/test_ops_dense_rows_kernels.py tests/test_ops_hot_cold_dense_rows.py
-budget=230
-for n in 2048 4096 8192; do
-  for k in 64 0; do
-    stage "probe_heavy${k}_$n" "$(left "$budget")" \
-      "^tokens=.*(gpu)|^ {4} *[0-9].*(twell|hot_cold_gate|overflow)|Error" \
-      python3 scripts/recorded_forward_probe.py --policy tables --tokens "$n" --top 40 --samples 5 --cached-weights \
-      --heavy-pairs "$k" --out "$R/heavy${k}_$n"
-    budget=$((budget + 65))
+probe() {  # log / output label, limit, probe arguments...
+  local label=$1 limit=$2
+  shift 2
+  stage "probe_$label" "$limit" "^tokens=.*(gpu)|^ {4} *[0-9].*(twell|hot_cold_gate|overflow)|Error" \
+    python3 scripts/recorded_forward_probe.py --policy tables --top 40 --samples 5 --cached-weights "$@" \
+    --out "$R/$label"
+}
+if [ "$part" = 1 ]; then  # ~500 s: the tests, then 2048 and 4096 tokens with the bound at 64 and at 0
+  stage pytest_gpu_heavy_rows "$(left 150)" "passed|failed|error" python3 -m pytest -q -p no:cacheprovider \
+    tests/test_ops_dense_rows_kernels.py tests/test_ops_hot_cold_dense_rows.py
+  budget=230
+  for n in 2048 4096; do
+    for k in 64 0; do
+      probe "heavy${k}_$n" "$(left "$budget")" --tokens "$n" --heavy-pairs "$k"
+      budget=$((budget + 70))
+    done
   done
-done
+else  # PART=2, ~400 s: 8192 tokens at 64 and 0, then the budget that counts the heavy rows
+  # (hot_cold_cache.DENSE_ROWS_COUNT_HEAVY, off): at 8192 tokens 12 of 28 layers had no budget in session 48
+  # (fused_8192), so their heavy rows stayed; predicted ~0.3-0.8 ms off at 8192 and ~0 at 4096.  If it wins, on.
+  budget=150
+  for args in "heavy64_8192 --heavy-pairs 64" "heavy0_8192 --heavy-pairs 0" \
+              "heavy64_count_8192 --heavy-pairs 64 --count-heavy" \
+              "heavy64_count_4096 --heavy-pairs 64 --count-heavy"; do
+    read -r label rest <<< "$args"
+    tokens=8192
+    case "$label" in *_4096) tokens=4096 ;; esac
+    # shellcheck disable=SC2086
+    probe "$label" "$(left "$budget")" --tokens "$tokens" $rest
+    budget=$((budget + 75))
+  done
+fi
 call_end

@@ -109,6 +109,9 @@ def main() -> None:
                    help="hot_cold_dense_rows.HEAVY_ROW_PAIRS for this run: rows with more cold pairs than this (and no "
                         "overflowing tile) also go to the dense-row pass, in the slots the overflowing rows leave (0: "
                         "none); default: as shipped")
+    p.add_argument("--count-heavy", action=argparse.BooleanOptionalAction, default=None,
+                   help="hot_cold_cache.DENSE_ROWS_COUNT_HEAVY for this run: small calls' dense-row budgets count the "
+                        "refresh sample's heavy rows too; default: as shipped")
     p.add_argument("--cached-weights", action="store_true",
                    help="record inside static_dispatch(cached_weights=True) after prepare_static_weights on each layer "
                         "(the split's weight copies read in place instead of built every call)")
@@ -128,6 +131,8 @@ def main() -> None:
         hot_cold_cache.DENSE_ROWS_SEVERE_TILES = a.severe_tiles  # read on each refresh of the hot set
     if a.fused_pass is not None:
         hot_cold_dense_rows.FUSED_PASS = a.fused_pass  # read at call time (select_overflow_rows, dense_rows_ffn)
+    if a.count_heavy is not None:
+        hot_cold_cache.DENSE_ROWS_COUNT_HEAVY = a.count_heavy  # read on each refresh and budget
     if a.heavy_pairs is not None:
         hot_cold_dense_rows.HEAVY_ROW_PAIRS = a.heavy_pairs  # read at call time (the op's selection)
     torch._logging.set_logs(perf_hints=True, graph_breaks=True)
@@ -216,6 +221,8 @@ def main() -> None:
                                                                      "cached_weights": a.cached_weights,
                                                                      "fused_pass": hot_cold_dense_rows.FUSED_PASS,
                                                                      "heavy_pairs": hot_cold_dense_rows.HEAVY_ROW_PAIRS,
+                                                                     "count_heavy":
+                                                                         hot_cold_cache.DENSE_ROWS_COUNT_HEAVY,
                                                                      "rows": rows}, indent=1) + "\n")
 
 

@@ -18,7 +18,12 @@ from twell.nn import hot_cold_cache
 from twell.nn.hot_cold_cache import HotColdCache
 from twell.ops import hot_cold, hot_cold_dense_rows
 from twell.ops.hot_cold_dense_rows import dense_row_budget, dense_rows_ffn, select_overflow_rows
-from twell.ops.hot_cold_plan import overflow_row_fraction, overflow_tiles_per_row, sample_active
+from twell.ops.hot_cold_plan import (
+    overflow_row_fraction,
+    overflow_row_fractions,
+    overflow_tiles_per_row,
+    sample_active,
+)
 from twell.ops.twell_ffn_kernel import launch_twell_ffn
 from twell.reference import inference as ref
 from twell.tolerances import REL_TOL, rel_error
@@ -284,6 +289,47 @@ def test_cache_measures_the_overflow_fraction(device, monkeypatch):
     cache = HotColdCache(min_frequency=1.0, max_cold_l0=None)
     cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=2)
     assert cache._hot.numel() == 0 and cache.overflow_fraction == 0.0
+
+
+def test_overflow_row_fractions_with_heavy_rows():
+    active = torch.zeros(4, 8, dtype=torch.bool)
+    active[0, [0, 1, 3]] = True  # cold tiles [0 1 3], [4 5 6], [7] (unit 2 hot): tile 0 holds 3 (overflows at 2)
+    active[1, [0, 4, 7]] = True  # 3 cold pairs, no tile above 2
+    active[2, [3]] = True  # 1 pair
+    active[3, [0, 1, 2, 4, 5]] = True  # 4 cold pairs (unit 2 is hot), tiles hold 2 and 2
+    hot = torch.tensor([2])
+    assert overflow_row_fractions(active, hot, 3, 2, (1,), heavy_pairs=2) == [0.25, 0.5]  # rows 1 and 3 heavy
+    assert overflow_row_fractions(active, hot, 3, 2, (1, 2), heavy_pairs=3) == [0.25, 0.0, 0.25]  # row 3 only
+    assert overflow_row_fractions(active, hot, 3, 2, (1,)) == [0.25]  # no heavy entry without a bound
+    assert overflow_row_fractions(active[:0], hot, 3, 2, (1,), heavy_pairs=2) == [0.0, 0.0]
+    assert overflow_row_fractions(active, torch.arange(8), 3, 2, (1,), heavy_pairs=2) == [0.0, 0.0]  # nothing cold
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="heavy_pairs must be an int >= 0"):
+            overflow_row_fractions(active, hot, 3, 2, (1,), heavy_pairs=bad)
+
+
+def test_cache_counts_heavy_rows_when_asked(device, monkeypatch):
+    """DENSE_ROWS_COUNT_HEAVY: the refresh measures the heavy rows and small calls' budgets count them."""
+    p = _problem_with_dense_rows(64, 32, 128, [1, 6], torch.float32, device)
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS", 4)
+    cache = HotColdCache(min_frequency=0.05, max_cold_l0=None)  # 64 hot units of 128: 2-6 cold pairs a plain row
+    cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=4)
+    assert cache.heavy_row_fraction == 0.0  # the switch off: not measured
+    off = cache.dense_rows(1024)
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_COUNT_HEAVY", True)
+    cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=4)
+    active = sample_active(p["x"], p["w_gate"])
+    over, severe, heavy = overflow_row_fractions(active, cache._hot, 16, 4,
+                                                 (1, hot_cold_cache.DENSE_ROWS_SEVERE_TILES), 4)
+    assert 0 < cache._hot.numel() < 128
+    assert heavy > 0 and cache.heavy_row_fraction == heavy
+    assert (cache.overflow_fraction, cache.severe_overflow_fraction) == (over, severe)
+    budget = dict(margin=hot_cold_cache.DENSE_ROWS_MARGIN, slack=hot_cold_cache.DENSE_ROWS_SLACK,
+                  multiple=hot_cold_cache.DENSE_ROWS_MULTIPLE, min_expected=hot_cold_cache.DENSE_ROWS_MIN_EXPECTED,
+                  severe_fraction=severe, min_expected_severe=hot_cold_cache.DENSE_ROWS_MIN_SEVERE)
+    assert cache.dense_rows(1024) == dense_row_budget(1024, over + heavy, **budget) > off
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROWS_MAX_TOKENS", 1024)  # not below it: not counted
+    assert cache.dense_rows(1024) == dense_row_budget(1024, over, **budget) == off
 
 
 @pytest.mark.gpu

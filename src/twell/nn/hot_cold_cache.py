@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..format.twell import DEFAULT_TILE, default_capacity
+from ..ops import hot_cold_dense_rows
 from ..ops.hot_cold_dense_rows import dense_row_budget
 from ..ops.hot_cold_plan import (
     HOT_MIN_FREQUENCY,
@@ -82,6 +83,15 @@ DENSE_ROWS_MIN_SEVERE = 1.0
 #: nothing at 16,384 tokens, above), and the 16-row rule already covers the model's layers whose rows overflow several
 #: tiles there (layers 3-5: 9-11 such rows at 8192 tokens, ~18-22 at 16,384).
 DENSE_ROWS_SEVERE_MAX_TOKENS = 16384
+#: Whether the budget of a call under ``hot_cold_dense_rows.HEAVY_ROWS_MAX_TOKENS`` tokens also counts the sample's
+#: heavy rows (no overflowing tile, more than ``HEAVY_ROW_PAIRS`` cold pairs), which the pass takes in the slots the
+#: overflowing rows leave: they count toward the 16-row rule and the margin as overflowing rows do (not toward the
+#: several-tiles rule: one such row walks 16-80 gather steps, a row with two overflowing tiles ~190).  Without it a
+#: layer whose sample shows no overflowing row gets no pass, and its heavy rows stay in the row kernel: in session
+#: 48's recorded forward at 8192 tokens 12 of the 28 layers had no budget (H100,
+#: bench_results/h100/recorded_forward_probe_fused_8192_session48.json), while each sequence holds 7-15 rows over 64
+#: pairs a layer (heavy_rows_stats_2048_session48.log).  Off until timed (scripts/gpu_pending_heavy_rows.sh).
+DENSE_ROWS_COUNT_HEAVY = False
 
 
 def _check_takes_two(rule: Callable) -> None:
@@ -129,6 +139,8 @@ class HotColdCache:
         self.overflow_fraction = 0.0
         #: ... and with at least ``DENSE_ROWS_SEVERE_TILES`` of them (0.0 with that rule off)
         self.severe_overflow_fraction = 0.0
+        #: ... and without one but with more than ``HEAVY_ROW_PAIRS`` cold pairs (0.0 unless DENSE_ROWS_COUNT_HEAVY)
+        self.heavy_row_fraction = 0.0
 
     @property
     def chosen(self) -> bool:
@@ -155,21 +167,28 @@ class HotColdCache:
                 self._plan = None
                 self._key = None
             cap = default_capacity(tile) if capacity is None else capacity
-            self.overflow_fraction = self.severe_overflow_fraction = 0.0
+            self.overflow_fraction = self.severe_overflow_fraction = self.heavy_row_fraction = 0.0
             if self._hot.numel():
                 thresholds = (1, DENSE_ROWS_SEVERE_TILES) if DENSE_ROWS_SEVERE_TILES > 0 else (1,)
-                read = overflow_row_fractions(active, self._hot, tile, cap, thresholds)  # one host read for both
+                heavy = hot_cold_dense_rows.HEAVY_ROW_PAIRS if DENSE_ROWS_COUNT_HEAVY else 0
+                read = overflow_row_fractions(active, self._hot, tile, cap, thresholds, heavy)  # one host read
                 self.overflow_fraction = read[0]
-                self.severe_overflow_fraction = read[1] if len(read) > 1 else 0.0
+                self.severe_overflow_fraction = read[1] if len(thresholds) > 1 else 0.0
+                self.heavy_row_fraction = read[-1] if heavy > 0 else 0.0
 
     def dense_rows(self, n_tokens: int) -> int:
         """The dense-row budget of a call of ``n_tokens`` (``hot_cold_gated_ffn``'s ``dense_rows``): 0 with
         :data:`DENSE_OVERFLOW_ROWS` off, or where the last refresh sample's overflowing rows predict fewer than
         :data:`DENSE_ROWS_MIN_EXPECTED` in the call and (below :data:`DENSE_ROWS_SEVERE_MAX_TOKENS` tokens) its rows
-        with :data:`DENSE_ROWS_SEVERE_TILES` or more overflowing tiles fewer than :data:`DENSE_ROWS_MIN_SEVERE`."""
+        with :data:`DENSE_ROWS_SEVERE_TILES` or more overflowing tiles fewer than :data:`DENSE_ROWS_MIN_SEVERE`.  With
+        :data:`DENSE_ROWS_COUNT_HEAVY`, in calls under ``HEAVY_ROWS_MAX_TOKENS`` tokens, the sample's heavy rows count
+        as overflowing ones."""
         if not DENSE_OVERFLOW_ROWS:
             return 0
-        return dense_row_budget(n_tokens, self.overflow_fraction, margin=DENSE_ROWS_MARGIN, slack=DENSE_ROWS_SLACK,
+        fraction = self.overflow_fraction
+        if DENSE_ROWS_COUNT_HEAVY and n_tokens < hot_cold_dense_rows.HEAVY_ROWS_MAX_TOKENS:
+            fraction += self.heavy_row_fraction  # the pass takes them in the slots the overflowing rows leave
+        return dense_row_budget(n_tokens, fraction, margin=DENSE_ROWS_MARGIN, slack=DENSE_ROWS_SLACK,
                                 multiple=DENSE_ROWS_MULTIPLE, min_expected=DENSE_ROWS_MIN_EXPECTED,
                                 severe_fraction=self.severe_overflow_fraction
                                 if n_tokens < DENSE_ROWS_SEVERE_MAX_TOKENS else 0.0,

@@ -163,33 +163,48 @@ def active_frequency(active: torch.Tensor) -> torch.Tensor:
     return active.float().mean(0)
 
 
+def _cold_tile_counts(active: torch.Tensor, hot: torch.Tensor, tile: int) -> torch.Tensor | None:
+    """Per-(row, cold tile) non-zero counts of the split's cold part (None: no row or no cold unit)."""
+    s, f = active.shape
+    cold_mask = torch.ones(f, dtype=torch.bool, device=active.device)
+    cold_mask[hot.to(active.device)] = False
+    cold = active[:, cold_mask]
+    if s == 0 or cold.shape[1] == 0:
+        return None
+    return tile_counts(cold.to(torch.int8), tile)  # 1 where a unit fires: the split's per-tile counts
+
+
 def overflow_tiles_per_row(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int) -> torch.Tensor:
     """int64 [S]: how many cold tiles of each sample row hold more than ``capacity`` non-zeros (on ``active``'s device).
 
     ``active``: bool [S, F] (:func:`sample_active`); ``hot``: the hot unit ids.  The cold tiles are the split's:
     the cold units in increasing id order, ``tile`` to a tile (``build_hot_cold_plan``'s ``cold``).
     """
-    s, f = active.shape
-    cold_mask = torch.ones(f, dtype=torch.bool, device=active.device)
-    cold_mask[hot.to(active.device)] = False
-    cold = active[:, cold_mask]
-    if s == 0 or cold.shape[1] == 0:
-        return torch.zeros(s, dtype=torch.int64, device=active.device)
-    per_tile = tile_counts(cold.to(torch.int8), tile)  # 1 where a unit fires: the split's per-tile counts
+    per_tile = _cold_tile_counts(active, hot, tile)
+    if per_tile is None:
+        return torch.zeros(active.shape[0], dtype=torch.int64, device=active.device)
     return (per_tile > capacity).sum(1, dtype=torch.int64)
 
 
 def overflow_row_fractions(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int,
-                           min_tiles: Sequence[int]) -> list[float]:
+                           min_tiles: Sequence[int], heavy_pairs: int = 0) -> list[float]:
     """For each entry of ``min_tiles``, the fraction of the sample's rows with at least that many cold tiles of more
-    than ``capacity`` non-zeros (:func:`overflow_tiles_per_row`; one host sync for all of them; 0.0 for an empty
-    sample)."""
+    than ``capacity`` non-zeros (:func:`overflow_tiles_per_row`); with ``heavy_pairs`` > 0 one more entry last: the
+    fraction of rows without such a tile whose cold pairs exceed ``heavy_pairs`` (the dense-row pass's heavy rows,
+    ``hot_cold_dense_rows.HEAVY_ROW_PAIRS``).  One host sync for all of them; 0.0 for an empty sample."""
     if not min_tiles or any(k < 1 for k in min_tiles):
         raise ValueError(f"min_tiles must be one or more ints >= 1, got {list(min_tiles)}")
-    per_row = overflow_tiles_per_row(active, hot, tile, capacity)
-    if per_row.numel() == 0:
-        return [0.0] * len(min_tiles)
-    return torch.stack([(per_row >= k).float().mean() for k in min_tiles]).tolist()
+    if isinstance(heavy_pairs, bool) or not isinstance(heavy_pairs, int) or heavy_pairs < 0:
+        raise ValueError(f"heavy_pairs must be an int >= 0, got {heavy_pairs!r}")
+    n_out = len(min_tiles) + (1 if heavy_pairs > 0 else 0)
+    per_tile = _cold_tile_counts(active, hot, tile)
+    if per_tile is None:
+        return [0.0] * n_out
+    per_row = (per_tile > capacity).sum(1, dtype=torch.int64)
+    fractions = [(per_row >= k).float().mean() for k in min_tiles]
+    if heavy_pairs > 0:
+        fractions.append(((per_row == 0) & (per_tile.sum(1, dtype=torch.int64) > heavy_pairs)).float().mean())
+    return torch.stack(fractions).tolist()
 
 
 def overflow_row_fraction(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int,
