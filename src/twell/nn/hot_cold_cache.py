@@ -22,7 +22,7 @@ import torch
 
 from ..format.twell import DEFAULT_TILE, default_capacity
 from ..ops import hot_cold_dense_rows
-from ..ops.hot_cold_dense_rows import dense_row_budget
+from ..ops.hot_cold_dense_rows import dense_row_budget, heavy_row_pairs
 from ..ops.hot_cold_plan import (
     HOT_MIN_FREQUENCY,
     HotColdPlan,
@@ -186,7 +186,7 @@ class HotColdCache:
         if not DENSE_OVERFLOW_ROWS:
             return 0
         fraction = self.overflow_fraction
-        if DENSE_ROWS_COUNT_HEAVY and n_tokens < hot_cold_dense_rows.HEAVY_ROWS_MAX_TOKENS:
+        if DENSE_ROWS_COUNT_HEAVY and heavy_row_pairs(n_tokens) > 0:
             fraction += self.heavy_row_fraction  # the pass takes them in the slots the overflowing rows leave
         return dense_row_budget(n_tokens, fraction, margin=DENSE_ROWS_MARGIN, slack=DENSE_ROWS_SLACK,
                                 multiple=DENSE_ROWS_MULTIPLE, min_expected=DENSE_ROWS_MIN_EXPECTED,

@@ -28,12 +28,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import hot_cold_dense_rows, hot_cold_gate_kernel
+from . import hot_cold_gate_kernel
 from ._runtime import cdiv, interpreting, pdl_supported
 from .bitmap_kernels import launch_bitmap_ffn, launch_pack_bitmap
 from .cold_down_kernel import down_cold_supported, launch_down_cold
 from .gate_kernel import launch_pack_twell, relu_keep_nan, round_to
-from .hot_cold_dense_rows import dense_rows_ffn, select_overflow_rows
+from .hot_cold_dense_rows import dense_rows_ffn, heavy_row_pairs, select_overflow_rows
 from .hot_cold_gate_kernel import gate_row_block, launch_hot_cold_gate
 from .hot_cold_plan import HotColdPlan
 from .hot_down_kernel import hot_down_supported, launch_hot_down
@@ -298,7 +298,7 @@ def launch_hot_cold_ffn(
         launch_bitmap_ffn(x, g_cold, *cold, plan.cold, w_up, w_down_t, tile=tile, out=out, init=init)
     else:
         skip = rows = None
-        heavy_pairs = hot_cold_dense_rows.HEAVY_ROW_PAIRS if m < hot_cold_dense_rows.HEAVY_ROWS_MAX_TOKENS else 0
+        heavy_pairs = heavy_row_pairs(m)
         if dense_rows > 0 and taken is None and m:
             skip, rows = select_overflow_rows(cold[-1], capacity, min(dense_rows, m), heavy_pairs)
         fuse = residual if FUSE_RESIDUAL and taken is None else None

@@ -68,6 +68,12 @@ HEAVY_ROW_PAIRS = 64
 HEAVY_ROWS_MAX_TOKENS = 16384
 
 
+def heavy_row_pairs(n_tokens: int) -> int:
+    """The heavy-row bound of a call of ``n_tokens`` (0: no heavy rows): :data:`HEAVY_ROW_PAIRS` below
+    :data:`HEAVY_ROWS_MAX_TOKENS` tokens (both read at call time).  The op's selection and the cache's budget."""
+    return HEAVY_ROW_PAIRS if n_tokens < HEAVY_ROWS_MAX_TOKENS else 0
+
+
 def _check_selection(cold_counts: torch.Tensor, capacity: int, budget: int, heavy_pairs: int = 0) -> None:
     if not isinstance(cold_counts, torch.Tensor) or cold_counts.dim() != 2 or cold_counts.dtype != torch.int32:
         got = (f"{cold_counts.dtype} of shape {tuple(cold_counts.shape)}" if isinstance(cold_counts, torch.Tensor)

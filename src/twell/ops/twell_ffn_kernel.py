@@ -373,9 +373,10 @@ def _twell_ffn_row_kernel(
     n_list = -1
     if LISTED:  # the row's entries as one flat list (twell_list_kernel): no search, rows -1 take the path below
         n_list = tl.load(lst_n_ptr + row)
-        if SKIP_FLAGGED_ROWS:
-            if flagged != 0:
-                return
+    if SKIP_FLAGGED_ROWS:
+        if flagged != 0:
+            return
+    if LISTED:
         if HEAVY_FIRST:  # a queued row: done by a queue program; there, its mark off (its count, or -1: searched)
             if (n_list >= MARK - 1) & (tl.program_id(0) >= H_SLOTS):  # (the id read again: nothing held for it)
                 return
@@ -392,10 +393,6 @@ def _twell_ffn_row_kernel(
             wu_s, wd_s = _unit_rows(live, unit, offs_d, d_ok, wu_ptr, wdt_ptr, D, GATED)
             out += _rows_contribution(a, live, wu_s, wd_s, x, dtype, GATED, ROUND_HIDDEN)
     searched = n_list < 0
-    if SKIP_FLAGGED_ROWS:
-        if not LISTED:
-            if flagged != 0:
-                return
 
     if PRELOAD or PREFETCH:
         # the row's whole container (every slot, used or not: [n_tiles, CAP] values and indices, contiguous)
