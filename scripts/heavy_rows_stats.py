@@ -24,46 +24,34 @@ from eager_floor_probe import probe_model
 from twell.bench.probe import probe_device, probe_parser
 from twell.format.twell import DEFAULT_TILE, default_capacity
 from twell.nn import SparseGatedMLP
-from twell.nn.hot_cold_cache import (
-    DENSE_ROWS_MARGIN,
-    DENSE_ROWS_MIN_EXPECTED,
-    DENSE_ROWS_MIN_SEVERE,
-    DENSE_ROWS_MULTIPLE,
-    DENSE_ROWS_SEVERE_MAX_TOKENS,
-    DENSE_ROWS_SEVERE_TILES,
-    DENSE_ROWS_SLACK,
-)
-from twell.ops.hot_cold_dense_rows import dense_row_budget
-from twell.ops.hot_cold_plan import HOT_MIN_FREQUENCY, active_frequency, choose_hot_units, sample_active
+from twell.nn.hot_cold_cache import HotColdCache
+from twell.ops.hot_cold_dense_rows import select_overflow_rows_torch
+from twell.ops.hot_cold_plan import sample_active
 from twell.ops.twell_ffn_kernel import default_sb
+from twell.ops.twell_list_kernel import LIST_MAX
+from twell.reference.inference import tile_counts
 
-#: The list pass's longest list: rows past it are searched tile by tile.
-LIST_MAX = 128
-#: Cold-pair counts above which the rows left to the row kernel are counted (candidate heavy-row bounds).
+#: Cold-pair counts above which the rows left to the row kernel are counted (candidate heavy-row bounds; rows past
+#: the list pass's LIST_MAX are searched tile by tile).
 HEAVY_BOUNDS = (16, 32, 64, 128)
 
 
-def layer_rows(active: torch.Tensor, bound: float, tile: int, cap: int, step: int) -> dict:
-    """One layer's split at cold-pairs bound ``bound``: the pass's budget and rows, and what the row kernel keeps."""
-    n, f = active.shape
-    sample = active if n <= 4096 else active[torch.linspace(0, n - 1, 4096).long()]
-    hot = choose_hot_units(active_frequency(sample), min_frequency=HOT_MIN_FREQUENCY, max_cold_l0=bound)
-    is_hot = torch.zeros(f, dtype=torch.bool)
+def layer_rows(mlp: SparseGatedMLP, x: torch.Tensor, active: torch.Tensor, bound: float, tile: int, cap: int,
+               step: int) -> dict:
+    """One layer's split at cold-pairs bound ``bound`` as its cache makes it (hot set and dense-row budget from the
+    call's own sample), the pass's rows as the shipped selection takes them without the heavy-row bound, and what the
+    row kernel keeps; ``active``: the call's firing units, bool [n, F] on the CPU."""
+    n = active.shape[0]
+    cache = HotColdCache(max_cold_l0=bound)
+    cache.refresh(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, tile=tile, capacity=cap)
+    hot = cache._hot.cpu()
+    budget = cache.dense_rows(n)
+    is_hot = torch.zeros(active.shape[1], dtype=torch.bool)
     is_hot[hot] = True
-    cold = active[:, ~is_hot]
-    n_tiles = -(-cold.shape[1] // tile)
-    padded = torch.nn.functional.pad(cold, (0, n_tiles * tile - cold.shape[1]))
-    counts = padded.view(n, n_tiles, tile).sum(2)
+    counts = tile_counts(active[:, ~is_hot].to(torch.int8), tile)  # the split's cold tiles
     over_tiles = (counts > cap).sum(1)
     over = over_tiles > 0
-    sample_over = over if n <= 4096 else over[torch.linspace(0, n - 1, 4096).long()]
-    severe = (over_tiles >= DENSE_ROWS_SEVERE_TILES) if n <= 4096 else None
-    frac = float(sample_over.float().mean())
-    severe_frac = float(severe.float().mean()) if severe is not None and n < DENSE_ROWS_SEVERE_MAX_TOKENS else 0.0
-    budget = dense_row_budget(n, frac, margin=DENSE_ROWS_MARGIN, slack=DENSE_ROWS_SLACK, multiple=DENSE_ROWS_MULTIPLE,
-                              min_expected=DENSE_ROWS_MIN_EXPECTED, severe_fraction=severe_frac,
-                              min_expected_severe=DENSE_ROWS_MIN_SEVERE)
-    taken = over & (torch.cumsum(over.long(), 0) <= budget)  # select_overflow_rows: the first `budget` in index order
+    taken = select_overflow_rows_torch(counts, cap, budget)[0].bool()
     pairs = torch.where(counts <= cap, counts, 0).sum(1)  # what the row kernel gathers (overflowing tiles recomputed)
     # one program's serial steps: its pairs in ``step``-entry steps (the row kernel's SB), each overflowing tile
     # tile / step steps of three weight rows
@@ -112,7 +100,7 @@ def main() -> None:
         l0 = active.sum(1)
         for bound in a.bounds:
             r = {"layer": i, "tokens": x.shape[0], "l0_mean": float(l0.float().mean()), "l0_max": int(l0.max()),
-                 **layer_rows(active, bound, tile, cap, default_sb(x.shape[1]))}
+                 **layer_rows(m, x, active, bound, tile, cap, default_sb(x.shape[1]))}
             rows.append(r)
             heavy = ", ".join(f"{h['row']}:{h['pairs']}p/{h['over_tiles']}t" for h in r["heaviest_left"])
             print(f"layer {i:2d} bound {bound:4.1f}: l0 {r['l0_mean']:5.1f} (max {r['l0_max']:4d}) hot {r['hot']:4d} "
