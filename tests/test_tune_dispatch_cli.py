@@ -240,3 +240,32 @@ def test_a_bad_eager_bar_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli.main(["tune-dispatch", "--shape", "64x256", "--eager", "--eager-bar", "0", "--out", str(tmp_path)])
     assert "--eager-bar must lie in (0, 2]" in capsys.readouterr().err
+
+
+def test_the_position_profile_is_set_recorded_and_a_density_it_cannot_reach_is_an_error_row(tmp_path, capsys):
+    # 64 x 256 keeps 179 live units (30 % dead): a 40x head at 1 % asks for 102 at position 0, at 10 % for 1024
+    code = cli.main(["tune-dispatch", "--shape", "64x256", "--ms", "8", "2048", "--densities", "1", "10",
+                     "--dtype", "float32", "--rep-ms", "1", "--early-boost", "40", "--early-decay", "4",
+                     "--out", str(tmp_path)])
+    assert code == 0
+    run = json.loads((tmp_path / "dispatch_64x256.json").read_text())
+    assert run["meta"]["early_boost"] == 40.0 and run["meta"]["early_decay"] == 4.0
+    timed = [r for r in run["rows"] if "error" not in r]
+    failed = [r for r in run["rows"] if "error" in r]
+    assert [(r["m"], r["density_pct"]) for r in timed] == [(8, 1.0), (2048, 1.0)]
+    assert all(r["ok"] for r in timed)
+    # whole-sequence call (2048 tokens from position 0): the head carries the boost
+    assert [(r["m"], r["density_pct"]) for r in failed] == [(8, 10.0), (2048, 10.0)]
+    assert all(r["error"].startswith("profile: ") and "units are alive" in r["error"] for r in failed)
+    assert "ERROR profile: " in capsys.readouterr().out
+
+
+def test_a_position_profile_the_sequence_cannot_carry_is_refused_before_timing(tmp_path, capsys):
+    for argv, msg in ((["--early-boost", "0.5"], "early_boost must be >= 1"),
+                      (["--early-boost", "1000", "--early-decay", "32"], "cannot keep a mean of 1"),
+                      (["--early-decay", "0"], "early_decay must be > 0")):
+        with pytest.raises(SystemExit):
+            cli.main(["tune-dispatch", "--shape", "64x256", "--out", str(tmp_path), *argv])
+        err = capsys.readouterr().err
+        assert "--early-boost / --early-decay: " in err and msg in err
+    assert not list(tmp_path.iterdir())  # nothing was timed or written

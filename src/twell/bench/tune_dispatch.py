@@ -80,6 +80,12 @@ class TuneConfig:
     rep_ms: float = 100.0
     seed: int = 0
     eager: bool = False  # also time each point's eager calls (eager_ms_interleaved)
+    # the position profile of the synthetic activations (SparsityProfile's defaults: 4x at position 0, decaying
+    # over 32 positions); the 1.5B model's layers fire 360-830 units at their first 8 positions against a mean of
+    # 14-42 (session 48, scripts/heavy_rows_stats.py), a steeper and shorter head that --early-boost /
+    # --early-decay can set
+    early_boost: float = SparsityProfile.early_boost
+    early_decay: float = SparsityProfile.early_decay
 
 
 def measure_point(problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct: float, cfg: TuneConfig,
@@ -125,11 +131,18 @@ def run_tuning(cfg: TuneConfig, device: torch.device, log=print, on_row=None, *,
     for dens in cfg.densities:
         gen = torch.Generator(device=device)
         gen.manual_seed(cfg.seed)
-        profile = SparsityProfile(mean_l0=dens / 100 * cfg.f)
+        profile = SparsityProfile(mean_l0=dens / 100 * cfg.f, early_boost=cfg.early_boost, early_decay=cfg.early_decay)
         # at least one whole sequence, so that a call of fewer tokens samples every position, not the
         # first ones (which fire several times more units: SparsityProfile.early_boost)
         n_tokens = max(max(cfg.ms), profile.seq_len)
-        problem = synthetic_ffn_problem(n_tokens, cfg.d, cfg.f, profile, generator=gen, dtype=cfg.dtype, device=device)
+        try:
+            problem = synthetic_ffn_problem(n_tokens, cfg.d, cfg.f, profile, generator=gen, dtype=cfg.dtype,
+                                            device=device)
+        except ValueError as exc:  # a density the profile cannot reach (e.g. a boost above the live units): said
+            for m in cfg.ms:
+                row = {"d": cfg.d, "f": cfg.f, "m": m, "density_pct": dens, "error": f"profile: {exc}"}
+                record_row(rows, row, fmt(row), log=log, on_row=on_row, device=device)
+            continue
         for m in cfg.ms:
             try:
                 x = _rows_for(problem["x"], m, profile.seq_len, gen)  # random positions below a sequence
@@ -348,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
                         "eager_min_tokens from them")
     p.add_argument("--eager-bar", type=float, default=1.0,
                    help="an eager call sent sparse loses below this speedup over dense (default %(default)s)")
+    p.add_argument("--early-boost", type=float, default=SparsityProfile.early_boost,
+                   help="position 0's non-zeros over the sequence mean (default %(default)s; 1: no position effect)")
+    p.add_argument("--early-decay", type=float, default=SparsityProfile.early_decay,
+                   help="positions over which that boost decays by a factor e (default %(default)s)")
     add_run_args(p, "dispatch")
     p.add_argument("--from", dest="from_json", type=Path, nargs="+", default=None,
                    help="derive the policy from these earlier runs' JSON instead of timing (several runs of one "
@@ -364,14 +381,18 @@ def main(argv: list[str] | None = None) -> int:
         if any(m < 1 for m in a.ms) or any(not 0 < x <= 100 for x in a.densities):
             p.error("--ms must be >= 1 and --densities in (0, 100]")
         d, f = a.shape
+        try:  # the profile's own checks, before any GPU time: e.g. a boost the sequence cannot carry
+            SparsityProfile(mean_l0=1.0, early_boost=a.early_boost, early_decay=a.early_decay)
+        except ValueError as exc:
+            p.error(f"--early-boost / --early-decay: {exc}")
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         device_type = device.type
         cfg = TuneConfig(d=d, f=f, ms=tuple(sorted(set(a.ms))), densities=tuple(sorted(set(a.densities))),
                          dtype=getattr(torch, a.dtype), backend=a.backend, rep_ms=a.rep_ms, seed=a.seed,
-                         eager=a.eager)
+                         eager=a.eager, early_boost=a.early_boost, early_decay=a.early_decay)
         meta = environment(device)
         meta.update({"shape": [d, f], "device_type": device_type, "dtype": a.dtype, "ms": list(cfg.ms),
-                     "densities": list(cfg.densities)})
+                     "densities": list(cfg.densities), "early_boost": cfg.early_boost, "early_decay": cfg.early_decay})
     stem = a.stem or f"dispatch_{d}x{f}"
     if a.from_json is None:
         rows = run_tuning(cfg, device, on_row=lambda rs: write_results(rs, meta, a.out, stem))
