@@ -17,6 +17,11 @@
 # without an overflowing row get none today).
 #   TWELL_SESSION=session49 TWELL_COMMIT=<sha> bash scripts/gpu_pending_heavy_rows.sh           # call 1
 #   PART=2 TWELL_SESSION=session49 TWELL_COMMIT=<sha> bash scripts/gpu_pending_heavy_rows.sh    # call 2
+# PART=3 (session 49, ~300 s): the synthetic layer (tune-dispatch, 2048x5632, 2048-8192 tokens, 0.25-1 %) with the
+# benchmark model's steep sequence head (--early-boost 40 --early-decay 4: the first 8 positions ~17x the rest at
+# 0.5 %, against ~2.5x with the default 4 / 32) under the bound at 64 and 0 and with the budget counting the long
+# rows, then the default head at 64.  Predicted: with the steep head, 64 ahead of 0 by ~5-15 % at 2048 tokens, ~0 at
+# 8192 (no budget below ~1 overflowing row a sample); counting adds ~0-5 %.
 . "$(dirname "$0")/gpu_call_lib.sh"
 part=${PART:-1}
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session49}" "heavyrows$part"
@@ -37,6 +42,17 @@ if [ "$part" = 1 ]; then  # ~500 s: the tests, then 2048 and 4096 tokens with th
       probe "heavy${k}_$n" "$(left "$budget")" --tokens "$n" --heavy-pairs "$k"
       budget=$((budget + 70))
     done
+  done
+elif [ "$part" = 3 ]; then
+  budget=80
+  for args in "head40_heavy64 40 4 64 False" "head40_heavy0 40 4 0 False" "head40_heavy64_count 40 4 64 True" \
+              "head4_heavy64 4 32 64 False"; do
+    read -r label boost decay k count <<< "$args"
+    stage "tune_$label" "$(left "$budget")" "x  err|ERROR|Error" python3 scripts/twell_patched.py \
+      --set "twell.ops.hot_cold_dense_rows.HEAVY_ROW_PAIRS=$k" --set "twell.nn.hot_cold_cache.DENSE_ROWS_COUNT_HEAVY=$count" \
+      -- tune-dispatch --shape 2048x5632 --ms 2048 4096 8192 --densities 0.25 0.5 1 --early-boost "$boost" \
+      --early-decay "$decay" --out "$R" --stem "dispatch_2048x5632_${S}_$label"
+    budget=$((budget + 75))
   done
 else  # PART=2, ~400 s: 8192 tokens at 64 and 0, then the budget that counts the heavy rows
   # (hot_cold_cache.DENSE_ROWS_COUNT_HEAVY, off): at 8192 tokens 12 of 28 layers had no budget in session 48
