@@ -33,15 +33,20 @@ probe() {  # log / output label, limit, probe arguments...
     python3 scripts/recorded_forward_probe.py --policy tables --top 40 --samples 5 --cached-weights "$@" \
     --out "$R/$label"
 }
-if [ "$part" = 1 ]; then  # ~500 s: the tests, then 2048 and 4096 tokens with the bound at 64 and at 0
+if [ "$part" = 1 ]; then  # ~560 s: the tests, then 4096 and 2048 tokens with the bound at 64, at 0, and counted
   stage pytest_gpu_heavy_rows "$(left 150)" "passed|failed|error" python3 -m pytest -q -p no:cacheprovider \
     tests/test_ops_dense_rows_kernels.py tests/test_ops_hot_cold_dense_rows.py
-  budget=230
-  for n in 2048 4096; do
-    for k in 64 0; do
-      probe "heavy${k}_$n" "$(left "$budget")" --tokens "$n" --heavy-pairs "$k"
-      budget=$((budget + 70))
-    done
+  # session 49: the counted budget joins call 1 at both sizes, 4096 first: on the CPU (heavy_rows_stats.py --tokens
+  # 4096 --bounds 3 --heavy-pairs 64 [--count-heavy]) 7 of 28 layers had no budget at 4096 tokens and kept their
+  # 13-15 rows of 128-443 cold pairs, which the counted budget (128 rows in every layer) takes
+  budget=220
+  for args in "heavy64_4096 4096 --heavy-pairs 64" "heavy0_4096 4096 --heavy-pairs 0" \
+              "heavy64_count_4096 4096 --heavy-pairs 64 --count-heavy" "heavy64_2048 2048 --heavy-pairs 64" \
+              "heavy0_2048 2048 --heavy-pairs 0" "heavy64_count_2048 2048 --heavy-pairs 64 --count-heavy"; do
+    read -r label n rest <<< "$args"
+    # shellcheck disable=SC2086
+    probe "$label" "$(left "$budget")" --tokens "$n" $rest
+    budget=$((budget + 60))
   done
 elif [ "$part" = 3 ]; then
   budget=80
@@ -54,7 +59,7 @@ elif [ "$part" = 3 ]; then
       --early-decay "$decay" --out "$R" --stem "dispatch_2048x5632_${S}_$label"
     budget=$((budget + 75))
   done
-else  # PART=2, ~400 s: 8192 tokens at 64 and 0, then the budget that counts the heavy rows
+else  # PART=2, ~400 s: 8192 tokens at 64 and 0, then the budget that counts the heavy rows (4096 again)
   # (hot_cold_cache.DENSE_ROWS_COUNT_HEAVY, off): at 8192 tokens 12 of 28 layers had no budget in session 48
   # (fused_8192), so their heavy rows stayed; predicted ~0.3-0.8 ms off at 8192 and ~0 at 4096.  If it wins, on.
   budget=150

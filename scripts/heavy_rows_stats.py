@@ -11,6 +11,11 @@ CPU (fp32; ``--device cuda``: bf16 on the GPU), what each layer hands the row ke
 
     PYTHONPATH=src:scripts python3 scripts/heavy_rows_stats.py --tokens 2048 --bounds 3 10
     PYTHONPATH=src:scripts python3 scripts/heavy_rows_stats.py --tiny   # smoke test
+
+``--heavy-pairs K`` (session 49) splits as the op does since session 48 (hot_cold_dense_rows.HEAVY_ROW_PAIRS: rows
+with more than K cold pairs into the pass's spare budget slots; 0, the default, the split before it), and
+``--count-heavy`` with the budget that counts them (hot_cold_cache.DENSE_ROWS_COUNT_HEAVY): what a GPU A/B of either
+should find, predicted on the CPU.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from eager_floor_probe import probe_model
 from twell.bench.probe import probe_device, probe_parser
 from twell.format.twell import DEFAULT_TILE, default_capacity
 from twell.nn import SparseGatedMLP
+from twell.nn import hot_cold_cache
 from twell.nn.hot_cold_cache import HotColdCache
-from twell.ops.hot_cold_dense_rows import select_overflow_rows_torch
+from twell.ops import hot_cold_dense_rows
+from twell.ops.hot_cold_dense_rows import heavy_row_pairs, select_overflow_rows_torch
 from twell.ops.hot_cold_plan import sample_active
 from twell.ops.twell_ffn_kernel import default_sb
 from twell.ops.twell_list_kernel import LIST_MAX
@@ -39,8 +46,9 @@ HEAVY_BOUNDS = (16, 32, 64, 128)
 def layer_rows(mlp: SparseGatedMLP, x: torch.Tensor, active: torch.Tensor, bound: float, tile: int, cap: int,
                step: int) -> dict:
     """One layer's split at cold-pairs bound ``bound`` as its cache makes it (hot set and dense-row budget from the
-    call's own sample), the pass's rows as the shipped selection takes them without the heavy-row bound, and what the
-    row kernel keeps; ``active``: the call's firing units, bool [n, F] on the CPU."""
+    call's own sample), the pass's rows as the shipped selection takes them (with the heavy-row bound that
+    ``hot_cold_dense_rows`` holds for a call of n tokens), and what the row kernel keeps; ``active``: the call's firing
+    units, bool [n, F] on the CPU."""
     n = active.shape[0]
     cache = HotColdCache(max_cold_l0=bound)
     cache.refresh(x, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight, tile=tile, capacity=cap)
@@ -51,7 +59,7 @@ def layer_rows(mlp: SparseGatedMLP, x: torch.Tensor, active: torch.Tensor, bound
     counts = tile_counts(active[:, ~is_hot].to(torch.int8), tile)  # the split's cold tiles
     over_tiles = (counts > cap).sum(1)
     over = over_tiles > 0
-    taken = select_overflow_rows_torch(counts, cap, budget)[0].bool()
+    taken = select_overflow_rows_torch(counts, cap, budget, heavy_row_pairs(n))[0].bool()
     pairs = torch.where(counts <= cap, counts, 0).sum(1)  # what the row kernel gathers (overflowing tiles recomputed)
     # one program's serial steps: its pairs in ``step``-entry steps (the row kernel's SB), each overflowing tile
     # tile / step steps of three weight rows
@@ -74,8 +82,15 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--bounds", type=float, nargs="+", default=[3.0, 10.0])
+    p.add_argument("--heavy-pairs", type=int, default=0,
+                   help="hot_cold_dense_rows.HEAVY_ROW_PAIRS (0: no long rows into the pass, the split before it)")
+    p.add_argument("--count-heavy", action="store_true", help="hot_cold_cache.DENSE_ROWS_COUNT_HEAVY on")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     a = p.parse_args()
+    if a.heavy_pairs < 0:
+        p.error(f"--heavy-pairs must be >= 0 (0: off), got {a.heavy_pairs}")
+    hot_cold_dense_rows.HEAVY_ROW_PAIRS = a.heavy_pairs  # read at call time by heavy_row_pairs and the cache
+    hot_cold_cache.DENSE_ROWS_COUNT_HEAVY = a.count_heavy
     preset, tokens, seq = ("tiny", 32, 32) if a.tiny else ("1.5b", a.tokens, a.seq)
     torch.manual_seed(0)
     bench = probe_model(preset, probe_device(a.device), [tokens], seq, ["default"])
@@ -100,10 +115,13 @@ def main() -> None:
         l0 = active.sum(1)
         for bound in a.bounds:
             r = {"layer": i, "tokens": x.shape[0], "l0_mean": float(l0.float().mean()), "l0_max": int(l0.max()),
+                 "heavy_pairs": heavy_row_pairs(x.shape[0]), "count_heavy": a.count_heavy,
                  **layer_rows(m, x, active, bound, tile, cap, default_sb(x.shape[1]))}
             rows.append(r)
             heavy = ", ".join(f"{h['row']}:{h['pairs']}p/{h['over_tiles']}t" for h in r["heaviest_left"])
-            print(f"layer {i:2d} bound {bound:4.1f}: l0 {r['l0_mean']:5.1f} (max {r['l0_max']:4d}) hot {r['hot']:4d} "
+            rule = (f" heavy {r['heavy_pairs']}{' counted' if a.count_heavy else ''}" if r["heavy_pairs"] else
+                    " counted" if a.count_heavy else "")  # session 48's lines (neither) unchanged
+            print(f"layer {i:2d} bound {bound:4.1f}{rule}: l0 {r['l0_mean']:5.1f} (max {r['l0_max']:4d}) hot {r['hot']:4d} "
                   f"pairs/row {r['cold_pairs_per_row']:5.1f} overflow rows {r['overflow_rows']:3d} budget "
                   f"{r['budget']:3d} left overflowing {r['left_overflow_rows']:3d} searched "
                   f"{r['left_searched_rows']:3d} mean steps {r['mean_steps']:4.1f}; left rows over "

@@ -56,9 +56,11 @@ PROBES = {
                                     "cProfile of one sparse forward at 32 tokens", "_ffn_sparse"]),
     # both sets compiled (aot_eager off CUDA) in one graph each, nothing skipped, the eager layers timed beside them;
     # (the dense-row, hot-set, fused-pass, heavy-row and cached-weights switches parsed and applied without error)
-    # every layer's split at each bound, the rows left to the row kernel counted
-    "heavy_rows_stats.py": ((), "layer", ["bound  3.0: l0", "bound 10.0: l0", "left rows over 16/32/64/128 pairs",
-                                          "heaviest left"]),
+    # every layer's split at each bound with the long-row rule and the budget that counts them, the rows left to the
+    # row kernel counted
+    "heavy_rows_stats.py": (("--heavy-pairs", "2", "--count-heavy"), "layer",
+                            ["bound  3.0 heavy 2 counted: l0", "bound 10.0 heavy 2 counted: l0",
+                             "left rows over 16/32/64/128 pairs", "heaviest left"]),
     "recorded_forward_probe.py": (("--min-expected", "1", "--severe-tiles", "3", "--small-bound", "3",
                                    "--fused-pass", "--heavy-pairs", "2", "--count-heavy", "--cached-weights"),
                                   "tokens=",
