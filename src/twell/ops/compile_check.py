@@ -456,7 +456,7 @@ def check(arch: int = 90) -> dict[str, dict[str, bool | int]]:
                        {"BLOCK_M": drk._SELECT_BLOCK_M, "CHUNK": drk._SELECT_CHUNK}, target, num_warps=4)
     results["dense_rows_ranks"] = _stats(kernel, arch)
     kernel = _compiled(drk._gated_product_kernel, {"g_ptr": "*bf16", "u_ptr": "*bf16", "h_ptr": "*bf16", "n": "i32"},
-                       {"BLOCK": drk._PRODUCT_BLOCK}, target, num_warps=4)
+                       {"KEEP_NEG_ZERO": False, "BLOCK": drk._PRODUCT_BLOCK}, target, num_warps=4)
     results["dense_rows_product"] = _stats(kernel, arch)
     kernel = _compiled(drk._scatter_rows_kernel,
                        {"y_ptr": "*bf16", "rows_ptr": "*i64", "res_ptr": "*bf16", "out_ptr": "*bf16", "d": "i32",

@@ -103,12 +103,17 @@ if triton_available():
                 tl.store(rows_ptr + s, tl.zeros((CHUNK,), dtype=tl.int64), mask=(s >= used) & (s < budget))
 
     @triton.jit
-    def _gated_product_kernel(g_ptr, u_ptr, h_ptr, n, BLOCK: tl.constexpr):
+    def _gated_product_kernel(g_ptr, u_ptr, h_ptr, n, KEEP_NEG_ZERO: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         g = tl.load(g_ptr + offs, mask=mask, other=0.0)
         u = tl.load(u_ptr + offs, mask=mask, other=0.0)
-        a = tl.where(g < 0, tl.zeros_like(g), g)  # torch.relu: NaN stays NaN (tl.maximum need not keep it)
+        # torch.relu: NaN stays NaN (tl.maximum need not keep it); -0.0 stays -0.0 on the CPU (the interpreter's
+        # twin) but becomes +0.0 on CUDA (session 49's H100 run: the sign of relu(-0.0) * u differed there)
+        if KEEP_NEG_ZERO:
+            a = tl.where(g < 0, tl.zeros_like(g), g)
+        else:
+            a = tl.where((g > 0) | (g != g), g, tl.zeros_like(g))
         h = a.to(tl.float32) * u.to(tl.float32)  # one rounding below, as torch's bf16 / fp16 multiply
         tl.store(h_ptr + offs, round_to(h, h_ptr.dtype.element_ty), mask=mask)
 
@@ -149,12 +154,14 @@ def launch_select_overflow_rows(cold_counts: torch.Tensor, capacity: int, budget
 
 
 def gated_product(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """``relu(g) * u`` in their dtype (one rounding), as PyTorch computes it, in one launch; ``g`` and ``u`` are
-    contiguous tensors of one shape and dtype."""
+    """``relu(g) * u`` in their dtype (one rounding), as PyTorch computes it on their device (the sign of a zero
+    included: torch.relu(-0.0) is -0.0 on the CPU, +0.0 on CUDA), in one launch; ``g`` and ``u`` are contiguous
+    tensors of one shape and dtype."""
     h = torch.empty_like(g)
     n = g.numel()
     if n:
-        _gated_product_kernel[(cdiv(n, _PRODUCT_BLOCK),)](g, u, h, n, BLOCK=_PRODUCT_BLOCK)
+        _gated_product_kernel[(cdiv(n, _PRODUCT_BLOCK),)](g, u, h, n, KEEP_NEG_ZERO=g.device.type == "cpu",
+                                                          BLOCK=_PRODUCT_BLOCK)
     return h
 
 
