@@ -12,14 +12,15 @@ CPU (fp32; ``--device cuda``: bf16 on the GPU), what each layer hands the row ke
     PYTHONPATH=src:scripts python3 scripts/heavy_rows_stats.py --tokens 2048 --bounds 3 10
     PYTHONPATH=src:scripts python3 scripts/heavy_rows_stats.py --tiny   # smoke test
 
-``--heavy-pairs K`` (session 49) splits as the op does since session 48 (hot_cold_dense_rows.HEAVY_ROW_PAIRS: rows
-with more than K cold pairs into the pass's spare budget slots; 0, the default, the split before it), and
-``--count-heavy`` with the budget that counts them (hot_cold_cache.DENSE_ROWS_COUNT_HEAVY): what a GPU A/B of either
-should find, predicted on the CPU.
+The split is the shipped one unless told: ``--heavy-pairs K`` sets hot_cold_dense_rows.HEAVY_ROW_PAIRS (rows with
+more than K cold pairs into the pass's spare budget slots; 0: none), ``--[no-]count-heavy``
+hot_cold_cache.DENSE_ROWS_COUNT_HEAVY (budgets that count those rows): what a GPU A/B of either should find, predicted
+on the CPU (session 49).  Session 48's log is ``--tokens 2048 --bounds 3 10 --heavy-pairs 0 --no-count-heavy``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -28,8 +29,7 @@ from eager_floor_probe import probe_model
 
 from twell.bench.probe import probe_device, probe_parser
 from twell.format.twell import DEFAULT_TILE, default_capacity
-from twell.nn import SparseGatedMLP
-from twell.nn import hot_cold_cache
+from twell.nn import SparseGatedMLP, hot_cold_cache
 from twell.nn.hot_cold_cache import HotColdCache
 from twell.ops import hot_cold_dense_rows
 from twell.ops.hot_cold_dense_rows import heavy_row_pairs, select_overflow_rows_torch
@@ -82,15 +82,19 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--bounds", type=float, nargs="+", default=[3.0, 10.0])
-    p.add_argument("--heavy-pairs", type=int, default=0,
-                   help="hot_cold_dense_rows.HEAVY_ROW_PAIRS (0: no long rows into the pass, the split before it)")
-    p.add_argument("--count-heavy", action="store_true", help="hot_cold_cache.DENSE_ROWS_COUNT_HEAVY on")
+    p.add_argument("--heavy-pairs", type=int, default=None,
+                   help="hot_cold_dense_rows.HEAVY_ROW_PAIRS (0: no long rows into the pass); default: as shipped")
+    p.add_argument("--count-heavy", action=argparse.BooleanOptionalAction, default=None,
+                   help="hot_cold_cache.DENSE_ROWS_COUNT_HEAVY; default: as shipped")
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     a = p.parse_args()
-    if a.heavy_pairs < 0:
-        p.error(f"--heavy-pairs must be >= 0 (0: off), got {a.heavy_pairs}")
-    hot_cold_dense_rows.HEAVY_ROW_PAIRS = a.heavy_pairs  # read at call time by heavy_row_pairs and the cache
-    hot_cold_cache.DENSE_ROWS_COUNT_HEAVY = a.count_heavy
+    if a.heavy_pairs is not None:
+        if a.heavy_pairs < 0:
+            p.error(f"--heavy-pairs must be >= 0 (0: off), got {a.heavy_pairs}")
+        hot_cold_dense_rows.HEAVY_ROW_PAIRS = a.heavy_pairs  # read at call time by heavy_row_pairs and the cache
+    if a.count_heavy is not None:
+        hot_cold_cache.DENSE_ROWS_COUNT_HEAVY = a.count_heavy
+    count_heavy = hot_cold_cache.DENSE_ROWS_COUNT_HEAVY
     preset, tokens, seq = ("tiny", 32, 32) if a.tiny else ("1.5b", a.tokens, a.seq)
     torch.manual_seed(0)
     bench = probe_model(preset, probe_device(a.device), [tokens], seq, ["default"])
@@ -115,13 +119,13 @@ def main() -> None:
         l0 = active.sum(1)
         for bound in a.bounds:
             r = {"layer": i, "tokens": x.shape[0], "l0_mean": float(l0.float().mean()), "l0_max": int(l0.max()),
-                 "heavy_pairs": heavy_row_pairs(x.shape[0]), "count_heavy": a.count_heavy,
+                 "heavy_pairs": heavy_row_pairs(x.shape[0]), "count_heavy": count_heavy,
                  **layer_rows(m, x, active, bound, tile, cap, default_sb(x.shape[1]))}
             rows.append(r)
             heavy = ", ".join(f"{h['row']}:{h['pairs']}p/{h['over_tiles']}t" for h in r["heaviest_left"])
-            rule = (f" heavy {r['heavy_pairs']}{' counted' if a.count_heavy else ''}" if r["heavy_pairs"] else
-                    " counted" if a.count_heavy else "")  # session 48's lines (neither) unchanged
-            print(f"layer {i:2d} bound {bound:4.1f}{rule}: l0 {r['l0_mean']:5.1f} (max {r['l0_max']:4d}) hot {r['hot']:4d} "
+            rule = (f" heavy {r['heavy_pairs']}" if r["heavy_pairs"] else "") + (" counted" if count_heavy else "")
+            print(f"layer {i:2d} bound {bound:4.1f}{rule}: l0 {r['l0_mean']:5.1f} (max {r['l0_max']:4d}) "
+                  f"hot {r['hot']:4d} "
                   f"pairs/row {r['cold_pairs_per_row']:5.1f} overflow rows {r['overflow_rows']:3d} budget "
                   f"{r['budget']:3d} left overflowing {r['left_overflow_rows']:3d} searched "
                   f"{r['left_searched_rows']:3d} mean steps {r['mean_steps']:4.1f}; left rows over "

@@ -309,9 +309,11 @@ def test_overflow_row_fractions_with_heavy_rows():
 
 
 def test_cache_counts_heavy_rows_when_asked(device, monkeypatch):
-    """DENSE_ROWS_COUNT_HEAVY: the refresh measures the heavy rows and small calls' budgets count them."""
+    """DENSE_ROWS_COUNT_HEAVY (on since session 49): the refresh measures the heavy rows and small calls' budgets
+    count them; off, neither."""
     p = _problem_with_dense_rows(64, 32, 128, [1, 6], torch.float32, device)
     monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS", 4)
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_COUNT_HEAVY", False)
     cache = HotColdCache(min_frequency=0.05, max_cold_l0=None)  # 64 hot units of 128: 2-6 cold pairs a plain row
     cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=4)
     assert cache.heavy_row_fraction == 0.0  # the switch off: not measured
