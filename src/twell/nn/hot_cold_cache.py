@@ -93,7 +93,7 @@ DENSE_ROWS_SEVERE_MAX_TOKENS = 16384
 #: pairs a layer (heavy_rows_stats_2048_session48.log).  Measured in session 49 (H100, the recorded forward with
 #: cached weights, tables policy, one run each against the bound alone in the same call;
 #: bench_results/h100/recorded_forward_probe_heavy64{,_count}_{2048,4096,8192}_session49.json): 8192 tokens 45.42 ->
-#: 43.52 ms, 1.130x -> 1.181x of dense (row kernel 6.04 -> 2.87 ms; budgets of 192-384 rows a layer on the CPU,
+#: 43.52 ms, 1.134x -> 1.181x of dense (row kernel 6.04 -> 2.87 ms; budgets of 192-384 rows a layer on the CPU,
 #: heavy_rows_stats_8192_heavy64_counted_session49.log; predicted 0.3-0.8 ms), 4096 24.10 -> 23.74 ms (2.03 -> 1.35;
 #: the 7 layers without a budget get one), 2048 13.32 both (0.93 ms either way).  On.
 DENSE_ROWS_COUNT_HEAVY = True

@@ -62,7 +62,7 @@ FUSED_PASS = True
 #: card whose dense forward took 13.42 ms on both; the same call's run without it was cut by the session's device time):
 #: the row kernel 3.67 -> 0.92 ms, the forward 16.06 -> 13.25 ms, 0.835x -> 1.014x of dense; predicted 1.0-1.5 ms and
 #: 0.93-0.97x.  Session 49, same-call A/B (H100, one run each, bench_results/h100/recorded_forward_probe_heavy{64,0}_
-#: {2048,4096,8192}_session49.json): 2048 tokens 16.11 -> 13.32 ms (row kernel 3.66 -> 0.93 ms; 0.832x -> 1.003x of
+#: {2048,4096,8192}_session49.json): 2048 tokens 16.11 -> 13.32 ms (row kernel 3.66 -> 0.93 ms; 0.832x -> 1.002x of
 #: dense), 4096 26.39 -> 24.10 (4.22 -> 2.03 ms; 1.010x -> 1.113x; predicted 1.5-2.0 ms, 1.08-1.10x), 8192 45.42 both
 #: (6.13 -> 6.04 ms: 100-200 rows a layer over 64 pairs there, more than the budgets hold) until the budget counts them
 #: (hot_cold_cache.DENSE_ROWS_COUNT_HEAVY, on since).  On.
