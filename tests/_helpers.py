@@ -147,6 +147,16 @@ def kernel_ms(row: dict, name: str) -> float:
     return sum(k["device_us"] for k in row["top_kernels"] if k["name"].startswith(name)) / 1e3
 
 
+#: The dense-row pass's four kernels (twell.ops.dense_rows_kernels) as a probe row's top kernels name them.
+DENSE_ROW_PASS_KERNELS = ("_overflow_flags_kernel", "_overflow_ranks_kernel", "_gated_product_kernel",
+                          "_scatter_rows_kernel")
+
+
+def pass_kernels_us(row: dict) -> float:
+    """Device microseconds of a probe row's dense-row pass kernels, summed over the call."""
+    return sum(kernel_ms(row, name) for name in DENSE_ROW_PASS_KERNELS) * 1e3
+
+
 def flat_text(path: Path) -> str:
     """A file's text with line breaks, comment markers and runs of spaces as single spaces (the provenance tests'
     quotes span wrapped lines)."""
