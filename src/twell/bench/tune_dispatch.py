@@ -81,9 +81,9 @@ class TuneConfig:
     seed: int = 0
     eager: bool = False  # also time each point's eager calls (eager_ms_interleaved)
     # the position profile of the synthetic activations (SparsityProfile's defaults: 4x at position 0, decaying
-    # over 32 positions); the 1.5B model's layers fire 360-830 units at their first 8 positions against a mean of
-    # 14-42 (session 48, scripts/heavy_rows_stats.py), a steeper and shorter head that --early-boost /
-    # --early-decay can set
+    # over 32 positions); the 1.5B benchmark model's layers fire 360-830 units at their first 8 positions against a
+    # mean of 14-42 (bench_results/h100/model_forward_recorded_b2_session48.json, ``layers``), a steeper and shorter
+    # head: --early-boost 40 --early-decay 4 gives ~17x at 0.5 % (the first 8 positions over the rest)
     early_boost: float = SparsityProfile.early_boost
     early_decay: float = SparsityProfile.early_decay
 
