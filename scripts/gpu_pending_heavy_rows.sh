@@ -15,6 +15,8 @@
 # the forward ~1.08-1.10x against ~1.02x; at 8192 (16 of 28 layers with a budget) ~0.5-1 ms off.  Where it loses,
 # HEAVY_ROWS_MAX_TOKENS comes down to there; then the bound (32 / 128) and a budget that counts the heavy rows (layers
 # without an overflowing row get none today).
+# Session 49 ran calls 1 and 2 (bench_results/h100/session49_runs.md: the bound kept, the counted budget on); PART=3
+# is still pending.
 #   TWELL_SESSION=session49 TWELL_COMMIT=<sha> bash scripts/gpu_pending_heavy_rows.sh           # call 1
 #   PART=2 TWELL_SESSION=session49 TWELL_COMMIT=<sha> bash scripts/gpu_pending_heavy_rows.sh    # call 2
 # PART=3 (session 49, ~300 s): the synthetic layer (tune-dispatch, 2048x5632, 2048-8192 tokens, 0.25-1 %) with the
