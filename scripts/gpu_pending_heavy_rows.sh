@@ -64,7 +64,7 @@ elif [ "$part" = 3 ]; then
 else  # PART=2 (session 49, ~420 s: what the session's device time left): the gated-product fix's tests (call 1 found
   # torch.relu(-0.0) is +0.0 on CUDA, -0.0 on the CPU: 9 bit tests failed on the sign of zeros), 8192 tokens at 64 and
   # 0 and with the counted budget (on the CPU 192-384 rows a layer against 0-128), then the whole GPU suite in the
-  # time left.  Predicted at 8192 (bound 10, 100-200 rows a layer over 64 cold pairs, 13 layers without a budget):
+  # time left.  Predicted at 8192 (bound 10, 51-196 rows a layer over 64 cold pairs left, 13 layers without a budget):
   # 64 against 0 ~0-0.3 ms; counted ~0.3-0.8 ms more (or lost to the pass's larger GEMMs).
   stage pytest_gpu_gated_product "$(left 60)" "passed|failed|error" python3 -m pytest -q -p no:cacheprovider \
     tests/test_ops_dense_rows_kernels.py

@@ -82,6 +82,14 @@ def test_counted_budgets_match_the_cpu_split():
     assert all(r["count_heavy"] and r["heavy_pairs"] == 64 and r["left_rows_over"]["64"] == 0 for r in cpu)
 
 
+def test_long_rows_left_at_8192_tokens_as_quoted():
+    rows = json.loads((H100 / "heavy_rows_stats_8192_heavy64_session49.json").read_text())["rows"]
+    left = [r["left_rows_over"]["64"] for r in rows]
+    assert f"{min(left)}-{max(left)}" == "51-196"
+    for text in (README, PERFORMANCE, LOG, BOUND_SOURCE):
+        assert "51-196 rows a layer over 64" in text
+
+
 @pytest.mark.parametrize(("name", "no_budget", "left_over_64"), [
     ("4096_heavy64", 7, 173), ("4096_heavy64_counted", 0, 0), ("8192_heavy64", 13, 3274),
     ("8192_heavy64_counted", 0, 0)])
