@@ -20,18 +20,16 @@ on the CPU (session 49).  Session 48's log is ``--tokens 2048 --bounds 3 10 --he
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import torch
 from eager_floor_probe import probe_model
 
-from twell.bench.probe import probe_device, probe_parser
+from twell.bench.probe import add_long_row_args, apply_long_row_args, probe_device, probe_parser
 from twell.format.twell import DEFAULT_TILE, default_capacity
 from twell.nn import SparseGatedMLP, hot_cold_cache
 from twell.nn.hot_cold_cache import HotColdCache
-from twell.ops import hot_cold_dense_rows
 from twell.ops.hot_cold_dense_rows import heavy_row_pairs, select_overflow_rows_torch
 from twell.ops.hot_cold_plan import sample_active
 from twell.ops.twell_ffn_kernel import default_sb
@@ -82,18 +80,10 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--bounds", type=float, nargs="+", default=[3.0, 10.0])
-    p.add_argument("--heavy-pairs", type=int, default=None,
-                   help="hot_cold_dense_rows.HEAVY_ROW_PAIRS (0: no long rows into the pass); default: as shipped")
-    p.add_argument("--count-heavy", action=argparse.BooleanOptionalAction, default=None,
-                   help="hot_cold_cache.DENSE_ROWS_COUNT_HEAVY; default: as shipped")
+    add_long_row_args(p)
     p.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     a = p.parse_args()
-    if a.heavy_pairs is not None:
-        if a.heavy_pairs < 0:
-            p.error(f"--heavy-pairs must be >= 0 (0: off), got {a.heavy_pairs}")
-        hot_cold_dense_rows.HEAVY_ROW_PAIRS = a.heavy_pairs  # read at call time by heavy_row_pairs and the cache
-    if a.count_heavy is not None:
-        hot_cold_cache.DENSE_ROWS_COUNT_HEAVY = a.count_heavy
+    apply_long_row_args(p, a)
     count_heavy = hot_cold_cache.DENSE_ROWS_COUNT_HEAVY
     preset, tokens, seq = ("tiny", 32, 32) if a.tiny else ("1.5b", a.tokens, a.seq)
     torch.manual_seed(0)

@@ -37,7 +37,7 @@ from model_host_time import layers_host_and_gpu_ms
 from torch._dynamo.utils import counters
 
 from twell.bench.model_measure import time_interleaved
-from twell.bench.probe import probe_device, probe_parser
+from twell.bench.probe import add_long_row_args, apply_long_row_args, probe_device, probe_parser
 from twell.bench.timing import SLEEP_CYCLES_PER_MS, synchronize
 from twell.nn import SparseGatedMLP, hot_cold_cache, static_dispatch
 from twell.ops import hot_cold_dense_rows, hot_cold_plan
@@ -105,13 +105,7 @@ def main() -> None:
     p.add_argument("--fused-pass", action=argparse.BooleanOptionalAction, default=None,
                    help="hot_cold_dense_rows.FUSED_PASS for this run: the dense-row pass as its Triton kernels (8 "
                         "launches) or in PyTorch ops (~20); default: as shipped")
-    p.add_argument("--heavy-pairs", type=int, default=None,
-                   help="hot_cold_dense_rows.HEAVY_ROW_PAIRS for this run: rows with more cold pairs than this (and no "
-                        "overflowing tile) also go to the dense-row pass, in the slots the overflowing rows leave (0: "
-                        "none); default: as shipped")
-    p.add_argument("--count-heavy", action=argparse.BooleanOptionalAction, default=None,
-                   help="hot_cold_cache.DENSE_ROWS_COUNT_HEAVY for this run: small calls' dense-row budgets count the "
-                        "refresh sample's heavy rows too; default: as shipped")
+    add_long_row_args(p)
     p.add_argument("--cached-weights", action="store_true",
                    help="record inside static_dispatch(cached_weights=True) after prepare_static_weights on each layer "
                         "(the split's weight copies read in place instead of built every call)")
@@ -131,10 +125,7 @@ def main() -> None:
         hot_cold_cache.DENSE_ROWS_SEVERE_TILES = a.severe_tiles  # read on each refresh of the hot set
     if a.fused_pass is not None:
         hot_cold_dense_rows.FUSED_PASS = a.fused_pass  # read at call time (select_overflow_rows, dense_rows_ffn)
-    if a.count_heavy is not None:
-        hot_cold_cache.DENSE_ROWS_COUNT_HEAVY = a.count_heavy  # read on each refresh and budget
-    if a.heavy_pairs is not None:
-        hot_cold_dense_rows.HEAVY_ROW_PAIRS = a.heavy_pairs  # read at call time (the op's selection)
+    apply_long_row_args(p, a)
     torch._logging.set_logs(perf_hints=True, graph_breaks=True)
     bench = probe_model(preset, dev, tokens, seq, [policy])
     backbone = bench.model.model

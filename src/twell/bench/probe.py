@@ -11,6 +11,8 @@ import torch
 import triton
 
 from ..format.twell import live_slots
+from ..nn import hot_cold_cache
+from ..ops import hot_cold_dense_rows
 from ..ops.hot_cold_plan import unit_frequency
 from ..synthetic import SparsityProfile, synthetic_ffn_problem
 from .shape_arg import parse_shape
@@ -23,6 +25,29 @@ def probe_parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="small shapes (CPU interpreter smoke test)")
     return ap
+
+
+def add_long_row_args(ap: argparse.ArgumentParser) -> None:
+    """The dense-row pass's long-row switches for one run (``--heavy-pairs``, ``--[no-]count-heavy``; default: as
+    shipped), set by :func:`apply_long_row_args` after parsing."""
+    ap.add_argument("--heavy-pairs", type=int, default=None,
+                    help="hot_cold_dense_rows.HEAVY_ROW_PAIRS for this run: rows with more cold pairs than this (and "
+                         "no overflowing tile) also go to the dense-row pass, in the slots the overflowing rows leave "
+                         "(0: none); default: as shipped")
+    ap.add_argument("--count-heavy", action=argparse.BooleanOptionalAction, default=None,
+                    help="hot_cold_cache.DENSE_ROWS_COUNT_HEAVY for this run: small calls' dense-row budgets count the "
+                         "refresh sample's heavy rows too; default: as shipped")
+
+
+def apply_long_row_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Set the switches :func:`add_long_row_args` parsed (both modules read them at call time); a negative bound ends
+    the command with the accepted values."""
+    if a.heavy_pairs is not None:
+        if a.heavy_pairs < 0:
+            ap.error(f"--heavy-pairs must be >= 0 (0: off), got {a.heavy_pairs}")
+        hot_cold_dense_rows.HEAVY_ROW_PAIRS = a.heavy_pairs
+    if a.count_heavy is not None:
+        hot_cold_cache.DENSE_ROWS_COUNT_HEAVY = a.count_heavy
 
 
 def probe_device(name: str) -> torch.device:
