@@ -27,13 +27,15 @@ for g in $(seq 0 $((groups - 1))); do
     if [ $((i % groups)) -eq "$g" ]; then mine+=("${files[$i]}"); fi
   done
   [ ${#mine[@]} -eq 0 ] && continue
-  timeout "$limit" python3 -m pytest -q -p no:cacheprovider -m kernel "${mine[@]}" \
+  # -v: each test's outcome is in the log as it ends, so that a group cut by the limit still says what failed
+  timeout "$limit" python3 -m pytest -v --tb=short -p no:cacheprovider -m kernel "${mine[@]}" \
     > "$R/pytest_gpu_kernel_g${g}_call${CALL}_$S.log" 2>&1 &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
 for log in "$R"/pytest_gpu_kernel_g*_call"${CALL}"_"$S".log; do
-  echo "$(basename "$log"): $(grep -E "passed|failed|error" "$log" | tail -n 1)"
-  grep -E "^(FAILED|ERROR)" "$log" | cut -c1-300
+  echo "$(basename "$log"): $(grep -cE " PASSED" "$log") passed, $(grep -cE " (FAILED|ERROR)" "$log") failed or" \
+    "errors so far; last line: $(grep -E "passed|failed|error" "$log" | tail -n 1)"
+  grep -E "^(FAILED|ERROR)|::.* (FAILED|ERROR)" "$log" | cut -c1-300 | head -n 60
 done
 call_end

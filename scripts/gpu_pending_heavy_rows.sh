@@ -24,6 +24,8 @@
 # 0.5 %, against ~2.5x with the default 4 / 32) under the bound at 64 and 0 and with the budget counting the long
 # rows, then the default head at 64.  Predicted: with the steep head, 64 ahead of 0 by ~5-15 % at 2048 tokens, ~0 at
 # 8192 (no budget below ~1 overflowing row a sample); counting adds ~0-5 %.
+# PART=4 (session 50, ~470 s): the bound at 32 and 128 against 64, budgets counted, at 2048 and 8192 tokens, each in
+# its own process.  Predictions are in bench_results/h100/session50_runs.md, written before the call.
 . "$(dirname "$0")/gpu_call_lib.sh"
 part=${PART:-1}
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session49}" "heavyrows$part"
@@ -51,6 +53,17 @@ if [ "$part" = 1 ]; then  # ~560 s: the tests, then 4096 and 2048 tokens with th
     # shellcheck disable=SC2086
     probe "$label" "$(left "$budget")" --tokens "$n" $rest
     budget=$((budget + 60))
+  done
+elif [ "$part" = 4 ]; then  # ~470 s: the bound at 32 and 128 against 64, budgets counted (as shipped), 2048 and 8192
+  # tokens, 32 first (the CPU's candidate); P4_TOTAL (s) caps the whole part when it follows the kernel tests in a call
+  budget=100
+  for args in "heavy64_count_2048 2048 64" "heavy32_count_2048 2048 32" "heavy64_count_8192 8192 64" \
+              "heavy32_count_8192 8192 32" "heavy128_count_2048 2048 128" "heavy128_count_8192 8192 128"; do
+    read -r label n k <<< "$args"
+    lim=$(left "$budget") cap=$(left "${P4_TOTAL:-470}")
+    [ "$cap" -lt "$lim" ] && lim=$cap
+    probe "$label" "$lim" --tokens "$n" --heavy-pairs "$k" --count-heavy
+    budget=$((budget + 70))
   done
 elif [ "$part" = 3 ]; then
   budget=80
