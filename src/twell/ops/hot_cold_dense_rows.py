@@ -65,7 +65,10 @@ FUSED_PASS = True
 #: {2048,4096,8192}_session49.json): 2048 tokens 16.11 -> 13.32 ms (row kernel 3.66 -> 0.93 ms; 0.832x -> 1.002x of
 #: dense), 4096 26.39 -> 24.10 (4.22 -> 2.03 ms; 1.010x -> 1.113x; predicted 1.5-2.0 ms, 1.08-1.10x), 8192 45.42 both
 #: (6.13 -> 6.04 ms: 51-196 rows a layer over 64 pairs left there, more than the budgets hold) until the budget counts
-#: them (hot_cold_cache.DENSE_ROWS_COUNT_HEAVY, on since).  On.
+#: them (hot_cold_cache.DENSE_ROWS_COUNT_HEAVY, on since).  Session 50, 32 against 64 with counted budgets (H200, one
+#: run each, bench_results/h200/session50_runs.md): 2048 tokens 12.92 -> 12.85 ms (row kernel 0.80 -> 0.70 ms, 1.019x
+#: -> 1.023x; predicted ~0.3 ms off the kernel): under 64 pairs the longest row no longer sets the kernel's time.  64
+#: until 32 is timed at 8192 tokens, where its budgets grow from 192-384 rows a layer to 384-640.  On.
 HEAVY_ROW_PAIRS = 64
 #: ... below this many tokens (the several-tiles rule's bound: larger calls give the heavy-first queue a long kernel to
 #: hide a few long rows behind, and their heavy rows carry a large share of the gather's pairs).
