@@ -25,7 +25,9 @@
 # rows, then the default head at 64.  Predicted: with the steep head, 64 ahead of 0 by ~5-15 % at 2048 tokens, ~0 at
 # 8192 (no budget below ~1 overflowing row a sample); counting adds ~0-5 %.
 # PART=4 (session 50, ~470 s): the bound at 32 and 128 against 64, budgets counted, at 2048 and 8192 tokens, each in
-# its own process.  Predictions are in bench_results/h100/session50_runs.md, written before the call.
+# its own process.  Predictions are in bench_results/h200/session50_runs.md, written before the call; session 50 ran
+# the 2048-token pair at 64 / 32 only.
+#   PART=4 TWELL_SESSION=session51 TWELL_COMMIT=<sha> bash scripts/gpu_pending_heavy_rows.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
 part=${PART:-1}
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session49}" "heavyrows$part"
@@ -55,10 +57,12 @@ if [ "$part" = 1 ]; then  # ~560 s: the tests, then 4096 and 2048 tokens with th
     budget=$((budget + 60))
   done
 elif [ "$part" = 4 ]; then  # ~470 s: the bound at 32 and 128 against 64, budgets counted (as shipped), 2048 and 8192
-  # tokens, 32 first (the CPU's candidate); P4_TOTAL (s) caps the whole part when it follows the kernel tests in a call
+  # tokens; P4_TOTAL (s) caps the whole part when it follows the kernel tests in a call.  Session 50 ran the 2048-token
+  # pair at 64 and 32 (H200, bench_results/h200/session50_runs.md: 1.019x / 1.023x) before its time ran out, so 8192
+  # comes first now, then 128, then the 2048-token pair again (a second run of each)
   budget=100
-  for args in "heavy64_count_2048 2048 64" "heavy32_count_2048 2048 32" "heavy64_count_8192 8192 64" \
-              "heavy32_count_8192 8192 32" "heavy128_count_2048 2048 128" "heavy128_count_8192 8192 128"; do
+  for args in "heavy64_count_8192 8192 64" "heavy32_count_8192 8192 32" "heavy128_count_8192 8192 128" \
+              "heavy128_count_2048 2048 128" "heavy64_count_2048 2048 64" "heavy32_count_2048 2048 32"; do
     read -r label n k <<< "$args"
     lim=$(left "$budget") cap=$(left "${P4_TOTAL:-470}")
     [ "$cap" -lt "$lim" ] && lim=$cap
