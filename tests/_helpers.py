@@ -157,6 +157,21 @@ def pass_kernels_us(row: dict) -> float:
     return sum(kernel_ms(row, name) for name in DENSE_ROW_PASS_KERNELS) * 1e3
 
 
+def long_row_probe_figures(path: Path, heavy: int, counted: bool) -> tuple[dict, tuple[str, ...]]:
+    """A long-row A/B's recorded-forward probe (sessions 49-50): checks the run's switches and recipe (the bound, the
+    counted budgets, the fused pass, cached weights, the tables policy, one CUDA graph), and returns its sparse row
+    with its figures as the session logs print them: passes, row kernel ms, pass kernels us, sparse and dense GPU ms,
+    the ratio."""
+    meta, rows = json.loads(Path(path).read_text()), probe_rows(path)
+    assert meta["heavy_pairs"] == heavy and meta["count_heavy"] is counted
+    assert meta["fused_pass"] is True and meta["cached_weights"] is True and meta["policy"] == "tables"
+    sparse, dense = rows["sparse:tables"], rows["dense"]
+    assert sparse["cudagraph_skips"] == 0 and sparse["unique_graphs"] == 1 and all(sparse["cached_weights_ready"])
+    return sparse, (str(sum(1 for n in sparse["dense_rows"] if n)), f"{kernel_ms(sparse, '_twell_ffn_row_kernel'):.2f}",
+                    f"{pass_kernels_us(sparse):.1f}", f"{sparse['gpu_ms']:.2f}", f"{dense['gpu_ms']:.2f}",
+                    f"{dense['gpu_ms'] / sparse['gpu_ms']:.3f}x")
+
+
 def flat_text(path: Path) -> str:
     """A file's text with line breaks, comment markers and runs of spaces as single spaces (the provenance tests'
     quotes span wrapped lines)."""
