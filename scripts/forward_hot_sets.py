@@ -94,7 +94,7 @@ def set_rule(mlps: list[torch.nn.Module], rule: Rule) -> None:
 
 def save_states(mlps: list[torch.nn.Module]) -> list[tuple]:
     """Each layer's hot/cold cache state (hot set, plan, its weights key, dense-row fractions)."""
-    return [(c._hot, c._plan, c._key, c.overflow_fraction, c.severe_overflow_fraction, c.heavy_row_fraction)
+    return [(c._hot, c._plan, c._key, c.overflow_fraction, c.severe_overflow_fraction, dict(c.heavy_row_fractions))
             for c in (m._hot_cold for m in mlps)]
 
 
@@ -105,7 +105,8 @@ def restore_states(mlps: list[torch.nn.Module], rule: Rule, states: list[tuple])
         cache = mlp._hot_cold
         cache.min_frequency, cache.max_cold_l0 = rule
         cache._hot, cache._plan, cache._key = hot, plan, key
-        cache.overflow_fraction, cache.severe_overflow_fraction, cache.heavy_row_fraction = frac, severe, heavy
+        cache.overflow_fraction, cache.severe_overflow_fraction = frac, severe
+        cache.heavy_row_fractions = dict(heavy)
 
 
 def main() -> None:

@@ -28,6 +28,13 @@
 # its own process.  Predictions are in bench_results/h200/session50_runs.md, written before the call; session 50 ran
 # the 2048-token pair at 64 / 32 only.
 #   PART=4 TWELL_SESSION=session51 TWELL_COMMIT=<sha> bash scripts/gpu_pending_heavy_rows.sh
+# Session 51 ran PART=4 on an H100 (bench_results/h100/session51_runs.md) but for 32 at 2048 tokens: at 8192 tokens 128
+# won (1.192x against 1.178x at 64 and 32), at 2048 it lost (0.985x against 1.010x), so calls from 8192 tokens now take
+# 128 (hot_cold_dense_rows.HEAVY_ROW_PAIRS_LARGE).  PART=5 (~330 s) repeats that at 8192 tokens with the shipped split
+# and places the step at 4096: the shipped split and the other bound at both sizes, each in its own process.
+# Predicted: 8192 shipped (128) ~0.3-0.7 ms ahead of 64 again; 4096 (64 shipped) against 128 within ~1 % either way
+# (session 49: 23.74 ms at 64; its budgets, 128 rows a layer, are between the two sizes').
+#   PART=5 TWELL_SESSION=session52 TWELL_COMMIT=<sha> bash scripts/gpu_pending_heavy_rows.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
 part=${PART:-1}
 call_begin "${TWELL_SESSION:?set TWELL_SESSION, e.g. session49}" "heavyrows$part"
@@ -69,13 +76,25 @@ elif [ "$part" = 4 ]; then  # ~470 s: the bound at 32 and 128 against 64, budget
     probe "$label" "$lim" --tokens "$n" --heavy-pairs "$k" --count-heavy
     budget=$((budget + 70))
   done
+elif [ "$part" = 5 ]; then  # ~330 s: the shipped split against the other bound, 8192 then 4096 tokens
+  budget=100
+  for args in "shipped_8192 8192" "heavy64_count_8192 8192 64" "shipped_4096 4096" "heavy128_count_4096 4096 128"; do
+    read -r label n k <<< "$args"
+    if [ -n "${k:-}" ]; then
+      probe "$label" "$(left "$budget")" --tokens "$n" --heavy-pairs "$k" --count-heavy
+    else
+      probe "$label" "$(left "$budget")" --tokens "$n"
+    fi
+    budget=$((budget + 75))
+  done
 elif [ "$part" = 3 ]; then
   budget=80
   for args in "head40_heavy64 40 4 64 False" "head40_heavy0 40 4 0 False" "head40_heavy64_count 40 4 64 True" \
               "head4_heavy64 4 32 64 False"; do
     read -r label boost decay k count <<< "$args"
     stage "tune_$label" "$(left "$budget")" "x  err|ERROR|Error" python3 scripts/twell_patched.py \
-      --set "twell.ops.hot_cold_dense_rows.HEAVY_ROW_PAIRS=$k" --set "twell.nn.hot_cold_cache.DENSE_ROWS_COUNT_HEAVY=$count" \
+      --set "twell.ops.hot_cold_dense_rows.HEAVY_ROW_PAIRS=$k" --set "twell.ops.hot_cold_dense_rows.HEAVY_ROW_PAIRS_LARGE=$k" \
+      --set "twell.nn.hot_cold_cache.DENSE_ROWS_COUNT_HEAVY=$count" \
       -- tune-dispatch --shape 2048x5632 --ms 2048 4096 8192 --densities 0.25 0.5 1 --early-boost "$boost" \
       --early-decay "$decay" --out "$R" --stem "dispatch_2048x5632_${S}_$label"
     budget=$((budget + 75))

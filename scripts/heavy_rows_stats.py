@@ -12,7 +12,7 @@ CPU (fp32; ``--device cuda``: bf16 on the GPU), what each layer hands the row ke
     PYTHONPATH=src:scripts python3 scripts/heavy_rows_stats.py --tokens 2048 --bounds 3 10
     PYTHONPATH=src:scripts python3 scripts/heavy_rows_stats.py --tiny   # smoke test
 
-The split is the shipped one unless told: ``--heavy-pairs K`` sets hot_cold_dense_rows.HEAVY_ROW_PAIRS (rows with
+The split is the shipped one unless told: ``--heavy-pairs K`` sets the heavy-row bound at every call size (rows with
 more than K cold pairs into the pass's spare budget slots; 0: none), ``--[no-]count-heavy``
 hot_cold_cache.DENSE_ROWS_COUNT_HEAVY (budgets that count those rows): what a GPU A/B of either should find, predicted
 on the CPU (session 49).  Session 48's log is ``--tokens 2048 --bounds 3 10 --heavy-pairs 0 --no-count-heavy``.

@@ -212,6 +212,10 @@ def main() -> None:
                                                                      "cached_weights": a.cached_weights,
                                                                      "fused_pass": hot_cold_dense_rows.FUSED_PASS,
                                                                      "heavy_pairs": hot_cold_dense_rows.HEAVY_ROW_PAIRS,
+                                                                     "heavy_pairs_large":
+                                                                         hot_cold_dense_rows.HEAVY_ROW_PAIRS_LARGE,
+                                                                     "heavy_large_tokens":
+                                                                         hot_cold_dense_rows.HEAVY_ROWS_LARGE_TOKENS,
                                                                      "count_heavy":
                                                                          hot_cold_cache.DENSE_ROWS_COUNT_HEAVY,
                                                                      "rows": rows}, indent=1) + "\n")

@@ -17,7 +17,13 @@ import twell.ops as ops
 from twell.nn import hot_cold_cache
 from twell.nn.hot_cold_cache import HotColdCache
 from twell.ops import hot_cold, hot_cold_dense_rows
-from twell.ops.hot_cold_dense_rows import dense_row_budget, dense_rows_ffn, select_overflow_rows
+from twell.ops.hot_cold_dense_rows import (
+    dense_row_budget,
+    dense_rows_ffn,
+    heavy_row_bounds,
+    heavy_row_pairs,
+    select_overflow_rows,
+)
 from twell.ops.hot_cold_plan import (
     overflow_row_fraction,
     overflow_row_fractions,
@@ -132,7 +138,8 @@ def test_row_kernel_skips_every_flagged_row_with_skip_flagged(lists, device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_op_with_heavy_rows_matches_reference(dtype, fused, device, monkeypatch):
     """With HEAVY_ROW_PAIRS the pass also takes long rows without an overflowing tile (the row kernel skips them):
-    the output is still the layer's, and the selection saw the bound; at or above HEAVY_ROWS_MAX_TOKENS it does not."""
+    the output is still the layer's, and the selection saw the bound (HEAVY_ROW_PAIRS_LARGE from
+    HEAVY_ROWS_LARGE_TOKENS tokens); at or above HEAVY_ROWS_MAX_TOKENS it does not."""
     monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
     m, d, f, tile, cap, n_hot = 9, 32, 128, 16, 2, 16
     p = _problem_with_dense_rows(m, d, f, [0, 4, 8], dtype, device)
@@ -153,6 +160,10 @@ def test_op_with_heavy_rows_matches_reference(dtype, fused, device, monkeypatch)
         assert rel_error(out, ref_out) <= REL_TOL[dtype] and rel_error(out, dense) <= REL_TOL[dtype]
         assert not torch.isnan(out.float()).any()
     assert seen == [1, 1, 1]
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROWS_LARGE_TOKENS", m)  # this call is a large one: its own bound
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS_LARGE", 2)
+    out, _ = _run(p, plan, "triton", tile=tile, capacity=cap, dense_rows=4)
+    assert seen[-1] == 2 and rel_error(out, ref_out) <= REL_TOL[dtype] and rel_error(out, dense) <= REL_TOL[dtype]
     monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROWS_MAX_TOKENS", m)  # this call is not below it: no heavy rows
     out, _ = _run(p, plan, "triton", tile=tile, capacity=cap, dense_rows=64)
     assert seen[-1] == 0 and rel_error(out, dense) <= REL_TOL[dtype]
@@ -306,6 +317,34 @@ def test_overflow_row_fractions_with_heavy_rows():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="heavy_pairs must be an int >= 0"):
             overflow_row_fractions(active, hot, 3, 2, (1,), heavy_pairs=bad)
+    # several bounds (the shipped bound differs by the call's size): one entry each, in the order given
+    assert overflow_row_fractions(active, hot, 3, 2, (1,), heavy_pairs=(2, 3)) == [0.25, 0.5, 0.25]
+    assert overflow_row_fractions(active, hot, 3, 2, (1, 2), heavy_pairs=[3, 2, 8]) == [0.25, 0.0, 0.25, 0.5, 0.0]
+    assert overflow_row_fractions(active, hot, 3, 2, (1,), heavy_pairs=()) == [0.25]
+    assert overflow_row_fractions(active[:0], hot, 3, 2, (1,), heavy_pairs=(2, 3)) == [0.0, 0.0, 0.0]
+    for bad in ((0,), (2, 1.5), [True], (-2,)):
+        with pytest.raises(ValueError, match="heavy_pairs as a sequence must hold ints >= 1"):
+            overflow_row_fractions(active, hot, 3, 2, (1,), heavy_pairs=bad)
+
+
+def test_heavy_row_bound_by_call_size(monkeypatch):
+    """HEAVY_ROW_PAIRS below HEAVY_ROWS_LARGE_TOKENS, HEAVY_ROW_PAIRS_LARGE from there, none from HEAVY_ROWS_MAX_TOKENS
+    (read at call time); heavy_row_bounds lists the distinct positive ones."""
+    large, top = hot_cold_dense_rows.HEAVY_ROWS_LARGE_TOKENS, hot_cold_dense_rows.HEAVY_ROWS_MAX_TOKENS
+    assert 0 < large < top
+    small_k, large_k = hot_cold_dense_rows.HEAVY_ROW_PAIRS, hot_cold_dense_rows.HEAVY_ROW_PAIRS_LARGE
+    assert [heavy_row_pairs(n) for n in (1, large - 1, large, top - 1, top, 10 * top)] == \
+        [small_k, small_k, large_k, large_k, 0, 0]
+    assert heavy_row_bounds() == tuple(sorted({small_k, large_k} - {0}))
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS", 32)
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS_LARGE", 0)  # none from HEAVY_ROWS_LARGE_TOKENS
+    assert (heavy_row_pairs(large - 1), heavy_row_pairs(large), heavy_row_bounds()) == (32, 0, (32,))
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS_LARGE", 32)
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROWS_LARGE_TOKENS", 100)
+    assert (heavy_row_pairs(99), heavy_row_pairs(100), heavy_row_bounds()) == (32, 32, (32,))
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS", 0)
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS_LARGE", 0)
+    assert (heavy_row_pairs(1), heavy_row_pairs(100), heavy_row_bounds()) == (0, 0, ())
 
 
 def test_cache_counts_heavy_rows_when_asked(device, monkeypatch):
@@ -313,25 +352,33 @@ def test_cache_counts_heavy_rows_when_asked(device, monkeypatch):
     count them; off, neither."""
     p = _problem_with_dense_rows(64, 32, 128, [1, 6], torch.float32, device)
     monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS", 4)
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS_LARGE", 5)
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROWS_LARGE_TOKENS", 2048)
     monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_COUNT_HEAVY", False)
     cache = HotColdCache(min_frequency=0.05, max_cold_l0=None)  # 64 hot units of 128: 2-6 cold pairs a plain row
     cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=4)
-    assert cache.heavy_row_fraction == 0.0  # the switch off: not measured
+    assert cache.heavy_row_fractions == {}  # the switch off: not measured
     off = cache.dense_rows(1024)
     monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_COUNT_HEAVY", True)
     cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=4)
     active = sample_active(p["x"], p["w_gate"])
-    over, severe, heavy = overflow_row_fractions(active, cache._hot, 16, 4,
-                                                 (1, hot_cold_cache.DENSE_ROWS_SEVERE_TILES), 4)
+    over, severe, heavy, heavy_large = overflow_row_fractions(active, cache._hot, 16, 4,
+                                                              (1, hot_cold_cache.DENSE_ROWS_SEVERE_TILES), (4, 5))
     assert 0 < cache._hot.numel() < 128
-    assert heavy > 0 and cache.heavy_row_fraction == heavy
+    assert heavy > heavy_large > 0 and cache.heavy_row_fractions == {4: heavy, 5: heavy_large}
     assert (cache.overflow_fraction, cache.severe_overflow_fraction) == (over, severe)
     budget = dict(margin=hot_cold_cache.DENSE_ROWS_MARGIN, slack=hot_cold_cache.DENSE_ROWS_SLACK,
                   multiple=hot_cold_cache.DENSE_ROWS_MULTIPLE, min_expected=hot_cold_cache.DENSE_ROWS_MIN_EXPECTED,
                   severe_fraction=severe, min_expected_severe=hot_cold_cache.DENSE_ROWS_MIN_SEVERE)
     assert cache.dense_rows(1024) == dense_row_budget(1024, over + heavy, **budget) > off
+    # a call from HEAVY_ROWS_LARGE_TOKENS counts the rows over the large bound, from the same sample
+    assert cache.dense_rows(4096) == dense_row_budget(4096, over + heavy_large, **budget)
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS_LARGE", 6)  # set after the refresh: none counted
+    assert cache.dense_rows(4096) == dense_row_budget(4096, over, **budget)
     monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROWS_MAX_TOKENS", 1024)  # not below it: not counted
     assert cache.dense_rows(1024) == dense_row_budget(1024, over, **budget) == off
+    cache.clear()
+    assert cache.heavy_row_fractions == {} and cache.overflow_fraction == 0.0
 
 
 @pytest.mark.gpu

@@ -31,9 +31,10 @@ def add_long_row_args(ap: argparse.ArgumentParser) -> None:
     """The dense-row pass's long-row switches for one run (``--heavy-pairs``, ``--[no-]count-heavy``; default: as
     shipped), set by :func:`apply_long_row_args` after parsing."""
     ap.add_argument("--heavy-pairs", type=int, default=None,
-                    help="hot_cold_dense_rows.HEAVY_ROW_PAIRS for this run: rows with more cold pairs than this (and "
-                         "no overflowing tile) also go to the dense-row pass, in the slots the overflowing rows leave "
-                         "(0: none); default: as shipped")
+                    help="the heavy-row bound for this run at every call size (hot_cold_dense_rows.HEAVY_ROW_PAIRS "
+                         "and HEAVY_ROW_PAIRS_LARGE both): rows with more cold pairs than this (and no overflowing "
+                         "tile) also go to the dense-row pass, in the slots the overflowing rows leave (0: none); "
+                         "default: as shipped (64 below 8192 tokens, 128 from there)")
     ap.add_argument("--count-heavy", action=argparse.BooleanOptionalAction, default=None,
                     help="hot_cold_cache.DENSE_ROWS_COUNT_HEAVY for this run: small calls' dense-row budgets count the "
                          "refresh sample's heavy rows too; default: as shipped")
@@ -45,7 +46,7 @@ def apply_long_row_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> N
     if a.heavy_pairs is not None:
         if a.heavy_pairs < 0:
             ap.error(f"--heavy-pairs must be >= 0 (0: off), got {a.heavy_pairs}")
-        hot_cold_dense_rows.HEAVY_ROW_PAIRS = a.heavy_pairs
+        hot_cold_dense_rows.HEAVY_ROW_PAIRS = hot_cold_dense_rows.HEAVY_ROW_PAIRS_LARGE = a.heavy_pairs
     if a.count_heavy is not None:
         hot_cold_cache.DENSE_ROWS_COUNT_HEAVY = a.count_heavy
 

@@ -84,11 +84,11 @@ DENSE_ROWS_MIN_SEVERE = 1.0
 #: tiles there (layers 3-5: 9-11 such rows at 8192 tokens, ~18-22 at 16,384).
 DENSE_ROWS_SEVERE_MAX_TOKENS = 16384
 #: Whether the budget of a call under ``hot_cold_dense_rows.HEAVY_ROWS_MAX_TOKENS`` tokens also counts the sample's
-#: heavy rows (no overflowing tile, more than ``HEAVY_ROW_PAIRS`` cold pairs), which the pass takes in the slots the
-#: overflowing rows leave: they count toward the 16-row rule and the margin as overflowing rows do (not toward the
-#: several-tiles rule: one such row walks 16-80 gather steps, a row with two overflowing tiles ~190).  Without it a
-#: layer whose sample shows no overflowing row gets no pass, and its heavy rows stay in the row kernel: in session
-#: 48's recorded forward at 8192 tokens 12 of the 28 layers had no budget (H100,
+#: heavy rows (no overflowing tile, more cold pairs than the call's ``heavy_row_pairs`` bound), which the pass takes
+#: in the slots the overflowing rows leave: they count toward the 16-row rule and the margin as overflowing rows do
+#: (not toward the several-tiles rule: one such row walks 16-80 gather steps, a row with two overflowing tiles ~190).
+#: Without it a layer whose sample shows no overflowing row gets no pass, and its heavy rows stay in the row kernel: in
+#: session 48's recorded forward at 8192 tokens 12 of the 28 layers had no budget (H100,
 #: bench_results/h100/recorded_forward_probe_fused_8192_session48.json), while each sequence holds 7-15 rows over 64
 #: pairs a layer (heavy_rows_stats_2048_session48.log).  Measured in session 49 (H100, the recorded forward with
 #: cached weights, tables policy, one run each against the bound alone in the same call;
@@ -144,8 +144,9 @@ class HotColdCache:
         self.overflow_fraction = 0.0
         #: ... and with at least ``DENSE_ROWS_SEVERE_TILES`` of them (0.0 with that rule off)
         self.severe_overflow_fraction = 0.0
-        #: ... and without one but with more than ``HEAVY_ROW_PAIRS`` cold pairs (0.0 unless DENSE_ROWS_COUNT_HEAVY)
-        self.heavy_row_fraction = 0.0
+        #: ... and without one but with more than K cold pairs, for each bound K of
+        #: ``hot_cold_dense_rows.heavy_row_bounds()`` at the refresh (empty unless DENSE_ROWS_COUNT_HEAVY)
+        self.heavy_row_fractions: dict[int, float] = {}
 
     @property
     def chosen(self) -> bool:
@@ -172,14 +173,16 @@ class HotColdCache:
                 self._plan = None
                 self._key = None
             cap = default_capacity(tile) if capacity is None else capacity
-            self.overflow_fraction = self.severe_overflow_fraction = self.heavy_row_fraction = 0.0
+            self.overflow_fraction = self.severe_overflow_fraction = 0.0
+            self.heavy_row_fractions = {}
             if self._hot.numel():
                 thresholds = (1, DENSE_ROWS_SEVERE_TILES) if DENSE_ROWS_SEVERE_TILES > 0 else (1,)
-                heavy = hot_cold_dense_rows.HEAVY_ROW_PAIRS if DENSE_ROWS_COUNT_HEAVY else 0
-                read = overflow_row_fractions(active, self._hot, tile, cap, thresholds, heavy)  # one host read
+                # every bound a call may use (they differ by the call's size), so the sample serves calls of any size
+                bounds = hot_cold_dense_rows.heavy_row_bounds() if DENSE_ROWS_COUNT_HEAVY else ()
+                read = overflow_row_fractions(active, self._hot, tile, cap, thresholds, bounds)  # one host read
                 self.overflow_fraction = read[0]
                 self.severe_overflow_fraction = read[1] if len(thresholds) > 1 else 0.0
-                self.heavy_row_fraction = read[-1] if heavy > 0 else 0.0
+                self.heavy_row_fractions = dict(zip(bounds, read[len(thresholds):], strict=True))
 
     def dense_rows(self, n_tokens: int) -> int:
         """The dense-row budget of a call of ``n_tokens`` (``hot_cold_gated_ffn``'s ``dense_rows``): 0 with
@@ -191,8 +194,10 @@ class HotColdCache:
         if not DENSE_OVERFLOW_ROWS:
             return 0
         fraction = self.overflow_fraction
-        if DENSE_ROWS_COUNT_HEAVY and heavy_row_pairs(n_tokens) > 0:
-            fraction += self.heavy_row_fraction  # the pass takes them in the slots the overflowing rows leave
+        heavy = heavy_row_pairs(n_tokens)
+        if DENSE_ROWS_COUNT_HEAVY and heavy > 0:
+            # the pass takes them in the slots the overflowing rows leave (a bound set after the refresh: none known)
+            fraction += self.heavy_row_fractions.get(heavy, 0.0)
         return dense_row_budget(n_tokens, fraction, margin=DENSE_ROWS_MARGIN, slack=DENSE_ROWS_SLACK,
                                 multiple=DENSE_ROWS_MULTIPLE, min_expected=DENSE_ROWS_MIN_EXPECTED,
                                 severe_fraction=self.severe_overflow_fraction
@@ -241,3 +246,4 @@ class HotColdCache:
         self._key = None
         self.overflow_fraction = 0.0
         self.severe_overflow_fraction = 0.0
+        self.heavy_row_fractions = {}

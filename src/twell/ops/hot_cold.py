@@ -225,7 +225,9 @@ def launch_hot_cold_ffn(
     ``dense_rows``: up to this many rows with an overflowing cold tile (the first in row order) are computed
     whole by dense GEMMs instead of the row kernel's per-token dense pass (``hot_cold_dense_rows``; TwELL cold
     format; 0: none), and in the slots they leave, in calls under ``HEAVY_ROWS_MAX_TOKENS`` tokens, the rows with
-    more than ``HEAVY_ROW_PAIRS`` cold pairs.  The others keep the row kernel: the result is exact at any budget.
+    more cold pairs than the call's ``hot_cold_dense_rows.heavy_row_pairs`` bound (``HEAVY_ROW_PAIRS``,
+    ``HEAVY_ROW_PAIRS_LARGE`` from ``HEAVY_ROWS_LARGE_TOKENS`` tokens).  The others keep the row kernel: the result is
+    exact at any budget.
 
     ``residual`` ([M, d], x's dtype, contiguous): the output is ``residual + FFN(x)`` with the bits of that sum in
     the input dtype (the FFN rounded, then the sum rounded).  The TwELL gather adds it as it writes each row

@@ -67,18 +67,40 @@ FUSED_PASS = True
 #: (6.13 -> 6.04 ms: 51-196 rows a layer over 64 pairs left there, more than the budgets hold) until the budget counts
 #: them (hot_cold_cache.DENSE_ROWS_COUNT_HEAVY, on since).  Session 50, 32 against 64 with counted budgets (H200, one
 #: run each, bench_results/h200/session50_runs.md): 2048 tokens 12.92 -> 12.85 ms (row kernel 0.80 -> 0.70 ms, 1.019x
-#: -> 1.023x; predicted ~0.3 ms off the kernel): under 64 pairs the longest row no longer sets the kernel's time.  64
-#: until 32 is timed at 8192 tokens, where its budgets grow from 192-384 rows a layer to 384-640.  On.
+#: -> 1.023x; predicted ~0.3 ms off the kernel): under 64 pairs the longest row no longer sets the kernel's time.
+#: Session 51 (H100 80GB HBM3, one run each, bench_results/h100/session51_runs.md): 2048 tokens 13.30 ms at 64 against
+#: 13.73 at 128 (row kernel 0.92 -> 1.43 ms; 1.010x -> 0.985x of dense).  Calls from :data:`HEAVY_ROWS_LARGE_TOKENS`
+#: tokens take :data:`HEAVY_ROW_PAIRS_LARGE` instead.  On.
 HEAVY_ROW_PAIRS = 64
-#: ... below this many tokens (the several-tiles rule's bound: larger calls give the heavy-first queue a long kernel to
-#: hide a few long rows behind, and their heavy rows carry a large share of the gather's pairs).
+#: The bound of calls from :data:`HEAVY_ROWS_LARGE_TOKENS` tokens (below :data:`HEAVY_ROWS_MAX_TOKENS`).  Session 51
+#: (H100 80GB HBM3, the recorded 1.5B forward at 8192 tokens with cached weights, the tables policy and counted budgets,
+#: each bound in its own process, one run each; bench_results/h100/recorded_forward_probe_heavy{32,64,128}_count_8192
+#: _session51.json): 43.44 / 43.33 / 42.82 ms at 32 / 64 / 128 against dense's 51.05-51.17 (1.178x / 1.178x /
+#: 1.192x).  At 8192 tokens the counted budgets grow with a lower bound (128-256 rows a layer at 128, 192-384 at 64,
+#: 384-640 at 32) and the pass's cuBLAS GEMMs with them (1.06 / 1.67 / 1.87 ms over 28 layers), while a row of 64-128
+#: cold pairs costs the row kernel little in a call this long (2.72 / 2.86 / 3.02 ms): 128 is 0.51 ms ahead of 64, of
+#: which the pass's GEMMs give 0.61.  At 2048 tokens 128 lost (above), so the larger bound starts at the measured 8192.
+HEAVY_ROW_PAIRS_LARGE = 128
+#: ... from this many tokens.
+HEAVY_ROWS_LARGE_TOKENS = 8192
+#: No heavy rows at or above this many tokens (the several-tiles rule's bound: larger calls give the heavy-first queue
+#: a long kernel to hide a few long rows behind, and their heavy rows carry a large share of the gather's pairs).
 HEAVY_ROWS_MAX_TOKENS = 16384
 
 
 def heavy_row_pairs(n_tokens: int) -> int:
     """The heavy-row bound of a call of ``n_tokens`` (0: no heavy rows): :data:`HEAVY_ROW_PAIRS` below
-    :data:`HEAVY_ROWS_MAX_TOKENS` tokens (both read at call time).  The op's selection and the cache's budget."""
-    return HEAVY_ROW_PAIRS if n_tokens < HEAVY_ROWS_MAX_TOKENS else 0
+    :data:`HEAVY_ROWS_LARGE_TOKENS` tokens, :data:`HEAVY_ROW_PAIRS_LARGE` from there to below
+    :data:`HEAVY_ROWS_MAX_TOKENS` (all read at call time).  The op's selection and the cache's budget."""
+    if n_tokens >= HEAVY_ROWS_MAX_TOKENS:
+        return 0
+    return HEAVY_ROW_PAIRS_LARGE if n_tokens >= HEAVY_ROWS_LARGE_TOKENS else HEAVY_ROW_PAIRS
+
+
+def heavy_row_bounds() -> tuple[int, ...]:
+    """The distinct positive bounds :func:`heavy_row_pairs` can return now, ascending (the hot/cold cache measures
+    its sample's heavy rows under each, so that a call of any size finds its own)."""
+    return tuple(sorted({k for k in (HEAVY_ROW_PAIRS, HEAVY_ROW_PAIRS_LARGE) if k > 0}))
 
 
 def _check_selection(cold_counts: torch.Tensor, capacity: int, budget: int, heavy_pairs: int = 0) -> None:

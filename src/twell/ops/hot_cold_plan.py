@@ -187,24 +187,38 @@ def overflow_tiles_per_row(active: torch.Tensor, hot: torch.Tensor, tile: int, c
 
 
 def overflow_row_fractions(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int,
-                           min_tiles: Sequence[int], heavy_pairs: int = 0) -> list[float]:
+                           min_tiles: Sequence[int], heavy_pairs: int | Sequence[int] = 0) -> list[float]:
     """For each entry of ``min_tiles``, the fraction of the sample's rows with at least that many cold tiles of more
-    than ``capacity`` non-zeros (:func:`overflow_tiles_per_row`); with ``heavy_pairs`` > 0 one more entry last: the
-    fraction of rows without such a tile whose cold pairs exceed ``heavy_pairs`` (the dense-row pass's heavy rows,
-    ``hot_cold_dense_rows.HEAVY_ROW_PAIRS``).  One host sync for all of them; 0.0 for an empty sample."""
+    than ``capacity`` non-zeros (:func:`overflow_tiles_per_row`); then, for each heavy-row bound in ``heavy_pairs``
+    (one int, 0 for none, or a sequence of ints >= 1), one more entry: the fraction of rows without such a tile whose
+    cold pairs exceed it (the dense-row pass's heavy rows, ``hot_cold_dense_rows.heavy_row_pairs``).  One host sync
+    for all of them; 0.0 for an empty sample."""
     if not min_tiles or any(k < 1 for k in min_tiles):
         raise ValueError(f"min_tiles must be one or more ints >= 1, got {list(min_tiles)}")
-    if isinstance(heavy_pairs, bool) or not isinstance(heavy_pairs, int) or heavy_pairs < 0:
-        raise ValueError(f"heavy_pairs must be an int >= 0, got {heavy_pairs!r}")
-    n_out = len(min_tiles) + (1 if heavy_pairs > 0 else 0)
+    bounds = _heavy_bounds(heavy_pairs)
+    n_out = len(min_tiles) + len(bounds)
     per_tile = _cold_tile_counts(active, hot, tile)
     if per_tile is None:
         return [0.0] * n_out
     per_row = (per_tile > capacity).sum(1, dtype=torch.int64)
     fractions = [(per_row >= k).float().mean() for k in min_tiles]
-    if heavy_pairs > 0:
-        fractions.append(((per_row == 0) & (per_tile.sum(1, dtype=torch.int64) > heavy_pairs)).float().mean())
+    if bounds:
+        pairs = per_tile.sum(1, dtype=torch.int64)
+        fractions += [((per_row == 0) & (pairs > k)).float().mean() for k in bounds]
     return torch.stack(fractions).tolist()
+
+
+def _heavy_bounds(heavy_pairs: object) -> tuple[int, ...]:
+    """``overflow_row_fractions``' ``heavy_pairs`` as a tuple of bounds (an int 0: none)."""
+    def bad(v: object) -> bool:
+        return isinstance(v, bool) or not isinstance(v, int)
+    if isinstance(heavy_pairs, Sequence) and not isinstance(heavy_pairs, str):
+        if any(bad(k) or k < 1 for k in heavy_pairs):
+            raise ValueError(f"heavy_pairs as a sequence must hold ints >= 1, got {list(heavy_pairs)!r}")
+        return tuple(heavy_pairs)
+    if bad(heavy_pairs) or heavy_pairs < 0:  # type: ignore[operator]
+        raise ValueError(f"heavy_pairs must be an int >= 0 (0: none) or a sequence of ints >= 1, got {heavy_pairs!r}")
+    return (heavy_pairs,) if heavy_pairs else ()  # type: ignore[return-value]
 
 
 def overflow_row_fraction(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int,
