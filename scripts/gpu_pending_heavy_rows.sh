@@ -32,8 +32,10 @@
 # won (1.192x against 1.178x at 64 and 32), at 2048 it lost (0.985x against 1.010x), so calls from 8192 tokens now take
 # 128 (hot_cold_dense_rows.HEAVY_ROW_PAIRS_LARGE).  PART=5 (~330 s) repeats that at 8192 tokens with the shipped split
 # and places the step at 4096: the shipped split and the other bound at both sizes, each in its own process.
-# Predicted: 8192 shipped (128) ~0.3-0.7 ms ahead of 64 again; at 4096 tokens (64 shipped) 128 within ~1 % either
-# way (session 49, H100: 23.74 ms at 64 with counted budgets of 128 rows in every layer, the row kernel 1.35 ms).
+# Predicted: 8192 shipped (128) ~0.3-0.7 ms ahead of 64 again; at 4096 tokens (64 shipped) 128 ~0.5-1 ms slower: on
+# the CPU (heavy_rows_stats_4096_heavy128_counted_session51.log) 7 of 28 layers get no budget at 128 and keep 13
+# overflowing rows and 97 rows over 128 cold pairs, where 64 gives every layer 64-128 rows and leaves none over 64
+# (session 49, H100: 23.74 ms, the row kernel 1.35 ms; without budgets on 7 layers it took 2.03 ms).
 #   PART=5 TWELL_SESSION=session52 TWELL_COMMIT=<sha> bash scripts/gpu_pending_heavy_rows.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
 part=${PART:-1}

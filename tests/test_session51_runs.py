@@ -4,6 +4,7 @@ GPU suite, and the long-row bound at 32 / 64 / 128 in the recorded 1.5B forward 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -94,3 +95,21 @@ def test_shipped_split_follows_the_runs():
     assert "42.82 at 128 (**1.178x -> 1.192x** of dense" in README and "(13.30 -> 13.73 ms, 1.010x -> 0.985x)" in README
     assert "**43.33 -> 42.82 ms, 1.178x -> 1.192x**" in PERFORMANCE
     assert "the forward **43.33 -> 42.82 ms, 1.178x -> 1.192x of dense**" in LOG
+
+
+@pytest.mark.parametrize(("name", "bound", "no_budget", "budgets", "left_over_64", "left_over_128",
+                          "left_overflowing"), [
+    ("4096_heavy128_counted_session51", 3.0, 7, (0, 128), 424, 97, 13),
+    ("4096_heavy64_counted_session49", 3.0, 0, (64, 128), 0, 0, 0),
+    ("8192_heavy128_counted_session50", 10.0, 0, (128, 256), 2298, 0, 0),
+])
+def test_cpu_splits_behind_the_step(name, bound, no_budget, budgets, left_over_64, left_over_128, left_overflowing):
+    """Why the larger bound starts at 8192 tokens and not at 4096 (the CPU splits the log quotes)."""
+    rows = [r for r in json.loads((H100 / f"heavy_rows_stats_{name}.json").read_text())["rows"] if r["bound"] == bound]
+    assert len(rows) == 28 and all(r["count_heavy"] for r in rows)
+    assert sum(r["budget"] == 0 for r in rows) == no_budget
+    assert (min(r["budget"] for r in rows), max(r["budget"] for r in rows)) == budgets
+    assert sum(r["left_rows_over"]["64"] for r in rows) == left_over_64
+    assert sum(r["left_rows_over"]["128"] for r in rows) == left_over_128
+    assert sum(r["left_overflow_rows"] for r in rows) == left_overflowing
+    assert "**7 of 28 layers get no budget**" in LOG and "only 2,298 of 64-128" in LOG
