@@ -24,20 +24,27 @@ from twell.bench.kernel_timeline import call_timelines, timeline_lines
 from twell.bench.model_measure import kernel_lines, profile_kernels
 from twell.bench.probe import probe_device, probe_parser, run_points
 from twell.bench.shape_arg import parse_shape
-from twell.nn import SparseGatedMLP
+from twell.nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 CALLS = 64
+#: ``--policy``: the module's dispatch.  "tables" drops the eager floor (the benchmarks' and a recorded model's
+#: policy: below ~8937 tokens at 2048x5632 the default runs an eager call dense); "sparse" holds it sparse.
+POLICIES = {"default": lambda: DEFAULT_POLICY, "tables": DEFAULT_POLICY.without_eager_floor,
+            "sparse": DispatchPolicy.always_sparse}
 #: Calls profiled one by one for ``--timeline`` (each its own profiler session, so fewer than CALLS)
 TIMELINE_CALLS = 16
 
 
 def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int, timeline: bool,
-                  hold_ms: float = 0.0) -> None:
+                  hold_ms: float = 0.0, head: tuple[float, float] | None = None, policy: str = "default") -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
-    p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
+    boost, decay = head or (SparsityProfile.early_boost, SparsityProfile.early_decay)
+    profile = SparsityProfile(mean_l0=l0, early_boost=boost, early_decay=decay)
+    p = synthetic_ffn_problem(m, d, f, profile, generator=gen, device=dev)
     x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
-    mlp = SparseGatedMLP.from_weights(wg, wu, wd).eval()
+    mlp = SparseGatedMLP.from_weights(wg, wu, wd, policy=POLICIES[policy]()).eval()
+    print(f"M={m} l0={l0}: sequence head early_boost={boost:g} early_decay={decay:g}, policy {policy}", flush=True)
     wd_t = wd.t().contiguous().t()
     with torch.no_grad():
         for _ in range(2):  # the first call measures l0 on the dense path, the second builds the plan
@@ -70,12 +77,22 @@ def main() -> None:
     ap.add_argument("--hold-ms", type=float, default=0.0,
                     help="the timeline's GPU hold before each call (0: each call starts on an idle GPU, so its gaps "
                          "include the host's issuing; 2: the benchmarks' timing)")
+    ap.add_argument("--early-boost", type=float, default=None,
+                    help="the synthetic sequence head (SparsityProfile.early_boost; default the profile's own)")
+    ap.add_argument("--early-decay", type=float, default=None,
+                    help="positions over which the head decays by e (SparsityProfile.early_decay)")
+    ap.add_argument("--policy", choices=sorted(POLICIES), default="default", help="the module's dispatch policy")
     a = ap.parse_args()
     dev = probe_device(a.device)
+    head = None
+    if a.early_boost is not None or a.early_decay is not None:
+        head = (SparsityProfile.early_boost if a.early_boost is None else a.early_boost,
+                SparsityProfile.early_decay if a.early_decay is None else a.early_decay)
     (d, f), calls, points = a.shape, CALLS, a.points
     if a.tiny:
         d, f, calls, points = 64, 700, 2, [(300, 6.0)]
-    run_points(points, lambda m, l0: profile_point(m, l0, d, f, dev, calls, a.timeline, a.hold_ms), dev)
+    run_points(points, lambda m, l0: profile_point(m, l0, d, f, dev, calls, a.timeline, a.hold_ms, head,
+                                                               a.policy), dev)
 
 
 if __name__ == "__main__":
