@@ -6,7 +6,7 @@
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin session52 4
 nvidia-smi --query-gpu=name --format=csv,noheader
-stage profile_head40 "$(left 240)" "^M=|^ +[0-9]" python3 scripts/infer_op_profile.py --policy sparse \
-  --early-boost 40 --early-decay 4 --points 2048:28 2048:14 2048:56 4096:28
-stage profile_head4 "$(left 330)" "^M=|^ +[0-9]" python3 scripts/infer_op_profile.py --policy sparse --points 2048:28
+stage profile_head40 "$(left 150)" "^M=|^ +[0-9]" python3 scripts/infer_op_profile.py --policy sparse \
+  --early-boost 40 --early-decay 4 --points 2048:28 2048:56
+stage profile_head4 "$(left 230)" "^M=|^ +[0-9]" python3 scripts/infer_op_profile.py --policy sparse --points 2048:28
 call_end
