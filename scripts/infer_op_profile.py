@@ -50,6 +50,12 @@ def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: i
         for _ in range(2):  # the first call measures l0 on the dense path, the second builds the plan
             mlp(x)
         plan = mlp._hot_cold._plan
+        cache = mlp._hot_cold
+        if plan is not None:  # what the refresh chose: the hot set and the dense-row budget with what it counts
+            heavy = {k: round(v * m, 1) for k, v in cache.heavy_row_fractions.items()}
+            print(f"M={m} l0={l0}: {cache.n_hot} hot units, dense-row budget {cache.dense_rows(m)} rows; the sample's "
+                  f"rows with an overflowing cold tile {cache.overflow_fraction * m:.1f}, with several "
+                  f"{cache.severe_overflow_fraction * m:.1f}, heavy rows by bound {heavy}", flush=True)
         if plan is None:
             print(f"M={m} l0={l0}: the module took no hot/cold plan (dense or decode at this point)", flush=True)
         fns = {"module": lambda: mlp(x)}
