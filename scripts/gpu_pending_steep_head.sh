@@ -10,7 +10,7 @@
 #       no row with two overflowing tiles), so position 0 (~560 cold pairs, many overflowing tiles) stays in the row
 #       kernel: a ~0.15 ms tail of one program.  Shows as "dense-row budget 0" and _twell_ffn_row_kernel ~0.2 ms.
 #   (b) a budget is set and the pass itself costs ~0.15 ms at this size.  Shows as the pass's GEMMs and kernels.
-# On the CPU (HotColdCache.refresh on the same generator's data with a CPU generator, bf16) position 0 has 19
+# On the CPU (bench_results/cpu_counts/session52_steep_head_budget.log: a CPU generator, bf16) position 0 has 19
 # overflowing tiles and the budget is 64, which argues for (b) or for something neither names.
 # Then, per call, the module's and the op's kernels (scripts/infer_op_profile.py), the refresh's budget and counts.
 #   TWELL_COMMIT=<sha> bash scripts/gpu_pending_steep_head.sh     (~150-250 s)
