@@ -9,9 +9,12 @@ the table says which kernels the difference is.
 ``--timeline`` also prints, per function, where its calls leave the GPU idle (:mod:`twell.bench.kernel_timeline`:
 each call profiled on its own, its span split into busy time, overlap and gaps named by the kernels around them):
 session 32 measured 1024 x 3072 at 16,384 tokens / 1 % with kernels summing to 0.388 ms in a 0.462 ms call.
+``--early-boost B --early-decay D`` give the synthetic sequences another head (session 52: the benchmark model's steep
+one, 40 / 4, ran a 2048-token call at 0.70x of dense), ``--policy sparse`` holds the module sparse (``tables``: the
+default without its eager floor), and each point first prints the refresh's hot set and dense-row budget.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/infer_op_profile.py [--shape 2048x5632] [--points 16384:28 ...]
-[--timeline]``; ``--device cpu --tiny`` under TRITON_INTERPRET=1 is the smoke test (host time only; the timeline's
-intervals are then the host's operators).
+[--timeline] [--early-boost 40 --early-decay 4] [--policy sparse]``; ``--device cpu --tiny`` under TRITON_INTERPRET=1
+is the smoke test (host time only; the timeline's intervals are then the host's operators).
 """
 
 from __future__ import annotations
@@ -97,8 +100,8 @@ def main() -> None:
     (d, f), calls, points = a.shape, CALLS, a.points
     if a.tiny:
         d, f, calls, points = 64, 700, 2, [(300, 6.0)]
-    run_points(points, lambda m, l0: profile_point(m, l0, d, f, dev, calls, a.timeline, a.hold_ms, head,
-                                                               a.policy), dev)
+    run_points(points, lambda m, l0: profile_point(m, l0, d, f, dev, calls, a.timeline, a.hold_ms, head, a.policy),
+               dev)
 
 
 if __name__ == "__main__":
