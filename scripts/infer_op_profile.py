@@ -40,9 +40,9 @@ TIMELINE_CALLS = 16
 
 
 def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int, timeline: bool,
-                  hold_ms: float = 0.0, head: tuple[float, float] | None = None, policy: str = "default") -> None:
+                  hold_ms: float = 0.0, boost: float = SparsityProfile.early_boost,
+                  decay: float = SparsityProfile.early_decay, policy: str = "default") -> None:
     gen = torch.Generator(device=dev).manual_seed(0)
-    boost, decay = head or (SparsityProfile.early_boost, SparsityProfile.early_decay)
     profile = SparsityProfile(mean_l0=l0, early_boost=boost, early_decay=decay)
     p = synthetic_ffn_problem(m, d, f, profile, generator=gen, device=dev)
     x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
@@ -86,22 +86,18 @@ def main() -> None:
     ap.add_argument("--hold-ms", type=float, default=0.0,
                     help="the timeline's GPU hold before each call (0: each call starts on an idle GPU, so its gaps "
                          "include the host's issuing; 2: the benchmarks' timing)")
-    ap.add_argument("--early-boost", type=float, default=None,
+    ap.add_argument("--early-boost", type=float, default=SparsityProfile.early_boost,
                     help="the synthetic sequence head (SparsityProfile.early_boost; default the profile's own)")
-    ap.add_argument("--early-decay", type=float, default=None,
+    ap.add_argument("--early-decay", type=float, default=SparsityProfile.early_decay,
                     help="positions over which the head decays by e (SparsityProfile.early_decay)")
     ap.add_argument("--policy", choices=sorted(POLICIES), default="default", help="the module's dispatch policy")
     a = ap.parse_args()
     dev = probe_device(a.device)
-    head = None
-    if a.early_boost is not None or a.early_decay is not None:
-        head = (SparsityProfile.early_boost if a.early_boost is None else a.early_boost,
-                SparsityProfile.early_decay if a.early_decay is None else a.early_decay)
     (d, f), calls, points = a.shape, CALLS, a.points
     if a.tiny:
         d, f, calls, points = 64, 700, 2, [(300, 6.0)]
-    run_points(points, lambda m, l0: profile_point(m, l0, d, f, dev, calls, a.timeline, a.hold_ms, head, a.policy),
-               dev)
+    run_points(points, lambda m, l0: profile_point(m, l0, d, f, dev, calls, a.timeline, a.hold_ms, a.early_boost,
+                                                   a.early_decay, a.policy), dev)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,17 @@ def pass_kernels_us(row: dict) -> float:
     return sum(kernel_ms(row, name) for name in DENSE_ROW_PASS_KERNELS) * 1e3
 
 
+#: cuBLAS kernels every variant of the recorded forward launches (the attention's projections and the hot units' down
+#: projection); the other ``nvjet`` kernels of a sparse row are the dense-row pass's GEMMs.
+SHARED_GEMMS = ("nvjet_sm90_tst_256x128_64x4_1x2_h_", "nvjet_sm90_tss_256x128_64x4_1x2_h_")
+
+
+def pass_gemms_ms(row: dict) -> float:
+    """Device ms of a probe row's dense-row pass GEMMs: its ``nvjet`` kernels but :data:`SHARED_GEMMS`."""
+    return sum(k["device_us"] for k in row["top_kernels"]
+               if k["name"].startswith("nvjet") and not k["name"].startswith(SHARED_GEMMS)) / 1e3
+
+
 def long_row_probe_figures(path: Path, heavy: int, counted: bool) -> tuple[dict, tuple[str, ...]]:
     """A long-row A/B's recorded-forward probe (sessions 49-50): checks the run's switches and recipe (the bound, the
     counted budgets, the fused pass, cached weights, the tables policy, one CUDA graph), and returns its sparse row

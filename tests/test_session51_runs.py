@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _helpers import flat_text, long_row_probe_figures, probe_rows
+from _helpers import SHARED_GEMMS, flat_text, long_row_probe_figures, pass_gemms_ms, probe_rows
 
 from twell.ops import hot_cold_dense_rows
 
@@ -20,9 +20,6 @@ LOG = flat_text(H100 / "session51_runs.md")
 README = flat_text(ROOT / "README.md")
 PERFORMANCE = flat_text(ROOT / "docs" / "performance.md")
 BOUND_SOURCE = flat_text(ROOT / "src" / "twell" / "ops" / "hot_cold_dense_rows.py")
-#: The kernels every variant of the recorded forward launches through cuBLAS (the attention's projections and the hot
-#: units' down projection); the other ``nvjet`` kernels of a sparse row are the dense-row pass's GEMMs.
-SHARED_GEMMS = ("nvjet_sm90_tst_256x128_64x4_1x2_h_", "nvjet_sm90_tss_256x128_64x4_1x2_h_")
 
 
 def _summary(log: Path) -> tuple[int, int, int, float]:
@@ -49,10 +46,6 @@ def test_gpu_tests_as_quoted():
         assert "**200 passed**, none failed or skipped" in text
 
 
-def _pass_gemms_ms(row: dict) -> float:
-    return sum(k["device_us"] for k in row["top_kernels"]
-               if k["name"].startswith("nvjet") and not k["name"].startswith(SHARED_GEMMS)) / 1e3
-
 
 @pytest.mark.parametrize(("label", "tokens", "heavy", "budgets", "row_ms", "pass_us", "gemms", "sparse_ms", "dense_ms",
                           "ratio"), [
@@ -68,7 +61,7 @@ def test_probe_figures(label, tokens, heavy, budgets, row_ms, pass_us, gemms, sp
     assert figures == ("28", row_ms, pass_us, sparse_ms, dense_ms, ratio)
     assert sparse["tokens"] == tokens and (min(sparse["l0"]), max(sparse["l0"])) == (15.1, 44.5)
     assert f"{min(sparse['dense_rows'])}-{max(sparse['dense_rows'])}" == budgets
-    assert f"{_pass_gemms_ms(sparse):.2f}" == gemms
+    assert f"{pass_gemms_ms(sparse):.2f}" == gemms
     # the GEMMs every sparse variant shares: 4 a layer of one kernel (the attention's projections), 1 of the other
     kernels = probe_rows(path)["sparse:tables"]["top_kernels"]
     assert sorted(k["count"] for k in kernels if k["name"].startswith(SHARED_GEMMS)) == [28, 112]
