@@ -11,7 +11,8 @@ each call profiled on its own, its span split into busy time, overlap and gaps n
 session 32 measured 1024 x 3072 at 16,384 tokens / 1 % with kernels summing to 0.388 ms in a 0.462 ms call.
 ``--early-boost B --early-decay D`` give the synthetic sequences another head (session 52: the benchmark model's steep
 one, 40 / 4, ran a 2048-token call at 0.70x of dense), ``--policy sparse`` holds the module sparse (``tables``: the
-default without its eager floor), and each point first prints the refresh's hot set and dense-row budget.
+default without its eager floor), and each point first prints the refresh's hot set and dense-row budget and the
+sample's longest rows; ``--severe-pairs N`` sets ``hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS`` for the run.
 Usage (GPU machine): ``PYTHONPATH=src python3 scripts/infer_op_profile.py [--shape 2048x5632] [--points 16384:28 ...]
 [--timeline] [--early-boost 40 --early-decay 4] [--policy sparse]``; ``--device cpu --tiny`` under TRITON_INTERPRET=1
 is the smoke test (host time only; the timeline's intervals are then the host's operators).
@@ -27,7 +28,10 @@ from twell.bench.kernel_timeline import call_timelines, timeline_lines
 from twell.bench.model_measure import kernel_lines, profile_kernels
 from twell.bench.probe import probe_device, probe_parser, run_points
 from twell.bench.shape_arg import parse_shape
-from twell.nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP
+from twell.format.twell import default_capacity
+from twell.nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, hot_cold_cache
+from twell.nn.hot_cold_cache import HotColdCache
+from twell.ops.hot_cold_plan import _cold_tile_counts, sample_active
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
 CALLS = 64
@@ -37,6 +41,18 @@ POLICIES = {"default": lambda: DEFAULT_POLICY, "tables": DEFAULT_POLICY.without_
             "sparse": DispatchPolicy.always_sparse}
 #: Calls profiled one by one for ``--timeline`` (each its own profiler session, so fewer than CALLS)
 TIMELINE_CALLS = 16
+
+
+def longest_rows(x: torch.Tensor, wg: torch.Tensor, cache: HotColdCache, tile: int, capacity: int,
+                 top: int = 6) -> list[tuple[int, int, int]]:
+    """The ``top`` rows of the refresh's sample with the most cold pairs under the cache's hot set: (position, cold
+    pairs, overflowing cold tiles), the row kernel's longest walks."""
+    per_tile = _cold_tile_counts(sample_active(x, wg), cache._hot, tile)
+    if per_tile is None:
+        return []
+    pairs, over = per_tile.sum(1), (per_tile > capacity).sum(1)
+    order = torch.argsort(pairs, descending=True, stable=True)[:top].tolist()
+    return [(i, int(pairs[i]), int(over[i])) for i in order]
 
 
 def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: int, timeline: bool,
@@ -59,6 +75,8 @@ def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: i
             print(f"M={m} l0={l0}: {cache.n_hot} hot units, dense-row budget {cache.dense_rows(m)} rows; the sample's "
                   f"rows with an overflowing cold tile {cache.overflow_fraction * m:.1f}, with several "
                   f"{cache.severe_overflow_fraction * m:.1f}, heavy rows by bound {heavy}", flush=True)
+            print(f"M={m} l0={l0}: the rows with the most cold pairs (position, cold pairs, overflowing tiles) "
+                  f"{longest_rows(x, wg, cache, mlp.tile, mlp.capacity or default_capacity(mlp.tile))}", flush=True)
         if plan is None:
             print(f"M={m} l0={l0}: the module took no hot/cold plan (dense or decode at this point)", flush=True)
         fns = {"module": lambda: mlp(x)}
@@ -91,7 +109,10 @@ def main() -> None:
     ap.add_argument("--early-decay", type=float, default=SparsityProfile.early_decay,
                     help="positions over which the head decays by e (SparsityProfile.early_decay)")
     ap.add_argument("--policy", choices=sorted(POLICIES), default="default", help="the module's dispatch policy")
+    ap.add_argument("--severe-pairs", type=int, default=hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS,
+                    help="hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS for this run (default the shipped value)")
     a = ap.parse_args()
+    hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS = a.severe_pairs  # read on each refresh of the hot set
     dev = probe_device(a.device)
     (d, f), calls, points = a.shape, CALLS, a.points
     if a.tiny:

@@ -27,10 +27,12 @@ PROBES = {
                                                     "bit for bit: True"]),
     "hot_threshold_probe.py": ((), "M=", ["dense FFN: ", "threshold 0.030 H=", "bound  1.0 H=", "rel vs first"]),
     "epilogue_ablation_probe.py": ((), "M=", ["cold epilogue skipped", "hot epilogue skipped", "mainloop alone"]),
-    # (the steep sequence head and the held-sparse policy of session 52's call 4 parsed and applied)
+    # (the steep sequence head and the held-sparse policy of session 52's call 4 parsed and applied; session 53's
+    # long-row pair bound parsed; the tiny layer takes no hot/cold plan, so no longest rows are printed)
     "infer_op_profile.py": (("--timeline", "--hold-ms", "2", "--early-boost", "40", "--early-decay", "4", "--policy",
-                             "sparse"), "M=", ["module: ran", "module timeline (GPU held 2 ms",
-                                               "sequence head early_boost=40 early_decay=4, policy sparse"]),
+                             "sparse", "--severe-pairs", "256"), "M=",
+                            ["module: ran", "module timeline (GPU held 2 ms",
+                             "sequence head early_boost=40 early_decay=4, policy sparse"]),
     "op_host_time.py": ((), "M=", ["dense chain : host", "module      : host", "hot/cold op : host", "cProfile of 2"]),
     "forward_layer_times.py": ((), "layer", ["overflowing cold tiles"]),
     "forward_unions.py": ((), "", ["layer  0: l0", "independent", "synthetic M=256 l0 target 28"]),

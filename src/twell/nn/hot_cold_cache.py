@@ -77,6 +77,14 @@ DENSE_ROWS_MIN_EXPECTED = 16.0
 #: 1.285x -> 1.310x.  A pass on every layer instead (DENSE_ROWS_MIN_EXPECTED = 1) ran 0.920x at 4096: no better.
 DENSE_ROWS_SEVERE_TILES = 2
 DENSE_ROWS_MIN_SEVERE = 1.0
+#: The several-tiles rule also counts rows with more than this many cold pairs, overflowing or not (0: none): their
+#: walk in the row kernel is as long.  Why (session 53, H100 80GB HBM3, scripts/infer_op_profile.py on the synthetic
+#: 2048x5632 layer held sparse with the benchmark model's steep sequence head, --early-boost 40 --early-decay 4;
+#: bench_results/h100/session53_runs.md): at 2048 tokens / 0.5 % the sample held 2 rows with one overflowing tile
+#: each and 5 rows over 64 cold pairs (4 over 128), none with two overflowing tiles, so no budget: the row kernel took
+#: 0.184 ms against 0.035 with the default head, the module 0.342 ms (0.70x of dense in session 52's tuning run).
+#: At 1 % the same head had rows with several tiles, a budget of 64 and the row kernel at 0.022 ms.
+DENSE_ROWS_SEVERE_PAIRS = 0
 #: The several-tiles rule applies below this many tokens only: it was measured at 4096 and 8192 tokens, where the row
 #: kernel takes ~0.13-0.32 ms a layer (H100, above) and one row's serial tiles outlast it.  Larger calls give the
 #: gather's heavy-first queue a longer kernel to hide a few such rows behind (session 29: ~4 single-tile rows cost
@@ -142,7 +150,8 @@ class HotColdCache:
         self._key: Any = None
         #: fraction of the last refresh sample's rows with an overflowing cold tile under the current hot set
         self.overflow_fraction = 0.0
-        #: ... and with at least ``DENSE_ROWS_SEVERE_TILES`` of them (0.0 with that rule off)
+        #: ... with at least ``DENSE_ROWS_SEVERE_TILES`` of them or more than ``DENSE_ROWS_SEVERE_PAIRS`` cold pairs
+        #: (0.0 with both rules off)
         self.severe_overflow_fraction = 0.0
         #: ... and without one but with more than K cold pairs, for each bound K of
         #: ``hot_cold_dense_rows.heavy_row_bounds()`` at the refresh (empty unless DENSE_ROWS_COUNT_HEAVY)
@@ -176,13 +185,15 @@ class HotColdCache:
             self.overflow_fraction = self.severe_overflow_fraction = 0.0
             self.heavy_row_fractions = {}
             if self._hot.numel():
-                thresholds = (1, DENSE_ROWS_SEVERE_TILES) if DENSE_ROWS_SEVERE_TILES > 0 else (1,)
+                severe = DENSE_ROWS_SEVERE_TILES > 0 or DENSE_ROWS_SEVERE_PAIRS > 0
                 # every bound a call may use (they differ by the call's size), so the sample serves calls of any size
                 bounds = hot_cold_dense_rows.heavy_row_bounds() if DENSE_ROWS_COUNT_HEAVY else ()
-                read = overflow_row_fractions(active, self._hot, tile, cap, thresholds, bounds)  # one host read
+                read = overflow_row_fractions(active, self._hot, tile, cap, (1,), bounds,  # one host read
+                                              long_rows=(DENSE_ROWS_SEVERE_TILES, DENSE_ROWS_SEVERE_PAIRS)
+                                              if severe else None)
                 self.overflow_fraction = read[0]
-                self.severe_overflow_fraction = read[1] if len(thresholds) > 1 else 0.0
-                self.heavy_row_fractions = dict(zip(bounds, read[len(thresholds):], strict=True))
+                self.severe_overflow_fraction = read[-1] if severe else 0.0
+                self.heavy_row_fractions = dict(zip(bounds, read[1:1 + len(bounds)], strict=True))
 
     def dense_rows(self, n_tokens: int) -> int:
         """The dense-row budget of a call of ``n_tokens`` (``hot_cold_gated_ffn``'s ``dense_rows``): 0 with

@@ -187,24 +187,38 @@ def overflow_tiles_per_row(active: torch.Tensor, hot: torch.Tensor, tile: int, c
 
 
 def overflow_row_fractions(active: torch.Tensor, hot: torch.Tensor, tile: int, capacity: int,
-                           min_tiles: Sequence[int], heavy_pairs: int | Sequence[int] = 0) -> list[float]:
+                           min_tiles: Sequence[int], heavy_pairs: int | Sequence[int] = 0, *,
+                           long_rows: tuple[int, int] | None = None) -> list[float]:
     """For each entry of ``min_tiles``, the fraction of the sample's rows with at least that many cold tiles of more
     than ``capacity`` non-zeros (:func:`overflow_tiles_per_row`); then, for each heavy-row bound in ``heavy_pairs``
     (one int, 0 for none, or a sequence of ints >= 1), one more entry: the fraction of rows without such a tile whose
-    cold pairs exceed it (the dense-row pass's heavy rows, ``hot_cold_dense_rows.heavy_row_pairs``).  One host sync
-    for all of them; 0.0 for an empty sample."""
+    cold pairs exceed it (the dense-row pass's heavy rows, ``hot_cold_dense_rows.heavy_row_pairs``); then, with
+    ``long_rows = (tiles, pairs)``, a last entry: the fraction of rows with at least ``tiles`` overflowing cold tiles
+    (0: that test off) or more than ``pairs`` cold pairs (0: off), the rows whose walk in the row kernel is long
+    (``hot_cold_cache``'s several-tiles rule).  One host sync for all of them; 0.0 for an empty sample."""
     if not min_tiles or any(k < 1 for k in min_tiles):
         raise ValueError(f"min_tiles must be one or more ints >= 1, got {list(min_tiles)}")
     bounds = _heavy_bounds(heavy_pairs)
-    n_out = len(min_tiles) + len(bounds)
+    if long_rows is not None and (len(long_rows) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 0
+                                                             for v in long_rows)):
+        raise ValueError(f"long_rows must be None or (tiles, pairs), two ints >= 0 (0: that test off), got "
+                         f"{long_rows!r}")
+    n_out = len(min_tiles) + len(bounds) + (long_rows is not None)
     per_tile = _cold_tile_counts(active, hot, tile)
     if per_tile is None:
         return [0.0] * n_out
     per_row = (per_tile > capacity).sum(1, dtype=torch.int64)
     fractions = [(per_row >= k).float().mean() for k in min_tiles]
-    if bounds:
-        pairs = per_tile.sum(1, dtype=torch.int64)
-        fractions += [((per_row == 0) & (pairs > k)).float().mean() for k in bounds]
+    pairs = per_tile.sum(1, dtype=torch.int64) if bounds or long_rows else None
+    fractions += [((per_row == 0) & (pairs > k)).float().mean() for k in bounds]
+    if long_rows is not None:
+        tiles, many = long_rows
+        long = torch.zeros_like(per_row, dtype=torch.bool)
+        if tiles:
+            long |= per_row >= tiles
+        if many:
+            long |= pairs > many
+        fractions.append(long.float().mean())
     return torch.stack(fractions).tolist()
 
 
