@@ -25,6 +25,7 @@ from twell.ops.hot_cold_dense_rows import (
     select_overflow_rows,
 )
 from twell.ops.hot_cold_plan import (
+    _cold_tile_counts,
     overflow_row_fraction,
     overflow_row_fractions,
     overflow_tiles_per_row,
@@ -325,6 +326,62 @@ def test_overflow_row_fractions_with_heavy_rows():
     for bad in ((0,), (2, 1.5), [True], (-2,)):
         with pytest.raises(ValueError, match="heavy_pairs as a sequence must hold ints >= 1"):
             overflow_row_fractions(active, hot, 3, 2, (1,), heavy_pairs=bad)
+
+
+def test_overflow_row_fractions_with_long_rows():
+    active = torch.zeros(4, 8, dtype=torch.bool)  # the rows of test_overflow_row_fractions_with_heavy_rows
+    active[0, [0, 1, 3]] = True  # 3 cold pairs, tile 0 overflows at capacity 2
+    active[1, [0, 4, 7]] = True  # 3 cold pairs, no tile above 2
+    active[2, [3]] = True  # 1 pair
+    active[3, [0, 1, 2, 4, 5]] = True  # 4 cold pairs (unit 2 is hot), tiles hold 2 and 2
+    hot = torch.tensor([2])
+    assert overflow_row_fractions(active, hot, 3, 2, (1,), long_rows=(1, 0)) == [0.25, 0.25]  # row 0: a tile
+    assert overflow_row_fractions(active, hot, 3, 2, (1,), long_rows=(0, 3)) == [0.25, 0.25]  # row 3: 4 pairs
+    assert overflow_row_fractions(active, hot, 3, 2, (1,), long_rows=(1, 2)) == [0.25, 0.75]  # rows 0, 1 and 3
+    assert overflow_row_fractions(active, hot, 3, 2, (1,), long_rows=(2, 3)) == [0.25, 0.25]  # row 3 by its pairs
+    assert overflow_row_fractions(active, hot, 3, 2, (1,), long_rows=(0, 0)) == [0.25, 0.0]  # both tests off
+    # after the heavy-row entries, one entry whatever their number
+    assert overflow_row_fractions(active, hot, 3, 2, (1, 2), heavy_pairs=(2, 3), long_rows=(1, 2)) == [
+        0.25, 0.0, 0.5, 0.25, 0.75]
+    assert overflow_row_fractions(active[:0], hot, 3, 2, (1,), heavy_pairs=2, long_rows=(1, 2)) == [0.0] * 3
+    assert overflow_row_fractions(active, torch.arange(8), 3, 2, (1,), long_rows=(1, 2)) == [0.0, 0.0]  # none cold
+    for bad in ((1,), (1, 2, 3), (-1, 0), (1.5, 0), (True, 0), (0, None)):
+        with pytest.raises(ValueError, match="long_rows must be None or"):
+            overflow_row_fractions(active, hot, 3, 2, (1,), long_rows=bad)
+
+
+def test_long_rows_by_pairs_give_a_budget(device, monkeypatch):
+    # capacity = tile: no cold tile overflows, so only the pair bound can make a row long
+    p = _problem_with_dense_rows(8, 32, 128, [1, 6], torch.float32, device)
+    cache = HotColdCache(min_frequency=0.3, max_cold_l0=None)
+    active = sample_active(p["x"], p["w_gate"])
+    cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=16)
+    pairs = _cold_tile_counts(active, cache._hot, 16).sum(1)
+    bound = int(pairs[[0, 2, 3, 4, 5, 7]].max())  # the plain rows' most
+    assert int(pairs[[1, 6]].min()) > bound  # rows 1 and 6 fire most units: the two rows above it
+    # those two are the call's heavy rows (the pass takes them), counted in the budget: 2 of the 16-row rule's 16
+    monkeypatch.setattr(hot_cold_dense_rows, "HEAVY_ROW_PAIRS", bound)
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_SEVERE_PAIRS", 0)  # the pair test off: no long row
+    cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=16)
+    assert cache.overflow_fraction == cache.severe_overflow_fraction == 0.0
+    assert cache.heavy_row_fractions[bound] == 2 / 8 and cache.dense_rows(8) == 0
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_SEVERE_PAIRS", bound)
+    cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=16)
+    want = overflow_row_fractions(active, cache._hot, 16, 16, (1,), long_rows=(hot_cold_cache.DENSE_ROWS_SEVERE_TILES,
+                                                                               bound))[-1]
+    assert cache.severe_overflow_fraction == want == 2 / 8
+    assert cache.dense_rows(8) == 8  # the two long rows: a pass
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_SEVERE_MAX_TOKENS", 8)  # the rule for smaller calls only
+    assert cache.dense_rows(8) == 0
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_SEVERE_MAX_TOKENS", 16384)
+    # the pair test alone, with the several-tiles test off
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_SEVERE_TILES", 0)
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_SEVERE_PAIRS", bound)
+    cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=16)
+    assert cache.severe_overflow_fraction == 2 / 8
+    monkeypatch.setattr(hot_cold_cache, "DENSE_ROWS_SEVERE_PAIRS", int(pairs.max()))  # "more than": none
+    cache.refresh(p["x"], p["w_gate"], p["w_up"], p["w_down"], tile=16, capacity=16)
+    assert cache.severe_overflow_fraction == 0.0 and cache.dense_rows(8) == 0
 
 
 def test_heavy_row_bound_by_call_size(monkeypatch):
