@@ -5,7 +5,7 @@
 # met) and the row kernel at 0.184 ms against 0.035 with the default head.  Counting rows over N cold pairs as long
 # rows gives such a call a pass.  Predictions: bench_results/<gpu>/session53_runs.md, written before the call.
 #   1. the GPU sample's longest rows and the module's kernels with the bound at 256 (steep head, 2048 tokens);
-#   2. tune-dispatch with the steep head (40 / 4), 2048-8192 tokens, 0.25-1 %, held sparse, at N = 0 / 128 / 256 / 512;
+#   2. tune-dispatch with the steep head (40 / 4), 2048-8192 tokens, 0.25-1 %, held sparse, at N = 0 / 256 / 128;
 #   3. the default head (4 / 32) at N = 0 and 256 (no row over 256 cold pairs expected: the same budgets).
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin session53 2
@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 stage profile_head40_pairs256 "$(left 80)" "^M=|^ +0\.[0-9]{3} +[0-9] +_" python3 scripts/infer_op_profile.py \
   --policy sparse --early-boost 40 --early-decay 4 --severe-pairs 256 --points 2048:14 2048:28
 budget=80
-for args in "head40_pairs0 40 4 0" "head40_pairs256 40 4 256" "head40_pairs128 40 4 128" "head40_pairs512 40 4 512" \
+for args in "head40_pairs0 40 4 0" "head40_pairs256 40 4 256" "head40_pairs128 40 4 128" \
             "head4_pairs0 4 32 0" "head4_pairs256 4 32 256"; do
   read -r label boost decay n <<< "$args"
   budget=$((budget + 60))
