@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Pending since session 52 (its device time spent on calls 1-3): where a 2048-token call of the synthetic 2048x5632
+# Run in session 53 (bench_results/h100/session53_runs.md, call 1: hypothesis (a), budget 0; fixed by
+# hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS).  Written in session 52: where a 2048-token call of the synthetic 2048x5632
 # layer with a steep sequence head goes.  Session 52's call 3 (PART=3 of gpu_pending_heavy_rows.sh, H100: tune-dispatch
 # --early-boost 40 --early-decay 4, the module held sparse; bench_results/h100/session52_runs.md) ran it at 0.70x of
 # dense at 0.5 % (0.322 ms against 0.161 with the default head), 0.83x at 0.25 %, 1.00x at 1 %, with the long-row

@@ -78,13 +78,18 @@ DENSE_ROWS_MIN_EXPECTED = 16.0
 DENSE_ROWS_SEVERE_TILES = 2
 DENSE_ROWS_MIN_SEVERE = 1.0
 #: The several-tiles rule also counts rows with more than this many cold pairs, overflowing or not (0: none): their
-#: walk in the row kernel is as long.  Why (session 53, H100 80GB HBM3, scripts/infer_op_profile.py on the synthetic
-#: 2048x5632 layer held sparse with the benchmark model's steep sequence head, --early-boost 40 --early-decay 4;
-#: bench_results/h100/session53_runs.md): at 2048 tokens / 0.5 % the sample held 2 rows with one overflowing tile
-#: each and 5 rows over 64 cold pairs (4 over 128), none with two overflowing tiles, so no budget: the row kernel took
-#: 0.184 ms against 0.035 with the default head, the module 0.342 ms (0.70x of dense in session 52's tuning run).
-#: At 1 % the same head had rows with several tiles, a budget of 64 and the row kernel at 0.022 ms.
-DENSE_ROWS_SEVERE_PAIRS = 0
+#: walk in the row kernel is as long.  Such rows reach the pass as the call's heavy rows, so the bound sits above
+#: ``hot_cold_dense_rows``' heavy-row bounds (64, 128).  Why (session 53, H100 80GB HBM3, the synthetic 2048x5632 layer
+#: held sparse with the benchmark model's steep sequence head, --early-boost 40 --early-decay 4;
+#: bench_results/h100/session53_runs.md): at 2048 tokens / 0.5 % the sample held 2 rows with one overflowing tile each
+#: and 5 rows over 64 cold pairs (the longest 349 and 282 pairs), none with two overflowing tiles, so no budget: the
+#: row kernel took 0.184 ms against 0.035 with the default head (scripts/infer_op_profile.py).  Measured with
+#: tune-dispatch, 0 / 256 / 128 in one call: 2048 tokens 0.70x -> 1.02x / 1.02x of dense at 0.5 % (0.325 -> 0.221 /
+#: 0.220 ms), 0.83x -> 1.06x / 1.07x at 0.25 %, 0.99x / 0.99x / 1.00x at 1 % (a budget there already); 4096 and 8192
+#: tokens within 1 %; the default head (no row over 256 pairs) within 1 % but for 8192 / 1 % (0.552 / 0.582 ms, one run
+#: each; session 52's 0.559).  Predicted 0.9-1.1x at 2048 / 0.5 %: hit.  256, the larger of the two that tied:
+#: fewer passes on layers whose longest rows are short enough for a longer call's kernel to hide.
+DENSE_ROWS_SEVERE_PAIRS = 256
 #: The several-tiles rule applies below this many tokens only: it was measured at 4096 and 8192 tokens, where the row
 #: kernel takes ~0.13-0.32 ms a layer (H100, above) and one row's serial tiles outlast it.  Larger calls give the
 #: gather's heavy-first queue a longer kernel to hide a few such rows behind (session 29: ~4 single-tile rows cost
@@ -94,7 +99,8 @@ DENSE_ROWS_SEVERE_MAX_TOKENS = 16384
 #: Whether the budget of a call under ``hot_cold_dense_rows.HEAVY_ROWS_MAX_TOKENS`` tokens also counts the sample's
 #: heavy rows (no overflowing tile, more cold pairs than the call's ``heavy_row_pairs`` bound), which the pass takes
 #: in the slots the overflowing rows leave: they count toward the 16-row rule and the margin as overflowing rows do
-#: (not toward the several-tiles rule: one such row walks 16-80 gather steps, a row with two overflowing tiles ~190).
+#: (toward the several-tiles rule only over ``DENSE_ROWS_SEVERE_PAIRS``: one row of 64-320 pairs walks 16-80 gather
+#: steps, a row with two overflowing tiles ~190).
 #: Without it a layer whose sample shows no overflowing row gets no pass, and its heavy rows stay in the row kernel: in
 #: session 48's recorded forward at 8192 tokens 12 of the 28 layers had no budget (H100,
 #: bench_results/h100/recorded_forward_probe_fused_8192_session48.json), while each sequence holds 7-15 rows over 64
@@ -199,7 +205,8 @@ class HotColdCache:
         """The dense-row budget of a call of ``n_tokens`` (``hot_cold_gated_ffn``'s ``dense_rows``): 0 with
         :data:`DENSE_OVERFLOW_ROWS` off, or where the last refresh sample's overflowing rows predict fewer than
         :data:`DENSE_ROWS_MIN_EXPECTED` in the call and (below :data:`DENSE_ROWS_SEVERE_MAX_TOKENS` tokens) its rows
-        with :data:`DENSE_ROWS_SEVERE_TILES` or more overflowing tiles fewer than :data:`DENSE_ROWS_MIN_SEVERE`.  With
+        with :data:`DENSE_ROWS_SEVERE_TILES` or more overflowing tiles or more than :data:`DENSE_ROWS_SEVERE_PAIRS` cold
+        pairs (the long rows) fewer than :data:`DENSE_ROWS_MIN_SEVERE`.  With
         :data:`DENSE_ROWS_COUNT_HEAVY`, in calls under ``HEAVY_ROWS_MAX_TOKENS`` tokens, the sample's heavy rows count
         as overflowing ones."""
         if not DENSE_OVERFLOW_ROWS:
