@@ -102,6 +102,8 @@ def main() -> None:
     p.add_argument("--severe-tiles", type=int, default=None,
                    help="DENSE_ROWS_SEVERE_TILES for this run (0: no pass for rows that overflow several tiles unless "
                         "the row minimum is met)")
+    p.add_argument("--severe-pairs", type=int, default=None,
+                   help="DENSE_ROWS_SEVERE_PAIRS for this run (0: rows count as long by their overflowing tiles only)")
     p.add_argument("--fused-pass", action=argparse.BooleanOptionalAction, default=None,
                    help="hot_cold_dense_rows.FUSED_PASS for this run: the dense-row pass as its Triton kernels (8 "
                         "launches) or in PyTorch ops (~20); default: as shipped")
@@ -123,6 +125,8 @@ def main() -> None:
         hot_cold_cache.DENSE_ROWS_MIN_EXPECTED = a.min_expected  # read at call time (HotColdCache.dense_rows)
     if a.severe_tiles is not None:
         hot_cold_cache.DENSE_ROWS_SEVERE_TILES = a.severe_tiles  # read on each refresh of the hot set
+    if a.severe_pairs is not None:
+        hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS = a.severe_pairs  # read on each refresh of the hot set
     if a.fused_pass is not None:
         hot_cold_dense_rows.FUSED_PASS = a.fused_pass  # read at call time (select_overflow_rows, dense_rows_ffn)
     apply_long_row_args(p, a)
@@ -209,6 +213,8 @@ def main() -> None:
                                                                          hot_cold_cache.DENSE_ROWS_MIN_EXPECTED,
                                                                      "severe_tiles":
                                                                          hot_cold_cache.DENSE_ROWS_SEVERE_TILES,
+                                                                     "severe_pairs":
+                                                                         hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS,
                                                                      "cached_weights": a.cached_weights,
                                                                      "fused_pass": hot_cold_dense_rows.FUSED_PASS,
                                                                      "heavy_pairs": hot_cold_dense_rows.HEAVY_ROW_PAIRS,

@@ -345,7 +345,7 @@ def test_overflow_row_fractions_with_long_rows():
         0.25, 0.0, 0.5, 0.25, 0.75]
     assert overflow_row_fractions(active[:0], hot, 3, 2, (1,), heavy_pairs=2, long_rows=(1, 2)) == [0.0] * 3
     assert overflow_row_fractions(active, torch.arange(8), 3, 2, (1,), long_rows=(1, 2)) == [0.0, 0.0]  # none cold
-    for bad in ((1,), (1, 2, 3), (-1, 0), (1.5, 0), (True, 0), (0, None)):
+    for bad in ((1,), (1, 2, 3), (-1, 0), (1.5, 0), (True, 0), (0, None), 5, "1, 2"):
         with pytest.raises(ValueError, match="long_rows must be None or"):
             overflow_row_fractions(active, hot, 3, 2, (1,), long_rows=bad)
 

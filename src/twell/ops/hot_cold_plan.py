@@ -199,8 +199,8 @@ def overflow_row_fractions(active: torch.Tensor, hot: torch.Tensor, tile: int, c
     if not min_tiles or any(k < 1 for k in min_tiles):
         raise ValueError(f"min_tiles must be one or more ints >= 1, got {list(min_tiles)}")
     bounds = _heavy_bounds(heavy_pairs)
-    if long_rows is not None and (len(long_rows) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 0
-                                                             for v in long_rows)):
+    if long_rows is not None and (not isinstance(long_rows, (tuple, list)) or len(long_rows) != 2 or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in long_rows)):
         raise ValueError(f"long_rows must be None or (tiles, pairs), two ints >= 0 (0: that test off), got "
                          f"{long_rows!r}")
     n_out = len(min_tiles) + len(bounds) + (long_rows is not None)
