@@ -86,9 +86,9 @@ DENSE_ROWS_MIN_SEVERE = 1.0
 #: row kernel took 0.184 ms against 0.035 with the default head (scripts/infer_op_profile.py).  Measured with
 #: tune-dispatch, 0 / 256 / 128 in one call: 2048 tokens 0.70x -> 1.02x / 1.02x of dense at 0.5 % (0.325 -> 0.221 /
 #: 0.220 ms), 0.83x -> 1.06x / 1.07x at 0.25 %, 0.99x / 0.99x / 1.00x at 1 % (a budget there already); 4096 and 8192
-#: tokens within 1 %; the default head (no row over 256 pairs) within 1 % but for 8192 / 1 % (0.552 / 0.582 ms, one run
-#: each; session 52's 0.559).  Predicted 0.9-1.1x at 2048 / 0.5 %: hit.  256, the larger of the two that tied:
-#: fewer passes on layers whose longest rows are short enough for a longer call's kernel to hide.
+#: tokens within 1 %; the default head (its 2048-token sample: no row over 128 pairs) within 1 % but for 8192 / 1 %
+#: (0.552 / 0.582 ms, one run each; session 52's 0.559).  Predicted 0.9-1.1x at 2048 / 0.5 %: hit.  256, the larger
+#: of the two that tied: fewer passes on layers whose longest rows are short enough for a longer call's kernel to hide.
 DENSE_ROWS_SEVERE_PAIRS = 256
 #: The several-tiles rule applies below this many tokens only: it was measured at 4096 and 8192 tokens, where the row
 #: kernel takes ~0.13-0.32 ms a layer (H100, above) and one row's serial tiles outlast it.  Larger calls give the
