@@ -191,14 +191,13 @@ class HotColdCache:
             self.overflow_fraction = self.severe_overflow_fraction = 0.0
             self.heavy_row_fractions = {}
             if self._hot.numel():
-                severe = DENSE_ROWS_SEVERE_TILES > 0 or DENSE_ROWS_SEVERE_PAIRS > 0
                 # every bound a call may use (they differ by the call's size), so the sample serves calls of any size
                 bounds = hot_cold_dense_rows.heavy_row_bounds() if DENSE_ROWS_COUNT_HEAVY else ()
+                # the long rows last (0.0 with both of their tests off)
                 read = overflow_row_fractions(active, self._hot, tile, cap, (1,), bounds,  # one host read
-                                              long_rows=(DENSE_ROWS_SEVERE_TILES, DENSE_ROWS_SEVERE_PAIRS)
-                                              if severe else None)
+                                              long_rows=(DENSE_ROWS_SEVERE_TILES, DENSE_ROWS_SEVERE_PAIRS))
                 self.overflow_fraction = read[0]
-                self.severe_overflow_fraction = read[-1] if severe else 0.0
+                self.severe_overflow_fraction = read[-1]
                 self.heavy_row_fractions = dict(zip(bounds, read[1:1 + len(bounds)], strict=True))
 
     def dense_rows(self, n_tokens: int) -> int:
