@@ -31,6 +31,7 @@ from twell.bench.shape_arg import parse_shape
 from twell.format.twell import default_capacity
 from twell.nn import DEFAULT_POLICY, DispatchPolicy, SparseGatedMLP, hot_cold_cache
 from twell.nn.hot_cold_cache import HotColdCache
+from twell.ops import hot_cold_dense_rows
 from twell.ops.hot_cold_plan import _cold_tile_counts, sample_active
 from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
@@ -111,8 +112,11 @@ def main() -> None:
     ap.add_argument("--policy", choices=sorted(POLICIES), default="default", help="the module's dispatch policy")
     ap.add_argument("--severe-pairs", type=int, default=hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS,
                     help="hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS for this run (default the shipped value)")
+    ap.add_argument("--batch-pass-rows", type=int, default=hot_cold_dense_rows.BATCH_PASS_MAX_ROWS,
+                    help="hot_cold_dense_rows.BATCH_PASS_MAX_ROWS for this run (default the shipped value)")
     a = ap.parse_args()
     hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS = a.severe_pairs  # read on each refresh of the hot set
+    hot_cold_dense_rows.BATCH_PASS_MAX_ROWS = a.batch_pass_rows  # read at call time (dense_rows_ffn)
     dev = probe_device(a.device)
     (d, f), calls, points = a.shape, CALLS, a.points
     if a.tiny:

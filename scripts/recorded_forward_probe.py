@@ -107,6 +107,9 @@ def main() -> None:
     p.add_argument("--fused-pass", action=argparse.BooleanOptionalAction, default=None,
                    help="hot_cold_dense_rows.FUSED_PASS for this run: the dense-row pass as its Triton kernels (8 "
                         "launches) or in PyTorch ops (~20); default: as shipped")
+    p.add_argument("--batch-pass-rows", type=int, default=None,
+                   help="hot_cold_dense_rows.BATCH_PASS_MAX_ROWS for this run (passes of up to this many rows through "
+                        "the small-batch kernels; 0: the three GEMMs); default: as shipped")
     add_long_row_args(p)
     p.add_argument("--cached-weights", action="store_true",
                    help="record inside static_dispatch(cached_weights=True) after prepare_static_weights on each layer "
@@ -129,6 +132,8 @@ def main() -> None:
         hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS = a.severe_pairs  # read on each refresh of the hot set
     if a.fused_pass is not None:
         hot_cold_dense_rows.FUSED_PASS = a.fused_pass  # read at call time (select_overflow_rows, dense_rows_ffn)
+    if a.batch_pass_rows is not None:
+        hot_cold_dense_rows.BATCH_PASS_MAX_ROWS = a.batch_pass_rows  # read at call time (dense_rows_ffn)
     apply_long_row_args(p, a)
     torch._logging.set_logs(perf_hints=True, graph_breaks=True)
     bench = probe_model(preset, dev, tokens, seq, [policy])
@@ -217,6 +222,8 @@ def main() -> None:
                                                                          hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS,
                                                                      "cached_weights": a.cached_weights,
                                                                      "fused_pass": hot_cold_dense_rows.FUSED_PASS,
+                                                                     "batch_pass_rows":
+                                                                         hot_cold_dense_rows.BATCH_PASS_MAX_ROWS,
                                                                      "heavy_pairs": hot_cold_dense_rows.HEAVY_ROW_PAIRS,
                                                                      "heavy_pairs_large":
                                                                          hot_cold_dense_rows.HEAVY_ROW_PAIRS_LARGE,

@@ -15,6 +15,7 @@ from _helpers import INT_VIEW
 from twell.ops import hot_cold_dense_rows
 from twell.ops.dense_rows_kernels import gated_product, launch_select_overflow_rows, scatter_rows
 from twell.ops.hot_cold_dense_rows import dense_rows_ffn, select_overflow_rows, select_overflow_rows_torch
+from twell.tolerances import REL_TOL, rel_error
 
 
 def _counts(m: int, n_tiles: int, p_over: float, capacity: int, seed: int, device) -> torch.Tensor:
@@ -188,6 +189,79 @@ def test_dense_rows_ffn_same_bits_with_and_without_the_kernels(dtype, with_resid
         results.append(out)
     assert torch.equal(_bits(results[0]), _bits(results[1]))
     assert not torch.isnan(results[0][[0, 3, 9]]).any() and torch.isnan(results[0][[1, 2]]).all()
+
+
+def _pass_problem(m: int, d: int, f: int, dtype: torch.dtype, device, seed: int) -> dict:
+    """x [m, d], Wg and Wu [F, d], Wd^T [F, d] and a residual [m, d]; every third unit's Wg row is zero (it never
+    fires: the small-batch kernels skip it), the others fire on about half the rows."""
+    g = torch.Generator().manual_seed(seed)
+    names = ("x", "w_gate", "w_up", "w_down_t", "residual")
+    scale = {"x": 1.0, "w_gate": d**-0.5, "w_up": d**-0.5, "w_down_t": f**-0.5, "residual": 1.0}
+    shape = {"x": (m, d), "w_gate": (f, d), "w_up": (f, d), "w_down_t": (f, d), "residual": (m, d)}
+    p = {k: (torch.randn(shape[k], generator=g) * scale[k]) for k in names}
+    p["w_gate"][::3] = 0.0
+    return {k: v.to(dtype=dtype, device=device) for k, v in p.items()}
+
+
+def _pass_outputs(p: dict, rows: torch.Tensor, variants: list[tuple[bool, int]], with_residual: bool,
+                  monkeypatch) -> list[torch.Tensor]:
+    outs = []
+    for fused, batch_rows in variants:
+        monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
+        monkeypatch.setattr(hot_cold_dense_rows, "BATCH_PASS_MAX_ROWS", batch_rows)
+        out = torch.full_like(p["x"], float("nan"))  # poisoned before the launch
+        dense_rows_ffn(p["x"], rows, p["w_gate"], p["w_up"], p["w_down_t"], out,
+                       residual=p["residual"] if with_residual else None)
+        outs.append(out)
+    return outs
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_dense_rows_ffn_batch_pass_is_the_dense_ffn(dtype, with_residual, device, monkeypatch):
+    """BATCH_PASS_MAX_ROWS: a pass of up to that many rows through the small-batch kernels writes the twins' values
+    within the dtype's tolerance (only the down sum's order differs) on the listed rows, a repeated row 0 included,
+    and leaves the others alone; a longer pass keeps the three GEMMs (the twins' bits)."""
+    m, d, f = 13, 64, 320  # F not a multiple of the kernels' unit block
+    p = _pass_problem(m, d, f, dtype, device, seed=3)
+    rows = torch.tensor([5, 12, 0, 0, 0], dtype=torch.int64, device=device)
+    twins, batch, gemms = _pass_outputs(p, rows, [(False, 0), (True, 64), (True, 4)], with_residual, monkeypatch)
+    listed = [0, 5, 12]
+    assert rel_error(batch[listed].float(), twins[listed].float()) <= REL_TOL[dtype]
+    assert torch.isnan(batch[[r for r in range(m) if r not in listed]].float()).all()
+    assert not torch.isnan(batch[listed].float()).any()
+    assert torch.equal(_bits(gemms), _bits(twins))  # 5 rows > 4: not the small-batch kernels
+
+
+def test_dense_rows_ffn_batch_pass_rows_that_fire_nothing(device, monkeypatch):
+    """Rows whose gate fires no unit get exactly 0 (or their residual) through the small-batch kernels."""
+    m, d, f = 6, 32, 128
+    p = _pass_problem(m, d, f, torch.float32, device, seed=4)
+    p["x"][[1, 3]] = 0.0  # g = 0 everywhere on these rows: relu(0) = 0, nothing fires
+    rows = torch.tensor([1, 3, 0], dtype=torch.int64, device=device)
+    for with_residual in (False, True):
+        twins, batch = _pass_outputs(p, rows, [(False, 0), (True, 64)], with_residual, monkeypatch)
+        want = p["residual"][[1, 3]] if with_residual else torch.zeros(2, d, device=device)
+        assert torch.equal(batch[[1, 3]], want) and torch.equal(twins[[1, 3]], want)
+        assert rel_error(batch[0], twins[0]) <= REL_TOL[torch.float32]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_gpu_dense_rows_ffn_batch_pass_at_the_model_shape(with_residual, monkeypatch):
+    """64 budget rows of 4096 tokens at d=2048, F=5632, bf16, 40 distinct and row 0 again: the small-batch pass
+    against the twins and against an fp32 reference of those rows."""
+    m, d, f = 4096, 2048, 5632
+    p = _pass_problem(m, d, f, torch.bfloat16, "cuda", seed=5)
+    rows = torch.cat([torch.randperm(m, device="cuda")[:40], torch.zeros(24, dtype=torch.int64, device="cuda")])
+    twins, batch = _pass_outputs(p, rows, [(False, 0), (True, 64)], with_residual, monkeypatch)
+    xr = p["x"][rows].float()
+    want = (torch.relu(xr @ p["w_gate"].float().t()) * (xr @ p["w_up"].float().t())) @ p["w_down_t"].float()
+    if with_residual:
+        want += p["residual"][rows].float()
+    assert rel_error(batch[rows].float(), twins[rows].float()) <= REL_TOL[torch.bfloat16]
+    assert rel_error(batch[rows].float(), want) <= REL_TOL[torch.bfloat16]
+    assert not torch.isnan(batch[rows].float()).any()
 
 
 @pytest.mark.gpu

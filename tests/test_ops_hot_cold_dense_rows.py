@@ -135,13 +135,24 @@ def test_row_kernel_skips_every_flagged_row_with_skip_flagged(lists, device):
                          n_cols=f, tile=tile, round_hidden=True, out=out, skip_flagged=True)
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["twins", "fused_pass"])
+PASS_VARIANTS = {"twins": (False, 0), "fused_pass": (True, 0), "batch_pass": (True, 64)}
+
+
+def _set_pass(monkeypatch, variant: str) -> None:
+    """The dense-row pass as its PyTorch twins, as its Triton kernels with three cuBLAS GEMMs, or with passes of up
+    to 64 rows through the small-batch kernels (hot_cold_dense_rows.FUSED_PASS, BATCH_PASS_MAX_ROWS)."""
+    fused, batch_rows = PASS_VARIANTS[variant]
+    monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
+    monkeypatch.setattr(hot_cold_dense_rows, "BATCH_PASS_MAX_ROWS", batch_rows)
+
+
+@pytest.mark.parametrize("variant", list(PASS_VARIANTS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_op_with_heavy_rows_matches_reference(dtype, fused, device, monkeypatch):
+def test_op_with_heavy_rows_matches_reference(dtype, variant, device, monkeypatch):
     """With HEAVY_ROW_PAIRS the pass also takes long rows without an overflowing tile (the row kernel skips them):
     the output is still the layer's, and the selection saw the bound (HEAVY_ROW_PAIRS_LARGE from
     HEAVY_ROWS_LARGE_TOKENS tokens); at or above HEAVY_ROWS_MAX_TOKENS it does not."""
-    monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
+    _set_pass(monkeypatch, variant)
     m, d, f, tile, cap, n_hot = 9, 32, 128, 16, 2, 16
     p = _problem_with_dense_rows(m, d, f, [0, 4, 8], dtype, device)
     plan = _plan(p, n_hot)
@@ -439,15 +450,15 @@ def test_cache_counts_heavy_rows_when_asked(device, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fused", [False, True], ids=["twins", "fused_pass"])
+@pytest.mark.parametrize("variant", list(PASS_VARIANTS))
 @pytest.mark.parametrize("shape", [(2048, 5632), (768, 2048)])
-def test_gpu_bf16_dense_first_tokens(shape, fused, monkeypatch):
+def test_gpu_bf16_dense_first_tokens(shape, variant, monkeypatch):
     """Real shapes, bf16: a batch whose first tokens of each sequence fire ~15 % of units (as the 1.5B forward's
     first layers do); the dense rows against an fp32 reference and against the op without them, the pass in PyTorch
-    ops or as its Triton kernels (hot_cold_dense_rows.FUSED_PASS)."""
+    ops, as its Triton kernels, or through the small-batch kernels at 64 rows (:func:`_set_pass`)."""
     from twell.synthetic import SparsityProfile, synthetic_ffn_problem
 
-    monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
+    _set_pass(monkeypatch, variant)
 
     d, f = shape
     dev = torch.device("cuda")

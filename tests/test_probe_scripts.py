@@ -28,9 +28,10 @@ PROBES = {
     "hot_threshold_probe.py": ((), "M=", ["dense FFN: ", "threshold 0.030 H=", "bound  1.0 H=", "rel vs first"]),
     "epilogue_ablation_probe.py": ((), "M=", ["cold epilogue skipped", "hot epilogue skipped", "mainloop alone"]),
     # (the steep sequence head and the held-sparse policy of session 52's call 4 parsed and applied; session 53's
-    # long-row pair bound parsed; the tiny layer takes no hot/cold plan, so no longest rows are printed)
+    # long-row pair bound and session 54's small-batch pass parsed; the tiny layer takes no hot/cold plan, so no
+    # longest rows are printed)
     "infer_op_profile.py": (("--timeline", "--hold-ms", "2", "--early-boost", "40", "--early-decay", "4", "--policy",
-                             "sparse", "--severe-pairs", "256"), "M=",
+                             "sparse", "--severe-pairs", "256", "--batch-pass-rows", "64"), "M=",
                             ["module: ran", "module timeline (GPU held 2 ms",
                              "sequence head early_boost=40 early_decay=4, policy sparse"]),
     "op_host_time.py": ((), "M=", ["dense chain : host", "module      : host", "hot/cold op : host", "cProfile of 2"]),
@@ -66,8 +67,8 @@ PROBES = {
                             ["bound  3.0 heavy 2 counted: l0", "bound 10.0 heavy 2 counted: l0",
                              "left rows over 16/32/64/128 pairs", "heaviest left"]),
     "recorded_forward_probe.py": (("--min-expected", "1", "--severe-tiles", "3", "--severe-pairs", "128",
-                                   "--small-bound", "3", "--fused-pass", "--heavy-pairs", "2", "--count-heavy",
-                                   "--cached-weights"),
+                                   "--small-bound", "3", "--fused-pass", "--batch-pass-rows", "64", "--heavy-pairs",
+                                   "2", "--count-heavy", "--cached-weights"),
                                   "tokens=",
                                   ["tokens=32 dense: wall ", "graph breaks 0, unique graphs 1, cudagraph skips 0",
                                    "tokens=32 sparse:always-sparse: wall ",

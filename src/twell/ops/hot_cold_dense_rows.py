@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ._runtime import kernels_run_on
+from .decode_batch_kernels import BATCH_MAX_TOKENS, launch_batch_ffn
 from .dense_rows_kernels import gated_product, launch_select_overflow_rows, scatter_rows
 
 #: The pass's selection, gated product and write-back as Triton kernels where they run (CUDA, the interpreter);
@@ -48,6 +49,14 @@ from .dense_rows_kernels import gated_product, launch_select_overflow_rows, scat
 #: four kernels take ~10 us a pass (223.7 us over 23 passes).  Predicted 0.5-0.8 / 0.3-0.6 ms: hit / just under.  Its
 #: GPU tests passed (pytest_gpu_dense_rows_callfusedpass_session48.log).  On.
 FUSED_PASS = True
+#: With :data:`FUSED_PASS`, a pass of at most this many rows (a budget, unused slots included; at most the small-batch
+#: kernels' ``BATCH_MAX_TOKENS`` = 64) runs through ``twell.ops.decode_batch_kernels`` instead of the three cuBLAS
+#: GEMMs: the gate through cuBLAS, then Wu and Wd^T read only at the units that fire in some of the pass's rows (0:
+#: never).  Why (session 53, H100): at 2048 tokens a layer's budget is 64 rows (the smallest), holding a few rows that
+#: fire 200-1000 units each and row 0 again in the rest, and the GEMMs read Wg, Wu and Wd whole for them, ~69 MB at
+#: d=2048, F=5632; the steep-head layer's call (0.221 ms) trailed the default head's (0.160 ms) by about the pass's
+#: ~0.04 ms.  The same values up to the order of the down projection's fp32 sum (firing units only, ascending).
+BATCH_PASS_MAX_ROWS = 0
 #: Rows of a call below :data:`HEAVY_ROWS_MAX_TOKENS` tokens with more than this many cold pairs (and no overflowing
 #: tile) also go to the pass, after the overflowing rows, in the budget's slots those leave (0: none).  Why (session
 #: 48): the recorded 1.5B forward at 2048 tokens ran 0.83x of dense on an H100 with the row kernel at 3.67 ms over 28
@@ -157,6 +166,9 @@ def dense_rows_ffn(x: torch.Tensor, rows: torch.Tensor, w_gate: torch.Tensor, w_
     xr = x.index_select(0, rows)
     fused = (FUSED_PASS and kernels_run_on(x.device) and out.stride(1) == 1
              and (residual is None or residual.stride(1) == 1))
+    if fused and 0 < rows.shape[0] <= min(BATCH_PASS_MAX_ROWS, BATCH_MAX_TOKENS) and w_gate.shape[0] > 0:
+        scatter_rows(launch_batch_ffn(xr, w_gate, w_up, w_down_t)[0], rows, out, residual)
+        return
     g, u = F.linear(xr, w_gate), F.linear(xr, w_up)
     h = gated_product(g, u) if fused else F.relu(g) * u
     y = torch.mm(h, w_down_t)
