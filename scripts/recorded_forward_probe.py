@@ -39,6 +39,7 @@ from torch._dynamo.utils import counters
 from twell.bench.model_measure import time_interleaved
 from twell.bench.probe import add_long_row_args, apply_long_row_args, probe_device, probe_parser
 from twell.bench.timing import SLEEP_CYCLES_PER_MS, synchronize
+from twell.models import causal_mask
 from twell.nn import SparseGatedMLP, hot_cold_cache, static_dispatch
 from twell.ops import hot_cold_dense_rows, hot_cold_plan
 
@@ -110,6 +111,9 @@ def main() -> None:
     p.add_argument("--batch-pass-rows", type=int, default=None,
                    help="hot_cold_dense_rows.BATCH_PASS_MAX_ROWS for this run (passes of up to this many rows through "
                         "the small-batch kernels; 0: the three GEMMs); default: as shipped")
+    p.add_argument("--causal-skip", action=argparse.BooleanOptionalAction, default=None,
+                   help="twell.models.causal_mask.SKIP_TRACED_CAUSAL_MASK for this run: SDPA's is_causal instead of a "
+                        "materialised causal mask in the traced forward; default: as shipped")
     add_long_row_args(p)
     p.add_argument("--cached-weights", action="store_true",
                    help="record inside static_dispatch(cached_weights=True) after prepare_static_weights on each layer "
@@ -132,6 +136,8 @@ def main() -> None:
         hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS = a.severe_pairs  # read on each refresh of the hot set
     if a.fused_pass is not None:
         hot_cold_dense_rows.FUSED_PASS = a.fused_pass  # read at call time (select_overflow_rows, dense_rows_ffn)
+    if a.causal_skip is not None:
+        causal_mask.SKIP_TRACED_CAUSAL_MASK = a.causal_skip  # read at call time (the twell configs' sdpa mask)
     if a.batch_pass_rows is not None:
         hot_cold_dense_rows.BATCH_PASS_MAX_ROWS = a.batch_pass_rows  # read at call time (dense_rows_ffn)
     apply_long_row_args(p, a)
@@ -222,6 +228,8 @@ def main() -> None:
                                                                          hot_cold_cache.DENSE_ROWS_SEVERE_PAIRS,
                                                                      "cached_weights": a.cached_weights,
                                                                      "fused_pass": hot_cold_dense_rows.FUSED_PASS,
+                                                                     "causal_skip":
+                                                                         causal_mask.SKIP_TRACED_CAUSAL_MASK,
                                                                      "batch_pass_rows":
                                                                          hot_cold_dense_rows.BATCH_PASS_MAX_ROWS,
                                                                      "heavy_pairs": hot_cold_dense_rows.HEAVY_ROW_PAIRS,

@@ -4,6 +4,9 @@ Importing this package registers the twell configs and models with the transform
 (``AutoConfig``, ``AutoModel``, ``AutoModelForCausalLM``), so a checkpoint saved by a twell model loads
 with ``AutoModelForCausalLM.from_pretrained(dir)`` once ``twell.models`` has been imported.
 
+Importing it also gives the twell models' compiled and recorded forwards SDPA's ``is_causal`` instead of a
+materialised causal mask where shapes prove the mask causal (:mod:`twell.models.causal_mask`).
+
 Needs the ``hf`` extra (``pip install twell[hf]``: transformers, safetensors).
 """
 
@@ -18,6 +21,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
+from . import causal_mask
 from ._common import TwellCausalLMOutput, iter_sparse_mlps, set_dispatch_policy, set_train_dispatch_policy
 from .convert import ConversionReport, ConvertedModule, apply, revert
 from .llama import TwellLlamaConfig, TwellLlamaForCausalLM, TwellLlamaModel
@@ -66,3 +70,4 @@ def register() -> None:
 
 
 register()
+causal_mask.install()

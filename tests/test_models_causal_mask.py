@@ -1,0 +1,120 @@
+"""twell.models.causal_mask: the twell models hand SDPA no causal mask where shapes prove it causal, in eager and
+compiled forwards, with the same logits; every other call (padding masks, cached positions, other models) keeps
+transformers' mask.
+
+On the development machine's transformers and torch the library skips under torch.compile itself, as it does
+eagerly; the GPU machines' (5.17, torch 2.11) never skip while tracing.  The tests take that case by making
+transformers' own skip test answer False, as it does there, and spy on the mask the attention receives.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="twell.models needs the hf extra")
+from test_models_hf import FAMILIES, _dense_twin, _ids, _twell_model  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
+from transformers import masking_utils as mu  # noqa: E402
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
+
+from twell.models import causal_mask  # noqa: E402
+from twell.tolerances import FP32_ELEMENT_TOL, FP32_UNIT_ABS_TOL  # noqa: E402
+
+
+@pytest.fixture
+def masks_seen(monkeypatch) -> list[bool]:
+    """For each attention call, whether SDPA was given no mask; transformers' own skip test forced to False (the
+    GPU machines' transformers while tracing)."""
+    seen: list[bool] = []
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        seen.append(attention_mask is None)
+        return original(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", spy)
+    monkeypatch.setattr(mu, "_ignore_causal_mask_sdpa", lambda *a, **k: False)
+    return seen
+
+
+def _logits(model: torch.nn.Module, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids, **kwargs).logits
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, rtol=FP32_ELEMENT_TOL, atol=FP32_UNIT_ABS_TOL)
+
+
+def test_install_wraps_once():
+    wrapped = mu.AttentionMaskInterface._global_mapping["sdpa"]
+    assert hasattr(wrapped, "_twell_causal_skip_wraps")
+    causal_mask.install()
+    assert mu.AttentionMaskInterface._global_mapping["sdpa"] is wrapped
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_no_mask_for_a_whole_sequence_same_logits(family, masks_seen, monkeypatch):
+    """A forward over whole sequences without a padding mask: SDPA gets no mask (is_causal) in every layer, and the
+    logits are those of the materialised mask (the rule off)."""
+    model = _twell_model(family, attn_implementation="sdpa").eval()
+    ids = _ids(2, 9)
+    got = _logits(model, ids)
+    assert masks_seen and all(masks_seen)
+    masks_seen.clear()
+    monkeypatch.setattr(causal_mask, "SKIP_TRACED_CAUSAL_MASK", False)
+    want = _logits(model, ids)
+    assert masks_seen and not any(masks_seen)
+    assert _close(got, want)
+
+
+def test_no_mask_under_torch_compile(masks_seen):
+    """The rule reads shapes only, so a compiled forward takes it too (the spy runs while dynamo traces)."""
+    model = _twell_model("llama", attn_implementation="sdpa").eval()
+    ids = _ids(2, 12)
+    want = _logits(model, ids)
+    masks_seen.clear()
+    compiled = torch.compile(model, backend="aot_eager")
+    got = _logits(compiled, ids)
+    assert masks_seen and all(masks_seen)
+    assert _close(got, want)
+
+
+def test_padding_mask_and_cached_positions_keep_the_mask(masks_seen):
+    """A padding mask (left padding, whose values a traced graph cannot read) and a decoding step after cached
+    positions (the query shorter than the keys) go to transformers' mask function: masks are materialised."""
+    model = _twell_model("llama", attn_implementation="sdpa").eval()
+    ids = _ids(2, 8)
+    pad = torch.ones_like(ids)
+    pad[0, :3] = 0
+    _logits(model, ids, attention_mask=pad)
+    assert masks_seen and not any(masks_seen)
+    masks_seen.clear()
+    cache = DynamicCache()
+    with torch.no_grad():
+        model(ids[:, :6], past_key_values=cache, use_cache=True)  # prefill: the whole sequence, no mask
+        assert masks_seen and all(masks_seen)
+        masks_seen.clear()
+        model(ids[:, 6:], past_key_values=cache, use_cache=True)  # two new tokens after six cached ones
+    assert masks_seen and not any(masks_seen)
+
+
+def test_other_models_keep_the_mask(masks_seen):
+    """transformers' own Llama (not a twell config) is left to transformers' rule."""
+    dense = _dense_twin(_twell_model("llama", attn_implementation="sdpa"), "llama").eval()
+    assert not isinstance(dense.config, FAMILIES["llama"][0])
+    _logits(dense, _ids(2, 9))
+    assert masks_seen and not any(masks_seen)
+
+
+def test_causal_skip_applies_rules():
+    cfg = _twell_model("llama").config
+    base = {"allow_is_causal_skip": True, "attention_mask": None, "q_length": 5, "kv_length": 5, "kv_offset": 0}
+    assert causal_mask.causal_skip_applies(cfg, base)
+    assert causal_mask.causal_skip_applies(cfg, {**{k: v for k, v in base.items() if k != "q_length"},
+                                                 "cache_position": torch.arange(5)})  # the earlier 5.x argument
+    for change in ({"allow_is_causal_skip": False}, {"attention_mask": torch.ones(1, 5, dtype=torch.bool)},
+                   {"kv_length": 7}, {"kv_offset": 2}, {"local_size": 4}, {"q_length": None}):
+        assert not causal_mask.causal_skip_applies(cfg, {**base, **change}), change
+    assert not causal_mask.causal_skip_applies(object(), base)
