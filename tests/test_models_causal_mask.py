@@ -1,10 +1,11 @@
-"""twell.models.causal_mask: the twell models hand SDPA no causal mask where shapes prove it causal, in eager and
-compiled forwards, with the same logits; every other call (padding masks, cached positions, other models) keeps
-transformers' mask.
+"""twell.models.causal_mask: the twell models hand SDPA no causal mask where the call proves it causal, in eager and
+compiled forwards, with the same logits; every other call (padding masks, cached positions, explicit position ids,
+other models) keeps transformers' mask.
 
-On the development machine's transformers and torch the library skips under torch.compile itself, as it does
-eagerly; the GPU machines' (5.17, torch 2.11) never skip while tracing.  The tests take that case by making
-transformers' own skip test answer False, as it does there, and spy on the mask the attention receives.
+The GPU machines' transformers (5.17, torch 2.11) never skip the mask while tracing; the development machine's newer
+one does where no padding mask is given.  The tests take the GPU's case by making transformers' own skip test answer
+False, as it does there, and spy on the mask the attention receives.  A backbone called with ``use_cache=False``
+gets transformers' packed-sequence check under tracing on both (rule 2 of the module).
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def test_install_wraps_once():
     wrapped = mu.AttentionMaskInterface._global_mapping["sdpa"]
-    assert hasattr(wrapped, "_twell_causal_skip_wraps")
+    packed = mu.find_packed_sequence_indices
+    assert hasattr(wrapped, "_twell_causal_skip_wraps") and hasattr(packed, "_twell_causal_skip_wraps")
     causal_mask.install()
-    assert mu.AttentionMaskInterface._global_mapping["sdpa"] is wrapped
+    assert mu.AttentionMaskInterface._global_mapping["sdpa"] is wrapped and mu.find_packed_sequence_indices is packed
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -69,16 +71,43 @@ def test_no_mask_for_a_whole_sequence_same_logits(family, masks_seen, monkeypatc
     assert _close(got, want)
 
 
-def test_no_mask_under_torch_compile(masks_seen):
-    """The rule reads shapes only, so a compiled forward takes it too (the spy runs while dynamo traces)."""
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_no_mask_under_torch_compile(family, masks_seen, monkeypatch):
+    """Both rules read Python values and shapes only, so a compiled forward without a cache (the packed-sequence check
+    on transformers' side) takes them in one graph; with them off the compiled forward gets a materialised mask."""
+    model = _twell_model(family, attn_implementation="sdpa").eval()
+    ids = _ids(2, 12)
+    want = _logits(model, ids, use_cache=False)
+    for skip in (True, False):
+        monkeypatch.setattr(causal_mask, "SKIP_TRACED_CAUSAL_MASK", skip)
+        torch._dynamo.reset()
+        masks_seen.clear()
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # fullgraph: no graph break
+        got = _logits(compiled, ids, use_cache=False)
+        assert masks_seen and all(m == skip for m in masks_seen), (skip, masks_seen)
+        assert _close(got, want)
+    assert causal_mask._own_positions is False  # cleared after each call
+
+
+def test_explicit_positions_keep_the_mask_under_compile(masks_seen):
+    """Position ids given by the caller may pack several sequences in a row: transformers' check decides (under
+    tracing: a materialised mask)."""
     model = _twell_model("llama", attn_implementation="sdpa").eval()
     ids = _ids(2, 12)
-    want = _logits(model, ids)
+    pos = torch.cat([torch.arange(5), torch.arange(7)]).expand(2, -1)  # two packed sequences a row
+    want = _logits(model, ids, position_ids=pos, use_cache=False)
+    torch._dynamo.reset()
     masks_seen.clear()
-    compiled = torch.compile(model, backend="aot_eager")
-    got = _logits(compiled, ids)
-    assert masks_seen and all(masks_seen)
+    got = _logits(torch.compile(model, backend="aot_eager"), ids, position_ids=pos, use_cache=False)
+    assert masks_seen and not any(masks_seen)
     assert _close(got, want)
+
+
+def test_mark_cleared_when_the_forward_raises():
+    model = _twell_model("llama").eval()
+    with pytest.raises(Exception):
+        model.model(input_ids=torch.full((1, 4), 10_000))  # ids past the vocabulary: the embedding raises
+    assert causal_mask._own_positions is False
 
 
 def test_padding_mask_and_cached_positions_keep_the_mask(masks_seen):

@@ -1,24 +1,33 @@
-"""The twell models' causal mask for SDPA in a traced forward: left to SDPA's ``is_causal`` where shapes prove it.
+"""The twell models' causal mask for SDPA in a traced forward: left to SDPA's ``is_causal`` where the call proves it.
 
 transformers builds a boolean ``[B, 1, q, kv]`` mask for SDPA unless it can tell that the plain causal mask is meant;
 then it passes none and SDPA runs with ``is_causal=True`` (``masking_utils.sdpa_mask``'s skip).  Eagerly it can.
-While torch.compile traces the model, the transformers of the GPU machines (5.17, torch 2.11) never skip (recent 5.x
-skip there only with torch >= 2.14, their own comment says), so a compiled or CUDA-graph-recorded forward gives SDPA a
-materialised mask: cuDNN's attention then computes the masked half too and reads the mask.  Measured (H100 80GB
-HBM3, session 51's recorded 1.5B forward at 2048 tokens, one sequence;
-bench_results/h100/probe_heavy64_count_2048_callheavyrows4_session51.log): cuDNN's attention 3.77 ms over 28 layers
-recorded against 1.56 ms eager, and 0.48 ms of fused kernels building the mask, in a forward of 13.30 ms (dense:
-13.43); the same in the dense and the sparse model.
+While torch.compile traces the model it cannot, for two reasons on the GPU machines' transformers (5.17, torch 2.11):
+its skip test declines whenever it is tracing, and a backbone called without a cache (``use_cache=False``, as the
+benchmarks and most prefill-only code do) hands ``create_causal_mask`` the position ids that the backbone itself
+built, which it then checks for packed sequences, a check that under tracing always yields a packed-sequence mask.
+So a compiled or CUDA-graph-recorded forward gives SDPA a materialised mask: cuDNN's attention then computes the
+masked half too and reads the mask.  Measured (H100 80GB HBM3, session 51's recorded 1.5B forward at 2048 tokens, one
+sequence; bench_results/h100/probe_heavy64_count_2048_callheavyrows4_session51.log): cuDNN's attention 3.77 ms over
+28 layers recorded against 1.56 ms eager, and 0.48 ms of fused kernels building the mask (their names end in
+``arange_bitwise_and``: the causal and packed-sequence masks combined), in a forward of 13.30 ms (dense 13.43), in the
+dense and the sparse model alike.
 
-The rule here reads shapes and Python values only, never a tensor's contents, so it holds in a traced graph (a new
-shape is a new graph under torch.compile's guards): no padding mask given (``attention_mask is None``), the query as
-long as the keys with no key offset (no cached positions before it), no local window (``local_size``), and the
-caller allowing the skip (transformers forbids it for extra mask functions, packed sequences and compiled decoding).
-Then the mask is ``None`` and SDPA's ``is_causal=True`` is the same attention.  Every other call, and every model
-whose config is not a twell config, goes to transformers' own function unchanged.
+Two rules, read from Python values and shapes only (never a tensor's contents, so they hold in a traced graph: a new
+shape is a new graph under torch.compile's guards):
 
-:func:`install` wraps the registry's ``"sdpa"`` mask function once (``twell.models`` calls it on import; idempotent);
-:data:`SKIP_TRACED_CAUSAL_MASK` turns the rule off at call time.
+1. the mask function: a twell config, no padding mask given, the query as long as the keys with no key offset (no
+   cached positions before it), no local window, and the caller allowing the skip (transformers forbids it for extra
+   mask functions, packed sequences and compiled decoding): no mask;
+2. the packed-sequence check: a twell backbone called without position ids and without a padding mask built its own
+   positions, ``0 .. q-1`` in every row, so there is no packed sequence (a forward pre-hook on the backbone, which
+   :func:`attach` registers, marks such a call; a forward hook that runs even on an exception clears the mark).
+
+Then SDPA's ``is_causal=True`` computes the same attention.  Every other call, and every model that is not a twell
+model, goes to transformers' own functions unchanged.
+
+:func:`install` wraps transformers' ``"sdpa"`` mask function and its packed-sequence check once (``twell.models``
+calls it on import; idempotent); :data:`SKIP_TRACED_CAUSAL_MASK` turns both rules off at call time.
 """
 
 from __future__ import annotations
@@ -27,14 +36,18 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
+from transformers import masking_utils
 from transformers.masking_utils import AttentionMaskInterface
 
-__all__ = ["SKIP_TRACED_CAUSAL_MASK", "causal_skip_applies", "install"]
+__all__ = ["SKIP_TRACED_CAUSAL_MASK", "attach", "causal_skip_applies", "install"]
 
 #: The rule on (True) or off (False: every call goes to transformers' own mask function); read at call time.
 SKIP_TRACED_CAUSAL_MASK = True
 
 _MARK = "_twell_causal_skip_wraps"
+#: Set by a twell backbone's pre-hook for a call that builds its own positions (rule 2), cleared after the call.
+_own_positions = False
 
 
 def _query_length(kwargs: dict[str, Any]) -> int | None:
@@ -76,9 +89,43 @@ def _wrap(original: Callable[..., Any]) -> Callable[..., Any]:
     return twell_sdpa_mask
 
 
+def _wrap_packed(original: Callable[..., Any]) -> Callable[..., Any]:
+    def twell_find_packed_sequence_indices(position_ids: torch.Tensor) -> Any:
+        if _own_positions and SKIP_TRACED_CAUSAL_MASK:
+            return None  # rule 2: positions 0 .. q-1 in every row, one sequence per row
+        return original(position_ids)
+
+    setattr(twell_find_packed_sequence_indices, _MARK, original)
+    return twell_find_packed_sequence_indices
+
+
 def install() -> None:
-    """Wrap transformers' ``"sdpa"`` mask function with the twell models' rule, once."""
+    """Wrap transformers' ``"sdpa"`` mask function (rule 1) and its packed-sequence check (rule 2), once."""
     current = AttentionMaskInterface._global_mapping.get("sdpa")
-    if current is None or hasattr(current, _MARK):
+    if current is not None and not hasattr(current, _MARK):
+        AttentionMaskInterface.register("sdpa", _wrap(current))
+    packed = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if packed is not None and not hasattr(packed, _MARK):
+        masking_utils.find_packed_sequence_indices = _wrap_packed(packed)
+
+
+def _mark_own_positions(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of a twell backbone: mark a call given only ``input_ids`` (or ``inputs_embeds``) and
+    options, without position ids or a padding mask (positional arguments past the first: not marked)."""
+    global _own_positions
+    _own_positions = (len(args) <= 1 and kwargs.get("position_ids") is None
+                      and kwargs.get("attention_mask") is None)
+
+
+def _clear_own_positions(module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+    global _own_positions
+    _own_positions = False
+
+
+def attach(backbone: nn.Module) -> None:
+    """Register rule 2's hooks on a twell model's decoder backbone (``LlamaModel`` / ``Qwen2Model``), once."""
+    if getattr(backbone, "_twell_own_positions_hooks", False):
         return
-    AttentionMaskInterface.register("sdpa", _wrap(current))
+    backbone.register_forward_pre_hook(_mark_own_positions, with_kwargs=True)
+    backbone.register_forward_hook(_clear_own_positions, with_kwargs=True, always_call=True)
+    backbone._twell_own_positions_hooks = True

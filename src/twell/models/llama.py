@@ -19,6 +19,7 @@ from typing import Any
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
 
 from ..format.twell import DEFAULT_TILE
+from . import causal_mask
 from ._common import set_twell_options, sparsify_layers, wrap_causal_lm_forward
 
 __all__ = ["TwellLlamaConfig", "TwellLlamaForCausalLM", "TwellLlamaModel"]
@@ -72,6 +73,7 @@ class TwellLlamaModel(LlamaModel):
         _check_config(config, TwellLlamaConfig)
         super().__init__(config)
         sparsify_layers(self.layers, config)
+        causal_mask.attach(self)
         self.post_init()  # initialises the new MLPs only (the others carry transformers' "initialised" flag)
 
 
@@ -89,6 +91,7 @@ class TwellLlamaForCausalLM(LlamaForCausalLM):
         _check_config(config, TwellLlamaConfig)
         super().__init__(config)
         sparsify_layers(self.model.layers, config)
+        causal_mask.attach(self.model)
         self.post_init()
 
     forward = wrap_causal_lm_forward(LlamaForCausalLM.forward)

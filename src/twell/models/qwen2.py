@@ -13,6 +13,7 @@ from typing import Any
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 
 from ..format.twell import DEFAULT_TILE
+from . import causal_mask
 from ._common import set_twell_options, sparsify_layers, wrap_causal_lm_forward
 from .llama import _check_config
 
@@ -54,6 +55,7 @@ class TwellQwen2Model(Qwen2Model):
         _check_config(config, TwellQwen2Config)
         super().__init__(config)
         sparsify_layers(self.layers, config)
+        causal_mask.attach(self)
         self.post_init()
 
 
@@ -66,6 +68,7 @@ class TwellQwen2ForCausalLM(Qwen2ForCausalLM):
         _check_config(config, TwellQwen2Config)
         super().__init__(config)
         sparsify_layers(self.model.layers, config)
+        causal_mask.attach(self.model)
         self.post_init()
 
     forward = wrap_causal_lm_forward(Qwen2ForCausalLM.forward)
