@@ -52,10 +52,14 @@ FUSED_PASS = True
 #: With :data:`FUSED_PASS`, a pass of at most this many rows (a budget, unused slots included; at most the small-batch
 #: kernels' ``BATCH_MAX_TOKENS`` = 64) runs through ``twell.ops.decode_batch_kernels`` instead of the three cuBLAS
 #: GEMMs: the gate through cuBLAS, then Wu and Wd^T read only at the units that fire in some of the pass's rows (0:
-#: never).  Why (session 53, H100): at 2048 tokens a layer's budget is 64 rows (the smallest), holding a few rows that
-#: fire 200-1000 units each and row 0 again in the rest, and the GEMMs read Wg, Wu and Wd whole for them, ~69 MB at
-#: d=2048, F=5632; the steep-head layer's call (0.221 ms) trailed the default head's (0.160 ms) by about the pass's
-#: ~0.04 ms.  The same values up to the order of the down projection's fp32 sum (firing units only, ascending).
+#: never).  Why it was tried (session 53, H100): a 2048-token call's budget is 64 rows, a few long rows and row 0 again,
+#: and the GEMMs read Wg, Wu and Wd whole for them (~69 MB at d=2048, F=5632); the steep-head layer's call (0.221 ms)
+#: trailed the default head's (0.160 ms).  The same values up to the order of the down projection's fp32 sum.
+#: Measured (H100 80GB HBM3, session 54, bench_results/h100/session54_runs.md): no faster.  The steep-head layer at 2048
+#: tokens / l0 28: the pass 0.041 ms (cuBLAS gate 0.012, up kernel 0.013, down kernel 0.014, partial sum 0.002) against
+#: the GEMMs' 0.038 (predicted 0.028-0.035: the rows' union of firing units is large, and at 64 rows these kernels move
+#: their bytes no faster than cuBLAS); tune-dispatch held sparse 0.220 -> 0.222 ms at 0.5 %, 0.245 -> 0.251 at 1 %; the
+#: recorded 1.5B forward at 2048 tokens 13.30 -> 13.34 ms.  Off.
 BATCH_PASS_MAX_ROWS = 0
 #: Rows of a call below :data:`HEAVY_ROWS_MAX_TOKENS` tokens with more than this many cold pairs (and no overflowing
 #: tile) also go to the pass, after the overflowing rows, in the budget's slots those leave (0: none).  Why (session
