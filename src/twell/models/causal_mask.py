@@ -7,11 +7,13 @@ its skip test declines whenever it is tracing, and a backbone called without a c
 benchmarks and most prefill-only code do) hands ``create_causal_mask`` the position ids that the backbone itself
 built, which it then checks for packed sequences, a check that under tracing always yields a packed-sequence mask.
 So a compiled or CUDA-graph-recorded forward gives SDPA a materialised mask: cuDNN's attention then computes the
-masked half too and reads the mask.  Measured (H100 80GB HBM3, session 51's recorded 1.5B forward at 2048 tokens, one
-sequence; bench_results/h100/probe_heavy64_count_2048_callheavyrows4_session51.log): cuDNN's attention 3.77 ms over
-28 layers recorded against 1.56 ms eager, and 0.48 ms of fused kernels building the mask (their names end in
-``arange_bitwise_and``: the causal and packed-sequence masks combined), in a forward of 13.30 ms (dense 13.43), in the
-dense and the sparse model alike.
+masked half too and reads the mask.  Seen first in session 51's recorded 1.5B forward at 2048 tokens (H100 80GB HBM3,
+bench_results/h100/probe_heavy64_count_2048_callheavyrows4_session51.log): cuDNN's attention 3.77 ms over 28 layers
+recorded against 1.56 ms eager, in the dense and the sparse model alike.  Measured with both rules (session 54, same
+card, bench_results/h100/session54_runs.md, each variant in its own process): the recorded sparse forward 13.33 ->
+11.06 ms at 2048 tokens (dense 13.40 -> 11.18) and 42.83 -> 32.79 ms at 8192 (dense 51.23 -> 40.91: 1.196x -> 1.248x
+of recorded dense), the attention as in the eager forward; rule 1 alone changed nothing (13.32 ms): the
+packed-sequence check had forbidden the skip first.
 
 Two rules, read from Python values and shapes only (never a tensor's contents, so they hold in a traced graph: a new
 shape is a new graph under torch.compile's guards):
