@@ -44,7 +44,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 __all__ = ["SKIP_TRACED_CAUSAL_MASK", "attach", "causal_skip_applies", "install"]
 
-#: The rule on (True) or off (False: every call goes to transformers' own mask function); read at call time.
+#: Both rules on (True) or off (False: every call goes to transformers' own functions); read at call time.
 SKIP_TRACED_CAUSAL_MASK = True
 
 _MARK = "_twell_causal_skip_wraps"

@@ -166,7 +166,9 @@ def dense_rows_ffn(x: torch.Tensor, rows: torch.Tensor, w_gate: torch.Tensor, w_
                    w_down_t: torch.Tensor, out: torch.Tensor, *, residual: torch.Tensor | None = None) -> None:
     """``out[rows] = FFN(x[rows])``, the dense FFN's own ops in the input dtype (u, relu(g) and h rounded to it,
     fp32 accumulation in every GEMM, the output rounded once); ``w_down_t`` is Wd^T [F, d].  With ``residual``
-    ([M, d]) ``out[rows] = residual[rows] + FFN(x[rows])``, the sum rounded again (the row kernel's bits)."""
+    ([M, d]) ``out[rows] = residual[rows] + FFN(x[rows])``, the sum rounded again (the row kernel's bits).  With
+    :data:`BATCH_PASS_MAX_ROWS` a short pass runs through the small-batch kernels: the same values up to the order of
+    the down projection's fp32 sum."""
     xr = x.index_select(0, rows)
     fused = (FUSED_PASS and kernels_run_on(x.device) and out.stride(1) == 1
              and (residual is None or residual.stride(1) == 1))
