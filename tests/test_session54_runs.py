@@ -34,7 +34,7 @@ def _forward(label: str) -> dict[str, dict]:
     return probe_rows(H100 / f"recorded_forward_probe_{label}_session54.json")
 
 
-@pytest.mark.parametrize("call", ["1", "2", "3"])
+@pytest.mark.parametrize("call", ["1", "2", "3", "5"])
 def test_environment(call):
     env = (H100 / f"environment_call{call}_session54.txt").read_text()
     assert "NVIDIA H100 80GB HBM3" in env and "triton 3.6.0" in env and "torch 2.11.0" in env
@@ -89,6 +89,16 @@ def test_causal_mask_forward(tokens, off, on):
     assert meta_on["causal_skip"] is True and meta_off["causal_skip"] is False
     assert f"{off[0]} -> {on[0]} ms" in README
     assert f"| {tokens} | on | **{on[0]}" in LOG
+
+
+def test_causal_mask_forward_4096():
+    """Call 5: the rules-on run at 4096 tokens; the rules-off run cut after its dense forwards."""
+    rows = _forward("skipon_4096")
+    assert f"{rows['sparse:tables']['gpu_ms']:.2f}" == "18.84" and f"{rows['dense']['gpu_ms']:.2f}" == "21.82"
+    assert f"{rows['dense']['gpu_ms'] / rows['sparse:tables']['gpu_ms']:.3f}" == "1.158"
+    cut = (H100 / "probe_skipoff_4096_call5_session54.log").read_text()
+    assert "tokens=4096 dense: wall 28.78 ms, held call host 1.92 gpu 26.80" in cut and "sparse:tables:" not in cut
+    assert "at 4096 tokens 18.84 ms against recorded dense's 21.82 (1.158x; dense 26.80 ms with the mask)" in README
 
 
 def test_causal_mask_quotes():
