@@ -147,3 +147,20 @@ def test_causal_skip_applies_rules():
                    {"kv_length": 7}, {"kv_offset": 2}, {"local_size": 4}, {"q_length": None}):
         assert not causal_mask.causal_skip_applies(cfg, {**base, **change}), change
     assert not causal_mask.causal_skip_applies(object(), base)
+
+
+def test_sliding_window_kept_under_compile(masks_seen):
+    """Qwen2 with a sliding window (every layer, window 4 of 12 positions): rule 1 leaves windowed masks to
+    transformers (``local_size``), so the compiled forward gives the eager logits, which differ from full attention."""
+    windowed = _twell_model("qwen2", attn_implementation="sdpa", use_sliding_window=True, sliding_window=4,
+                            max_window_layers=0).eval()
+    assert set(windowed.config.layer_types) == {"sliding_attention"}
+    ids = _ids(2, 12)
+    want = _logits(windowed, ids, use_cache=False)
+    torch._dynamo.reset()
+    masks_seen.clear()
+    got = _logits(torch.compile(windowed, backend="aot_eager"), ids, use_cache=False)
+    assert masks_seen and not any(masks_seen)  # the window's mask, materialised
+    assert _close(got, want)
+    full = _logits(_twell_model("qwen2", attn_implementation="sdpa").eval(), ids, use_cache=False)
+    assert not _close(full, want)
