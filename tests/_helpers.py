@@ -137,6 +137,16 @@ def recording_backend(graphs: list[str]):  # noqa: ANN201 - dynamo's backend cal
     return backend
 
 
+def set_dense_row_pass(monkeypatch, fused: bool, batch_rows: int) -> None:  # noqa: ANN001
+    """The dense-row pass for the rest of a test: its PyTorch twins (``fused`` False) or its Triton kernels, passes of
+    up to ``batch_rows`` rows through the small-batch kernels (0: the three GEMMs; ``hot_cold_dense_rows.FUSED_PASS``,
+    ``BATCH_PASS_MAX_ROWS``)."""
+    from twell.ops import hot_cold_dense_rows
+
+    monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
+    monkeypatch.setattr(hot_cold_dense_rows, "BATCH_PASS_MAX_ROWS", batch_rows)
+
+
 def probe_rows(path: Path) -> dict[str, dict]:
     """A ``scripts/recorded_forward_probe.py`` JSON's rows by variant set (``dense``, ``sparse:<policy>``)."""
     return {r["set"]: r for r in json.loads(Path(path).read_text())["rows"]}

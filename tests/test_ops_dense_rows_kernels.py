@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import INT_VIEW
+from _helpers import INT_VIEW, set_dense_row_pass
 
 from twell.ops import hot_cold_dense_rows
 from twell.ops.dense_rows_kernels import gated_product, launch_select_overflow_rows, scatter_rows
@@ -207,8 +207,7 @@ def _pass_outputs(p: dict, rows: torch.Tensor, variants: list[tuple[bool, int]],
                   monkeypatch) -> list[torch.Tensor]:
     outs = []
     for fused, batch_rows in variants:
-        monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
-        monkeypatch.setattr(hot_cold_dense_rows, "BATCH_PASS_MAX_ROWS", batch_rows)
+        set_dense_row_pass(monkeypatch, fused, batch_rows)
         out = torch.full_like(p["x"], float("nan"))  # poisoned before the launch
         dense_rows_ffn(p["x"], rows, p["w_gate"], p["w_up"], p["w_down_t"], out,
                        residual=p["residual"] if with_residual else None)

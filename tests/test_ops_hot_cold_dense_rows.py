@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import row_kernel_args
+from _helpers import row_kernel_args, set_dense_row_pass
 from test_ops_hot_cold import _plan, _run
 from test_ops_kernels import make_problem
 
@@ -140,10 +140,8 @@ PASS_VARIANTS = {"twins": (False, 0), "fused_pass": (True, 0), "batch_pass": (Tr
 
 def _set_pass(monkeypatch, variant: str) -> None:
     """The dense-row pass as its PyTorch twins, as its Triton kernels with three cuBLAS GEMMs, or with passes of up
-    to 64 rows through the small-batch kernels (hot_cold_dense_rows.FUSED_PASS, BATCH_PASS_MAX_ROWS)."""
-    fused, batch_rows = PASS_VARIANTS[variant]
-    monkeypatch.setattr(hot_cold_dense_rows, "FUSED_PASS", fused)
-    monkeypatch.setattr(hot_cold_dense_rows, "BATCH_PASS_MAX_ROWS", batch_rows)
+    to 64 rows through the small-batch kernels."""
+    set_dense_row_pass(monkeypatch, *PASS_VARIANTS[variant])
 
 
 @pytest.mark.parametrize("variant", list(PASS_VARIANTS))
