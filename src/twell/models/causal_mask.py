@@ -25,8 +25,15 @@ shape is a new graph under torch.compile's guards):
    positions, ``0 .. q-1`` in every row, so there is no packed sequence (a forward pre-hook on the backbone, which
    :func:`attach` registers, marks such a call; a forward hook that runs even on an exception clears the mark).
 
-Then SDPA's ``is_causal=True`` computes the same attention.  Every other call, and every model that is not a twell
-model, goes to transformers' own functions unchanged.
+Then SDPA's ``is_causal=True`` computes the same attention.  Every other call, and every model that is neither a
+twell model nor converted by :func:`twell.models.apply`, goes to transformers' own functions unchanged.
+
+A model converted in place keeps its transformers config, so rule 1 cannot key on the config's class there:
+:func:`enable` (called by :func:`twell.models.apply`) registers hooks on its transformers ``LlamaModel`` /
+``Qwen2Model`` backbones that mark each call as a converted backbone's (both rules then apply within it), and
+:func:`disable` (called by :func:`twell.models.revert`) removes them.  No attribute of the config changes, so a
+saved checkpoint carries no trace of it.  Other architectures are left to transformers: rule 2 needs a backbone that
+builds contiguous positions ``past .. past+q-1`` when given none, which these two families' forwards do.
 
 :func:`install` wraps transformers' ``"sdpa"`` mask function and its packed-sequence check once (``twell.models``
 calls it on import; idempotent); :data:`SKIP_TRACED_CAUSAL_MASK` turns both rules off at call time.
@@ -42,14 +49,20 @@ from torch import nn
 from transformers import masking_utils
 from transformers.masking_utils import AttentionMaskInterface
 
-__all__ = ["SKIP_TRACED_CAUSAL_MASK", "attach", "causal_skip_applies", "install"]
+__all__ = ["SKIP_TRACED_CAUSAL_MASK", "attach", "causal_skip_applies", "disable", "enable", "install"]
 
 #: Both rules on (True) or off (False: every call goes to transformers' own functions); read at call time.
 SKIP_TRACED_CAUSAL_MASK = True
 
 _MARK = "_twell_causal_skip_wraps"
+#: Attribute of a backbone given twell's hooks: which rules its calls get, ``"twell"`` (a twell model's backbone:
+#: rule 2; rule 1 follows its config), ``"converted"`` (:func:`enable`: both) or None (:func:`disable`d: neither).
+#: The hooks read it at each call, so a deep copy of the model (attribute and hooks copied together) keeps them.
+_RULES_ATTR = "_twell_causal_mask_rules"
 #: Set by a twell backbone's pre-hook for a call that builds its own positions (rule 2), cleared after the call.
 _own_positions = False
+#: Set by a converted backbone's pre-hook (:func:`enable`) for the length of its call: rule 1 applies to its config.
+_in_converted_backbone = False
 
 
 def _query_length(kwargs: dict[str, Any]) -> int | None:
@@ -70,7 +83,9 @@ def causal_skip_applies(config: object, kwargs: dict[str, Any]) -> bool:
     from .llama import TwellLlamaConfig
     from .qwen2 import TwellQwen2Config
 
-    if not SKIP_TRACED_CAUSAL_MASK or not isinstance(config, (TwellLlamaConfig, TwellQwen2Config)):
+    if not SKIP_TRACED_CAUSAL_MASK:
+        return False
+    if not (_in_converted_backbone or isinstance(config, (TwellLlamaConfig, TwellQwen2Config))):
         return False
     if not kwargs.get("allow_is_causal_skip", False) or kwargs.get("attention_mask") is not None:
         return False
@@ -111,23 +126,69 @@ def install() -> None:
         masking_utils.find_packed_sequence_indices = _wrap_packed(packed)
 
 
-def _mark_own_positions(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-    """Forward pre-hook of a twell backbone: mark a call given only ``input_ids`` (or ``inputs_embeds``) and
-    options, without position ids or a padding mask (positional arguments past the first: not marked)."""
-    global _own_positions
+def _mark_call(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of a backbone given twell's hooks: mark a call given only ``input_ids`` (or
+    ``inputs_embeds``) and options, without position ids or a padding mask, for rule 2 (positional arguments past
+    the first: not marked), and a converted backbone's call for rule 1."""
+    global _own_positions, _in_converted_backbone
+    rules = getattr(module, _RULES_ATTR, None)
+    if rules is None:
+        return
     _own_positions = (len(args) <= 1 and kwargs.get("position_ids") is None
                       and kwargs.get("attention_mask") is None)
+    _in_converted_backbone = rules == "converted"
 
 
-def _clear_own_positions(module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
-    global _own_positions
+def _clear_marks(module: nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+    global _own_positions, _in_converted_backbone
     _own_positions = False
+    _in_converted_backbone = False
+
+
+def _set_rules(backbone: nn.Module, rules: str | None) -> None:
+    """Give ``backbone`` these rules, registering the two hooks the first time (a forward hook that runs even when
+    the forward raises clears the marks)."""
+    if not hasattr(backbone, _RULES_ATTR):
+        backbone.register_forward_pre_hook(_mark_call, with_kwargs=True)
+        backbone.register_forward_hook(_clear_marks, with_kwargs=True, always_call=True)
+    object.__setattr__(backbone, _RULES_ATTR, rules)  # a plain attribute: not in the state dict or the config
 
 
 def attach(backbone: nn.Module) -> None:
     """Register rule 2's hooks on a twell model's decoder backbone (``LlamaModel`` / ``Qwen2Model``), once."""
-    if getattr(backbone, "_twell_own_positions_hooks", False):
-        return
-    backbone.register_forward_pre_hook(_mark_own_positions, with_kwargs=True)
-    backbone.register_forward_hook(_clear_own_positions, with_kwargs=True, always_call=True)
-    backbone._twell_own_positions_hooks = True
+    if getattr(backbone, _RULES_ATTR, None) != "twell":
+        _set_rules(backbone, "twell")
+
+
+def _converted_backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    from transformers import LlamaModel, Qwen2Model
+
+    from ..nn import SparseGatedMLP
+
+    return [(name, m) for name, m in model.named_modules()
+            if isinstance(m, (LlamaModel, Qwen2Model))
+            and any(isinstance(sub, SparseGatedMLP) for sub in m.modules())]
+
+
+def enable(model: nn.Module) -> list[str]:
+    """Give a model converted by :func:`twell.models.apply` both rules: each transformers ``LlamaModel`` /
+    ``Qwen2Model`` in it that holds a :class:`~twell.nn.SparseGatedMLP` marks its calls.  Returns the qualified
+    names of the backbones enabled (``""`` for ``model`` itself); a twell model's backbone keeps its own rules and
+    is not listed."""
+    enabled = []
+    for name, backbone in _converted_backbones(model):
+        if getattr(backbone, _RULES_ATTR, None) not in ("twell", "converted"):
+            _set_rules(backbone, "converted")
+            enabled.append(name)
+    return enabled
+
+
+def disable(model: nn.Module) -> list[str]:
+    """Turn off the rules :func:`enable` gave ``model``'s backbones (a twell model's own stay).  Returns the qualified
+    names of the backbones turned off."""
+    disabled = []
+    for name, backbone in model.named_modules():
+        if getattr(backbone, _RULES_ATTR, None) == "converted":
+            _set_rules(backbone, None)
+            disabled.append(name)
+    return disabled

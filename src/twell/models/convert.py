@@ -15,6 +15,12 @@ converted model then computes with ReLU, the report says so, and ``config.hidden
 :func:`revert` puts back the module each :class:`SparseGatedMLP` replaced when :func:`apply` recorded
 it (same object, re-attached to the current ``nn.Linear`` modules, so training done meanwhile is kept),
 and otherwise a :class:`~twell.nn.DenseReluGatedMLP` sharing the weights.
+
+:func:`apply` also gives the converted model's transformers ``LlamaModel`` / ``Qwen2Model`` backbones the twell
+models' causal-mask rules (:mod:`twell.models.causal_mask`: SDPA's ``is_causal`` instead of a materialised causal
+mask in compiled and recorded forwards where the call proves the mask causal); :func:`revert` turns them off.
+Nothing is written into the config for that, so a checkpoint saved from a converted model is the one it would be
+without them.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..nn import DenseReluGatedMLP, SparseGatedMLP
+from . import causal_mask
 
 __all__ = ["ConversionReport", "ConvertedModule", "apply", "revert"]
 
@@ -58,11 +65,14 @@ class ConversionReport:
         direction: ``"apply"`` or ``"revert"``.
         modules: one :class:`ConvertedModule` per converted MLP, in module order.
         notes: behaviour changes the caller must know about (e.g. SiLU replaced by ReLU).
+        causal_mask_backbones: qualified names of the backbones whose causal-mask rules
+            (:mod:`twell.models.causal_mask`) were turned on (apply) or off (revert); ``""`` is the model itself.
     """
 
     direction: str
     modules: list[ConvertedModule] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    causal_mask_backbones: list[str] = field(default_factory=list)
 
     @property
     def names(self) -> list[str]:
@@ -96,6 +106,10 @@ class ConversionReport:
         for (d, f, cls, act, new), names in groups.items():
             shown = ", ".join(names[:4]) + (f", ... (+{len(names) - 4} more)" if len(names) > 4 else "")
             lines.append(f"  {len(names)} x {cls}(act={act}) -> {new}, hidden={d}, intermediate={f}: {shown}")
+        if self.causal_mask_backbones:
+            names = ", ".join(n or "<model>" for n in self.causal_mask_backbones)
+            state = "on" if self.direction == "apply" else "off"
+            lines.append(f"  causal-mask rules (SDPA is_causal in compiled/recorded forwards) {state} for: {names}")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -247,6 +261,7 @@ def apply(model: nn.Module, *, allow_silu: bool = False, **mlp_kwargs: Any) -> C
         _set_submodule(model, name, new)
 
     report = ConversionReport("apply", [info for _, _, info in replacements])
+    report.causal_mask_backbones = causal_mask.enable(model)
     if report.activation_changed:
         acts = sorted(report.original_activations - {"relu"})
         report.notes.append(
@@ -289,6 +304,7 @@ def revert(model: nn.Module) -> ConversionReport:
             act = "relu"
         _set_submodule(model, name, new)
         report.modules.append(ConvertedModule(name, d, f, "SparseGatedMLP", act, type(new).__name__))
+    report.causal_mask_backbones = causal_mask.disable(model)
     if restored_non_relu:
         report.notes.append("original non-ReLU MLPs restored: the model computes with its original activation again")
     old_act = model.__dict__.pop(_ORIGINAL_ACT_ATTR, None)
