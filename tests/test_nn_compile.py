@@ -167,3 +167,69 @@ def test_compiled_hot_cold_inference_builds_its_weight_copies_from_the_current_w
         want = layer(x)
         assert torch.equal(compiled(x), want)
     assert counters["frames"]["total"] == 1
+
+
+def test_compiled_hot_cold_training_rechooses_the_hot_set_for_a_larger_batch():
+    """A set chosen by an eager call on 8 tokens, then compiled steps of 64: the token-count rule re-chooses the set
+    on the compiled call (eagerly, outside the graph), as an eager call would; the results are the op's with that
+    set.  Traced with the eager call's set instead (until session 55), the 1.5B benchmark model's compiled step
+    spilled up to 10,167 of 16,384 tokens a layer to the dense recompute (0.068x of dense on an H100)."""
+    from twell.ops import twell_gated_ffn_l1_hot_cold
+
+    layer = make_layer(torch.float32, train_impl="hot-cold").train()
+    layer(make_x((8, D), seed=5, dtype=torch.float32)).sum().backward()  # eager: a set chosen on 8 tokens
+    assert layer._train_hot_tokens == 8
+    small_set = layer._train_hot
+    x0 = make_x((64, D), seed=6, dtype=torch.float32)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager")
+    calls = layer._train_hot_calls
+    got = compiled(x0.clone().requires_grad_(True))
+    assert layer._train_hot_tokens == 64 and layer._train_hot is not small_set  # re-chosen under compile
+    assert layer._train_hot_calls == calls + 1  # compiled calls count toward the refresh, as eager ones
+    want = twell_gated_ffn_l1_hot_cold(x0, *layer._weights(), layer._train_hot)[0]
+    assert torch.equal(got, want)
+
+
+def test_compiled_hot_cold_training_follows_refreshed_sets_of_any_size(monkeypatch):
+    """Refreshed under compile at every call (l0_refresh_every=1) to sets of 0 to 128 hot units with cold l0 estimates
+    that change the ELL width: each compiled call computes the op's eager result with the set it was given, forward
+    and backward.  Dynamo compiles the graph after the break again when a size first changes (then marked dynamic;
+    0 hot units and width 1 are specialised, as dynamo does sizes 0 and 1), and the second pass over the same sets
+    compiles nothing."""
+    import twell.nn.mlp as mlp_mod
+    from twell.ops import twell_gated_ffn_l1_hot_cold
+    from twell.ops.hot_cold_training import hot_units
+
+    sets = [(torch.arange(0), 3.0), (torch.arange(64), 1.0), (torch.arange(32, 160, 2), 20.0),
+            (torch.arange(128), 0.0), (torch.arange(0, 128, 2), 40.0), (torch.arange(64, 128), 9.0)]
+    given: list = []
+
+    def chooser(x, w_gate):
+        ids, cold_l0 = sets[len(given) % len(sets)]
+        given.append(hot_units(ids[ids < FF], FF, cold_l0=cold_l0))
+        return given[-1]
+
+    monkeypatch.setattr(mlp_mod, "choose_training_hot_units", chooser)
+    layer = make_layer(torch.float32, train_impl="hot-cold", l0_refresh_every=1).train()
+    x0 = make_x((24, D), seed=7, dtype=torch.float32)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(layer, backend="aot_eager")
+    graphs_after_pass = []
+    for _ in range(2):
+        for _ in range(len(sets)):
+            x = x0.clone().requires_grad_(True)
+            layer.zero_grad(set_to_none=True)
+            out = compiled(x)
+            (out.square().sum() + 0.5 * layer.l1_loss()).backward()
+            xr = x0.clone().requires_grad_(True)
+            weights = [p.detach().clone().requires_grad_(True) for p in layer._weights()]
+            ref_out, ref_l1, _ = twell_gated_ffn_l1_hot_cold(xr, *weights, given[-1])
+            (ref_out.square().sum() + 0.5 * ref_l1).backward()
+            assert torch.equal(out.detach(), ref_out.detach()) and torch.equal(x.grad, xr.grad)
+            for a, b in zip(layer._weights(), weights, strict=True):
+                assert torch.equal(a.grad, b.grad)
+        graphs_after_pass.append(counters["stats"]["unique_graphs"])
+    assert len(given) == 2 * len(sets)
+    assert graphs_after_pass[1] == graphs_after_pass[0] <= 1 + 4, graphs_after_pass  # before the break + 4 after

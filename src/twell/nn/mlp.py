@@ -66,7 +66,12 @@ from ..ops.active_count import mean_active_per_token
 from ..ops.decode import launch_decode_ffn
 from ..ops.hot_cold import launch_hot_cold_ffn
 from ..ops.hot_cold_plan import HotColdPlan, fused_gate_tile, plan_weight_copies
-from ..ops.hot_cold_training import HotUnits, choose_training_hot_units, twell_gated_ffn_l1_hot_cold
+from ..ops.hot_cold_training import (
+    HotUnits,
+    choose_training_hot_units,
+    default_width,
+    twell_gated_ffn_l1_hot_cold,
+)
 from ..ops.inference import PRECISIONS, TRITON_TILES, _check_triton_dtype
 from ..ops.training import twell_gated_ffn_l1
 from ..reference.training import dense_gated_ffn_l1, gated_ffn_l1
@@ -676,26 +681,38 @@ class SparseGatedMLP(nn.Module):
     def _hot_cold_train(
         self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``train_impl="hot-cold"``: the hot set is re-chosen from the call's tokens every
-        ``l0_refresh_every`` calls and when the token count leaves [M0 / 2, 2 M0] of the call it was
-        chosen on (one extra sample GEMM and a host sync), never during a checkpointed forward's
-        recomputation (which must see the hot set the forward saw).  The op sizes its buffers from the
-        set's cold l0 estimate: a set chosen on a 2048-token check batch of one sequence, then used on
-        16384-token steps, is the case the token-count rule covers."""
+        """``train_impl="hot-cold"``: the op with the layer's hot set (:meth:`_training_hot_set`) and the ELL
+        width of that set; traced by torch.compile, the op's custom-op form."""
+        hot, width = self._training_hot_set(x, w_gate)
+        stats: dict[str, torch.Tensor] = {}
+        out = twell_gated_ffn_l1_hot_cold(x, w_gate, w_up, w_down, hot, width=width, stats=stats)
+        self.last_spilled_tokens = stats.get("spilled_tokens")
+        return out
+
+    # Run eagerly even inside a compiled step (a graph break around it): the hot set is chosen from the call's
+    # tokens, and a traced graph cannot do that.  Traced with the set an eager call had chosen before (until
+    # session 55), a compiled training step never re-chose it: the 1.5B benchmark model's step, its set chosen on
+    # the 2048-token check batch of one sequence, then ran on 16,384-token batches with up to 10,167 tokens a layer
+    # spilled to the dense recompute, 0.068x of compiled dense (H100 80GB HBM3, session 55,
+    # bench_results/h100/model_train_compiled_session55.json); and in a long run the set would go stale.
+    @torch.compiler.disable
+    def _training_hot_set(self, x: torch.Tensor, w_gate: torch.Tensor) -> tuple[HotUnits, int]:
+        """The hot set of this training call and its ELL width (:func:`twell.ops.hot_cold_training.default_width`).
+
+        The set is re-chosen from the call's tokens every ``l0_refresh_every`` calls and when the token count
+        leaves [M0 / 2, 2 M0] of the call it was chosen on (one extra sample GEMM and a host sync), never during
+        a checkpointed forward's recomputation (which must see the hot set the forward saw).  The op sizes its
+        buffers from the set's cold l0 estimate: a set chosen on a 2048-token check batch of one sequence, then
+        used on 16384-token steps, is the case the token-count rule covers."""
         m = x.shape[0]
-        if torch.compiler.is_compiling() and self._train_hot is not None:
-            pass  # traced: the cached hot set, no counting (eager calls re-choose it)
-        elif not _in_backward():
+        if not _in_backward() or self._train_hot is None:
             m0 = self._train_hot_tokens
             if (self._train_hot is None or self._train_hot_calls % self.l0_refresh_every == 0
                     or not m0 // 2 <= m <= 2 * m0):
                 self._train_hot = choose_training_hot_units(x, w_gate)
                 self._train_hot_tokens = m
             self._train_hot_calls += 1
-        stats: dict[str, torch.Tensor] = {}
-        out = twell_gated_ffn_l1_hot_cold(x, w_gate, w_up, w_down, self._train_hot, stats=stats)
-        self.last_spilled_tokens = stats.get("spilled_tokens")
-        return out
+        return self._train_hot, default_width(self._train_hot)
 
     def _needs_grad(self, x: torch.Tensor) -> bool:
         return torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in self._weights()))
