@@ -49,6 +49,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-ffn", default=d.train_ffn, choices=TRAIN_FFN_CHOICES,
                    help="training FFN of every SparseGatedMLP (its train_impl; auto = dense autograd for now; "
                    "hot-cold = the sparse hot/cold Triton op)")
+    p.add_argument("--compile", action="store_true",
+                   help="training forward through torch.compile (inductor on CUDA; aot_eager on the CPU)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -66,7 +68,7 @@ def _run_train(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume_from=args.resume,
         data_paths=args.data, vocab_size=args.vocab_size, max_bytes=args.max_bytes or None,
         data_cache_dir=args.cache_dir, seed=args.seed, device=args.device, precision=args.precision,
-        fused_adamw=args.fused_adamw,
+        fused_adamw=args.fused_adamw, compile=args.compile,
         train_ffn=args.train_ffn, progress=not args.no_progress,
     )
     result = train(cfg)

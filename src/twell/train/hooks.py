@@ -78,6 +78,9 @@ class GateMonitor:
                 lst.remove(consumer)
 
     def _make_hook(self, index: int) -> Any:
+        # Eager even inside a compiled training step (a graph break): the consumers keep Python state per call
+        # (counters, windows) that a traced graph would turn into guards and recompilations.
+        @torch.compiler.disable
         def hook(module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
             consumers = self.train_consumers if module.training else self.eval_consumers
             if not consumers:
