@@ -101,7 +101,9 @@ def test_compiled_training_matches_eager(data, train_ffn) -> None:
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), (key, a[key], b[key])
     assert [e["step"] for e in compiled.eval_logs] == [3, 6]
     assert compiled.final_eval_loss == pytest.approx(eager.final_eval_loss, rel=1e-4)
-    assert frames <= 12, frames  # 12 with sparse-reference, whose autograd Function breaks each layer's graph
+    # 3 graphs with sparse-reference, 4 with hot-cold on this stand-in, the same after 12 steps as after 6 (checked
+    # by hand in session 55): no recompilation per step (the reference's pair counts once hit the limit of 8)
+    assert frames <= 4, frames
 
 
 def test_compile_option_is_checked() -> None:

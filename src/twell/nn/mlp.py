@@ -90,6 +90,13 @@ from .train_dispatch import (
 #: Training FFN implementations (see ``SparseGatedMLP``'s ``train_impl``).
 TRAIN_IMPLS = ("auto", "dense", "sparse-reference", "triton", "hot-cold")
 
+# The sparse reference and the v1 Triton op are autograd Functions that dynamo cannot trace whole: inside a compiled
+# training step their data-dependent pair counts reached the graph after the break as sizes, and a 4-step
+# ``twell train --compile --train-ffn sparse-reference`` run on the CPU hit dynamo's recompile limit (8) on them
+# (session 55).  Called through these, each runs eagerly as one opaque call instead; eager calls are unchanged.
+_EAGER_SPARSE_REFERENCE = torch.compiler.disable(gated_ffn_l1)
+_EAGER_TWELL_V1 = torch.compiler.disable(twell_gated_ffn_l1)
+
 __all__ = ["DenseReluGatedMLP", "SparseGatedMLP", "static_dispatch"]
 
 
@@ -649,10 +656,12 @@ class SparseGatedMLP(nn.Module):
                     # measured (H200, M=16384, 0.5 %: 3.56 ms, v1 17.1 ms, dense 5.5 ms; train_ffn*.json
                     # under bench_results/h200).
                     fn = self._hot_cold_train
+                elif fn is gated_ffn_l1:
+                    fn = _EAGER_SPARSE_REFERENCE
         elif self.train_impl == "hot-cold":
             fn = self._hot_cold_train
         else:
-            fns = {"sparse-reference": gated_ffn_l1, "triton": twell_gated_ffn_l1}
+            fns = {"sparse-reference": _EAGER_SPARSE_REFERENCE, "triton": _EAGER_TWELL_V1}
             fn = fns.get(self.train_impl, dense_gated_ffn_l1)
         if fn is not dense_train_ffn_l1 and dtype is not None:
             # The sparse autograd Functions and the oracle's dense twin take one dtype and are not
