@@ -31,9 +31,10 @@ twell model nor converted by :func:`twell.models.apply`, goes to transformers' o
 A model converted in place keeps its transformers config, so rule 1 cannot key on the config's class there:
 :func:`enable` (called by :func:`twell.models.apply`) registers hooks on its transformers ``LlamaModel`` /
 ``Qwen2Model`` backbones that mark each call as a converted backbone's (both rules then apply within it), and
-:func:`disable` (called by :func:`twell.models.revert`) removes them.  No attribute of the config changes, so a
-saved checkpoint carries no trace of it.  Other architectures are left to transformers: rule 2 needs a backbone that
-builds contiguous positions ``past .. past+q-1`` when given none, which these two families' forwards do.
+:func:`disable` (called by :func:`twell.models.revert`) turns them off (the hooks stay, doing nothing).  No
+attribute of the config changes, so a saved checkpoint carries no trace of it.  Other architectures are left to
+transformers: rule 2 needs a backbone that builds contiguous positions ``past .. past+q-1`` when given none, which
+these two families' forwards do.
 
 :func:`install` wraps transformers' ``"sdpa"`` mask function and its packed-sequence check once (``twell.models``
 calls it on import; idempotent); :data:`SKIP_TRACED_CAUSAL_MASK` turns both rules off at call time.

@@ -109,7 +109,7 @@ class TrainConfig:
     device: str = "auto"
     precision: str = "auto"  # "auto" (bf16 on CUDA, fp32 on CPU), "fp32", "bf16", "autocast" (fp32 + bf16 autocast)
     fused_adamw: bool = False  # torch.optim.AdamW(fused=True): one kernel for all parameters (CUDA)
-    train_ffn: str = "auto"  # SparseGatedMLP.train_impl for every layer: "auto", "dense", "sparse-reference"
+    train_ffn: str = "auto"  # SparseGatedMLP.train_impl for every layer (TRAIN_IMPLS: "auto", "hot-cold", ...)
     compile: bool = False  # the training forward through torch.compile (see the module docs)
     model_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"n_layers": 2}
     progress: bool = True
