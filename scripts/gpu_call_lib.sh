@@ -51,17 +51,25 @@ else:
 PY
 }
 
-forward_summary() {  # twell bench model's forward JSON: each variant's eager and compiled figures, one line each
-  python3 - "$1" <<'PY'
+part_summary() {  # twell bench model's JSON, part, keys...: each variant's values of those keys, one line each
+  python3 - "$@" <<'PY'
 import json, sys
+path, part, keys = sys.argv[1], sys.argv[2], sys.argv[3:]
 try:
-    variants = json.load(open(sys.argv[1]))["meta"]["parts"]["forward"]["result"]["variants"]
+    variants = json.load(open(path))["meta"]["parts"][part]["result"]["variants"]
 except (OSError, ValueError, KeyError) as e:
-    sys.exit(f"no forward JSON: {e}")
+    sys.exit(f"no {part} JSON: {e}")
 for name, v in variants.items():
-    print("compiled", name, "eager ms", v.get("ms"), "speedup", v.get("speedup"), "compiled ms", v.get("compiled_ms"),
-          "compiled speedup", v.get("compiled_speedup"), "error", v.get("error"))
+    print(part, name, *(f"{k} {str(v.get(k))[:300]}" for k in keys))
 PY
+}
+
+forward_summary() {  # the forward part: eager and compiled figures
+  part_summary "$1" forward ms speedup compiled_ms compiled_speedup error
+}
+
+train_summary() {  # the train part: step time, speedup, tokens spilled to the dense recompute
+  part_summary "$1" train ms speedup layer_spilled_tokens_last_step error
 }
 
 call_end() {  # pack everything under $R into one archive (the device tool returns few files)

@@ -10,16 +10,7 @@ stage pytest_compile "$(left 150)" "passed|failed|FAILED|Error" python3 -m pytes
   -m "gpu or not gpu" tests/test_nn_compile.py tests/test_nn_mlp_hot_cold.py tests/test_models_compile.py
 stage model_train_compiled "$(left 420)" "^\| train|^total|Error|error" python3 -m twell.cli bench model \
   --preset 1.5b --parts train --train-compile --part-timeout 260 --out "$R" --stem "model_train_compiled_fixed_${S}"
-python3 - "$R/model_train_compiled_fixed_${S}.json" <<'PY'
-import json, sys
-try:
-    v = json.load(open(sys.argv[1]))["meta"]["parts"]["train"]["result"]["variants"]
-except (OSError, ValueError, KeyError) as e:
-    sys.exit(f"no train JSON: {e}")
-for name, e in v.items():
-    print(name, "ms", e.get("ms"), "speedup", e.get("speedup"), "spilled", e.get("layer_spilled_tokens_last_step"),
-          "error", str(e.get("error"))[:300])
-PY
+train_summary "$R/model_train_compiled_fixed_${S}.json"
 stage model_forward_b4 "$(left 585)" "^\| forward|^total|Error" python3 -m twell.cli bench model --preset 1.5b \
   --parts forward --batch 4 --fused-norms --fused-residual --forward-policies default,tables --forward-compile \
   --out "$R" --stem "model_forward_b4_compiled_${S}"
