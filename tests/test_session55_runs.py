@@ -27,7 +27,7 @@ def _variants(stem: str, part: str) -> dict[str, dict]:
     return meta["parts"][part]["result"]["variants"]
 
 
-@pytest.mark.parametrize("call", ["1", "2", "gpus"])
+@pytest.mark.parametrize("call", ["1", "2", "3", "gpus"])
 def test_environment(call):
     env = (H100 / f"environment_call{call}_session55.txt").read_text()
     assert "NVIDIA H100 80GB HBM3" in env and "triton 3.6.0" in env and "torch 2.11.0" in env
@@ -84,3 +84,17 @@ def test_gpu_suite():
         passed += int(re.search(r"(\d+) passed", last).group(1))
     assert passed == 204
     assert "the `-m gpu` suite **204 passed**" in LOG
+
+
+def test_twell_train_compile_on_the_gpu():
+    """Call 3: ``twell train --compile``, hot/cold FFN, follows the eager loop's losses (tiny preset, 30 steps)."""
+    logs = {m: json.loads((H100 / f"train_log_hot-cold_{m}_call3_session55.json").read_text())
+            for m in ("eager", "compile")}
+    assert logs["compile"]["config"]["compile"] is True and logs["eager"]["config"]["compile"] is False
+    pairs = list(zip(logs["eager"]["logs"], logs["compile"]["logs"], strict=True))
+    assert len(pairs) == 30
+    worst = max(abs(a["lm_loss"] - b["lm_loss"]) / a["lm_loss"] for a, b in pairs)
+    assert worst < 7.5e-4 and "within **0.075 %**" in LOG
+    for m in ("eager", "compile"):
+        text = (H100 / f"train_hot-cold_{m}_call3_session55.log").read_text()
+        assert "final lm loss" in text and "recompile" not in text.lower()
