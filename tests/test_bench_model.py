@@ -513,3 +513,26 @@ def test_failing_divergence_diagnostic_is_recorded_and_the_part_goes_on(tmp_path
         assert "divergences" not in v and "dense_top2_gap" not in v, name
     table = summary_table(data["meta"]["parts"], "tiny", "cpu")
     assert table.count("100 % identical; divergence check failed: RuntimeError: simulated logits") == len(entries)
+
+
+def test_train_table_says_compiled_and_spilled_tokens() -> None:
+    """A training variant's check column names a compiled step and the tokens the hot/cold op recomputed densely in
+    the last timed step (session 55's first compiled step ran 0.068x of dense with spills that only the JSON held)."""
+    from twell.bench.model_report import summary_table
+    from twell.bench.model_train import train_rows
+
+    result = {"batch": 8, "tokens": 16384, "variants": {
+        "dense": {"ms": 300.0, "tokens_per_ms": 54.6, "speedup": 1.0, "compiled": True},
+        "sparse:hot-cold": {"ms": 4350.0, "tokens_per_ms": 3.8, "speedup": 0.069, "compiled": True,
+                            "layer_spilled_tokens_last_step": [0, 3749, 5646, 0]},
+        "sparse:eager": {"ms": 228.0, "tokens_per_ms": 71.9, "speedup": 1.32,
+                         "layer_spilled_tokens_last_step": [0, 0, 0, 0]},
+    }}
+    rows = {r["variant"]: r for r in train_rows(result)}
+    assert rows["sparse:hot-cold"]["spilled_tokens_last_step"] == 9395 and rows["sparse:hot-cold"]["compiled"]
+    assert rows["sparse:eager"]["spilled_tokens_last_step"] == 0 and not rows["sparse:eager"]["compiled"]
+    assert rows["dense"]["spilled_tokens_last_step"] is None
+    table = summary_table({"train": {"status": "ok", "result": result}}, "tiny", "cpu")
+    line = {ln.split("|")[2].strip(): ln for ln in table.splitlines() if ln.startswith("| train")}
+    assert line["sparse:hot-cold"].endswith("| 9395 tokens recomputed densely (spilled) in the last step, compiled |")
+    assert line["dense"].endswith("| compiled |") and line["sparse:eager"].endswith("|  |")

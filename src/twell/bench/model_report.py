@@ -81,6 +81,11 @@ def _check(row: dict[str, Any]) -> str:
             notes.append(f"grad err {row['grad_rel_err_vs_fp32_max']:.1e} vs fp32{verdict}")
         if row.get("peak_memory_reduction") is not None:
             notes.append(f"peak memory {-100 * row['peak_memory_reduction']:+.0f} %")
+        if row.get("spilled_tokens_last_step"):
+            # session 55's first compiled step: 0.068x of dense with tokens spilled, and the table did not say why
+            notes.append(f"{row['spilled_tokens_last_step']} tokens recomputed densely (spilled) in the last step")
+        if row.get("compiled"):
+            notes.append("compiled")
         return ", ".join(notes)
     return ""
 

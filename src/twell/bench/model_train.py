@@ -293,12 +293,16 @@ def train_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         mem = v.get("memory") or {}
         l0 = v.get("layer_l0")
         grad_errs = v.get("grad_rel_err_vs_fp32")
+        spilled = v.get("layer_spilled_tokens_last_step")
         rows.append({
             "part": "train", "variant": name, "batch": result.get("batch"), "tokens": result.get("tokens"),
             "ms": v.get("ms"), "tokens_per_ms": v.get("tokens_per_ms"), "speedup": v.get("speedup"),
             "peak_gb": mem.get("peak_gb"), "peak_memory_reduction": v.get("peak_memory_reduction"),
             "l0_mean": sum(l0) / len(l0) if l0 else None,
             "grad_rel_err_vs_fp32_max": max(grad_errs.values()) if grad_errs else None, "ok": v.get("ok"),
+            "compiled": bool(v.get("compiled", False)),
+            # tokens the hot/cold op recomputed densely in the last timed step, over all layers: slow when many
+            "spilled_tokens_last_step": sum(spilled) if spilled is not None else None,
             "error": (v.get("error") or v.get("check_error") or "").split("\n")[0] or None,
         })
     return rows
