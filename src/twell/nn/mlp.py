@@ -692,6 +692,9 @@ class SparseGatedMLP(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``train_impl="hot-cold"``: the op with the layer's hot set (:meth:`_training_hot_set`) and the ELL
         width of that set; traced by torch.compile, the op's custom-op form."""
+        # The width comes back with the set, computed eagerly from its float cold-l0 estimate, so the traced op below
+        # reads only the set's tensors and ints (tests/test_nn_compile.py: dynamo recompiles when a size first
+        # changes, then marks it dynamic; a second pass over the same sets compiles nothing).
         hot, width = self._training_hot_set(x, w_gate)
         stats: dict[str, torch.Tensor] = {}
         out = twell_gated_ffn_l1_hot_cold(x, w_gate, w_up, w_down, hot, width=width, stats=stats)
