@@ -66,6 +66,9 @@ PROBES = {
     "heavy_rows_stats.py": (("--heavy-pairs", "2", "--count-heavy"), "layer",
                             ["bound  3.0 heavy 2 counted: l0", "bound 10.0 heavy 2 counted: l0",
                              "left rows over 16/32/64/128 pairs", "heaviest left"]),
+    # every training implementation's checked gradients and each layer's gate flips against the float32 model
+    "train_check_flips.py": ((), "", ["seed 0 dense ", "seed 0 sparse-reference ", "seed 0 hot-cold ",
+                                      "layers.0.mlp.down_proj ", "    layer 1: "]),
     "recorded_forward_probe.py": (("--min-expected", "1", "--severe-tiles", "3", "--severe-pairs", "128",
                                    "--small-bound", "3", "--fused-pass", "--batch-pass-rows", "64", "--causal-skip",
                                    "--heavy-pairs", "2", "--count-heavy", "--cached-weights"),
