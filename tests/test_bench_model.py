@@ -18,6 +18,7 @@ from twell.bench.model_energy import EnergyMeter  # noqa: E402
 from twell.bench.model_measure import time_interleaved  # noqa: E402
 from twell.bench.model_setup import prepare  # noqa: E402
 from twell.bench.model_sparsity import BIAS_CHANNEL, SparsityTarget, measure_layers  # noqa: E402
+from twell.bench.model_train import CHECK_MIN_TOKENS, TrainConfig, check_sequences  # noqa: E402
 from twell.tolerances import (  # noqa: E402
     ABS_TOL_CALIBRATED_DEAD_FRACTION,
     FP32_ELEMENT_TOL,
@@ -536,3 +537,17 @@ def test_train_table_says_compiled_and_spilled_tokens() -> None:
     line = {ln.split("|")[2].strip(): ln for ln in table.splitlines() if ln.startswith("| train")}
     assert line["sparse:hot-cold"].endswith("| 9395 tokens recomputed densely (spilled) in the last step, compiled |")
     assert line["dense"].endswith("| compiled |") and line["sparse:eager"].endswith("|  |")
+
+
+@pytest.mark.parametrize(("check_seqs", "batch", "seq", "want"), [
+    (None, 8, 64, 4),      # 256 tokens of 64-token sequences
+    (None, 8, 100, 3),     # rounded up to whole sequences
+    (None, 8, 2048, 1),    # the 1.5B preset: one sequence covers it
+    (None, 2, 32, 2),      # never more than the batch
+    (3, 8, 64, 3),         # an explicit count stands
+    (12, 8, 64, 8),        # at most the batch
+    (0, 8, 64, 1),         # 0 skips the check (the slice is unused then)
+])
+def test_train_check_covers_the_minimum_tokens_in_whole_sequences(check_seqs, batch, seq, want):
+    assert CHECK_MIN_TOKENS == 256
+    assert check_sequences(TrainConfig(batch=batch, check_seqs=check_seqs), seq) == want

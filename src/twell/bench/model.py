@@ -132,8 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--train-lr", type=float, default=0.0,
                    help="AdamW learning rate of the timed steps; 0 (default) runs the same optimizer kernels "
                         "but keeps the calibrated sparsity, which any update destroys (see model_train)")
-    g.add_argument("--train-check-seqs", type=int, default=1,
-                   help="sequences of the float32 gradient check (0: skip)")
+    g.add_argument("--train-check-seqs", type=int, default=None,
+                   help="sequences of the float32 gradient check (0: skip; default: enough for 256 tokens, at most "
+                        "--train-batch: on fewer, one unit switched on or off at one token can dominate the error)")
     g.add_argument("--train-warmup", type=int, default=2)
     g.add_argument("--train-reps", type=int, default=5)
     g.add_argument("--train-compile", action="store_true",
