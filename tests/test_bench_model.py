@@ -551,3 +551,9 @@ def test_train_table_says_compiled_and_spilled_tokens() -> None:
 def test_train_check_covers_the_minimum_tokens_in_whole_sequences(check_seqs, batch, seq, want):
     assert CHECK_MIN_TOKENS == 256
     assert check_sequences(TrainConfig(batch=batch, check_seqs=check_seqs), seq) == want
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True])
+def test_train_check_seqs_refuses_what_is_not_a_count(bad):
+    with pytest.raises(ValueError, match="check_seqs must be None"):
+        TrainConfig(check_seqs=bad)

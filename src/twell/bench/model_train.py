@@ -86,6 +86,11 @@ class TrainConfig:
     #: the FFN fused for both variants; the sparse FFN is its custom op with its autograd formula
     compile: bool = False
 
+    def __post_init__(self) -> None:
+        c = self.check_seqs
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 0):
+            raise ValueError(f"check_seqs must be None (enough sequences for {CHECK_MIN_TOKENS} tokens) or an int "
+                             f">= 0 (0: no check); got {c!r}")
 
 
 class DenseL1MLP(nn.Module):
