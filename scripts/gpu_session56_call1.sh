@@ -6,7 +6,6 @@
 #   1. scripts/eager_floor_probe.py, default and tables, 2048-16,384 tokens by the wall clock;
 #   2. twell tune-dispatch --eager at 2048 x 5632 (one layer's eager calls, the host's issuing counted);
 #   3. the forward at 8192 tokens compiled (inductor, default mode), default and tables (session 55 call 2's command);
-#   4. the compiled training step (session 55 call 2's command), if time is left.
 # Predictions: bench_results/<gpu>/session56_runs.md, written before the call.
 #   TWELL_COMMIT=<sha> bash scripts/gpu_session56_call1.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
@@ -18,11 +17,8 @@ stage eager_floor_probe "$(left 170)" "tokens=|eager floor|Error|error" python3 
 stage tune_eager_2048x5632 "$(left 215)" "eager|Error|WRONG|wrote" python3 -m twell.cli tune-dispatch \
   --shape 2048x5632 --ms 2048 4096 8192 16384 --densities 0.5 2 --eager --out "$R" \
   --stem "dispatch_eager_2048x5632_call${CALL}_$S"
-stage model_forward_b4 "$(left 370)" "^\| forward|^total|Error" python3 -m twell.cli bench model --preset 1.5b \
+stage model_forward_b4 "$(left 420)" "^\| forward|^total|Error" python3 -m twell.cli bench model --preset 1.5b \
   --parts forward --batch 4 --fused-norms --fused-residual --forward-policies default,tables --forward-compile \
   --out "$R" --stem "model_forward_b4_compiled_${S}"
 forward_summary "$R/model_forward_b4_compiled_${S}.json"
-stage model_train_compiled "$(left 585)" "^\| train|^total|Error|error" python3 -m twell.cli bench model \
-  --preset 1.5b --parts train --train-compile --part-timeout 190 --out "$R" --stem "model_train_compiled_${S}"
-train_summary "$R/model_train_compiled_${S}.json"
 call_end
