@@ -12,7 +12,8 @@ gradient wholly, and with 64 tokens one such token is most of a weight's error. 
 checked gradients' errors (as the benchmark computes them), then per layer the flips as (token, unit, float32 gate,
 variant gate).  With the float32 model's gate input replayed through the variant's layer the op's own gradients agree
 with float64 to ~2-3e-3 (checked by hand in session 56; ``tests/test_ops_hot_cold_training.py`` does it on random
-inputs), so a large error with a flip beside it is the flip's, not the op's.
+inputs), so a large error with a flip beside it is the flip's, not the op's.  Since session 56 the benchmark's check
+covers at least ``model_train.CHECK_MIN_TOKENS`` tokens (256), over which such flips average out.
 
     TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/train_check_flips.py --seeds 0 1 2 3 4   # CPU, ~1 min a seed
 """
@@ -92,7 +93,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--batch", type=int, default=4, help="sequences the calibration sees (session 55's run: 4)")
     p.add_argument("--seq", type=int, default=64, help="tokens a sequence (session 55's run: 64)")
-    p.add_argument("--check-seqs", type=int, default=1, help="sequences checked (the benchmark's default: 1)")
+    p.add_argument("--check-seqs", type=int, default=1,
+                   help="sequences checked (1: the benchmark's check until session 56, which now takes enough "
+                        "sequences for model_train.CHECK_MIN_TOKENS)")
     p.add_argument("--device", default=None)
     p.add_argument("--tiny", action="store_true", help="one seed of the tiny preset on 2 x 32 tokens (smoke test)")
     a = p.parse_args()
