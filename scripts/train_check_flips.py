@@ -27,7 +27,7 @@ import torch
 
 from twell.bench.model_setup import DEFAULT_L0, prepare
 from twell.bench.model_sparsity import SparsityTarget
-from twell.bench.model_train import DenseL1MLP, TrainConfig, _checked_params, _loss_backward, _rel
+from twell.bench.model_train import DenseL1MLP, TrainConfig, _checked_params, _loss_backward, _rel, layer_mlp
 
 IMPLS = ("dense", "sparse-reference", "hot-cold")
 
@@ -46,10 +46,6 @@ def _layer_inputs(model: torch.nn.Module, ids: torch.Tensor, l1_coef: float) -> 
     return seen
 
 
-def _gate_weight(mlp: torch.nn.Module) -> torch.Tensor:
-    return (mlp.inner if isinstance(mlp, DenseL1MLP) else mlp).gate_proj.weight.detach()
-
-
 def run_seed(preset: str, seed: int, device: torch.device, batch: int, seq: int, check_seqs: int) -> None:
     """The model calibrated on ``batch`` x ``seq`` tokens (as the benchmark's), checked on its first ``check_seqs``."""
     bench = prepare(preset, device=device, dtype=torch.bfloat16, batch=max(batch, check_seqs), seq=seq,
@@ -60,7 +56,7 @@ def run_seed(preset: str, seed: int, device: torch.device, batch: int, seq: int,
     ref_model = copy.deepcopy(model).float().train()
     ref_inputs = _layer_inputs(ref_model, ids, coef)
     ref_grads = {k: p.grad.detach().clone() for k, p in _checked_params(ref_model).items()}
-    ref_gates = {i: x @ _gate_weight(ref_model.model.layers[i].mlp).float().T for i, x in ref_inputs.items()}
+    ref_gates = {i: x @ layer_mlp(ref_model, i).gate_proj.weight.detach().float().T for i, x in ref_inputs.items()}
     del ref_model
     params = list(model.parameters())
     snapshot = [p.detach().clone() for p in params]
@@ -80,7 +76,7 @@ def run_seed(preset: str, seed: int, device: torch.device, batch: int, seq: int,
         model.zero_grad(set_to_none=True)
         print(f"seed {seed} {impl:16s} " + " ".join(f"{k} {v:.2e}" for k, v in errs.items()), flush=True)
         for i, x in inputs.items():
-            w = _gate_weight(model.model.layers[i].mlp)
+            w = layer_mlp(model, i).gate_proj.weight.detach()
             gate = (x.to(w.dtype) @ w.T).float()
             flips = ((gate > 0) != (ref_gates[i] > 0)).nonzero().tolist()
             shown = [(t, u, round(float(ref_gates[i][t, u]), 5), round(float(gate[t, u]), 5)) for t, u in flips[:6]]

@@ -55,7 +55,7 @@ from .model_measure import (
 )
 from .model_setup import BenchModel
 
-__all__ = ["DenseL1MLP", "TrainConfig", "run_train", "train_rows"]
+__all__ = ["CHECK_MIN_TOKENS", "DenseL1MLP", "TrainConfig", "check_sequences", "layer_mlp", "run_train", "train_rows"]
 
 
 #: The fewest tokens the float32 gradient check covers when ``TrainConfig.check_seqs`` is None (whole sequences, at
@@ -110,23 +110,25 @@ class DenseL1MLP(nn.Module):
         return F.linear(h, m.down_proj.weight)
 
 
+def layer_mlp(model: nn.Module, i: int) -> nn.Module:
+    """Layer ``i``'s MLP module with its projections: any of the MLP modules in the layers (:class:`DenseL1MLP`
+    keeps its weights one level down)."""
+    m = model.model.layers[i].mlp
+    return m.inner if isinstance(m, DenseL1MLP) else m
+
+
 def _checked_params(model: nn.Module) -> dict[str, torch.Tensor]:
     """A few weights whose gradients are checked: the first layer's MLP and attention (their gradient has
-    come back through every layer) and the last layer's down projection.  Works with any of the MLP
-    modules in the layers (:class:`DenseL1MLP` keeps its weights one level down)."""
+    come back through every layer) and the last layer's down projection (:func:`layer_mlp`)."""
     layers = model.model.layers
     last = len(layers) - 1
-
-    def mlp(i: int) -> nn.Module:
-        m = layers[i].mlp
-        return m.inner if isinstance(m, DenseL1MLP) else m
-
+    first = layer_mlp(model, 0)
     return {
-        "layers.0.mlp.gate_proj": mlp(0).gate_proj.weight,
-        "layers.0.mlp.up_proj": mlp(0).up_proj.weight,
-        "layers.0.mlp.down_proj": mlp(0).down_proj.weight,
+        "layers.0.mlp.gate_proj": first.gate_proj.weight,
+        "layers.0.mlp.up_proj": first.up_proj.weight,
+        "layers.0.mlp.down_proj": first.down_proj.weight,
         "layers.0.self_attn.q_proj": layers[0].self_attn.q_proj.weight,
-        f"layers.{last}.mlp.down_proj": mlp(last).down_proj.weight,
+        f"layers.{last}.mlp.down_proj": layer_mlp(model, last).down_proj.weight,
     }
 
 
