@@ -11,6 +11,10 @@ It prints per token count the medians, default / dense as a speedup, how many la
 for an eager call, and last the smallest ``DispatchPolicy.eager_min_tokens`` that keeps every measured eager forward at
 or above ``--bar`` of dense (0 when none falls below).
 
+``--graphs N``: also each policy's layers with ``eager_graphs=N`` (``sparse:<policy>+graphs``: calls below the eager
+floor that the tables send sparse are recorded in CUDA graphs per token count and replayed, ``twell.nn.call_graphs``);
+the warm-up then needs 4 rounds (l0, the count's first call, the recording, a replay) and gets at least that.
+
     PYTHONPATH=src:scripts python3 scripts/eager_floor_probe.py --out $OUT/run            # GPU machine, ~2 minutes
     TRITON_INTERPRET=1 PYTHONPATH=src python3 scripts/eager_floor_probe.py --device cpu --tiny
 """
@@ -77,6 +81,8 @@ def main() -> None:
                    help="untimed rounds (the first measures l0, the next choose the hot sets)")
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--bar", type=float, default=0.95, help="the speedup below which a point counts as a loss")
+    p.add_argument("--graphs", type=int, default=0,
+                   help="also each policy with eager_graphs=N (recorded eager calls below the floor; 0: not)")
     p.add_argument("--device", default=None)
     p.add_argument("--tiny", action="store_true", help="the tiny preset, a few small token counts (interpreter test)")
     p.add_argument("--out", default=None, help="folder for eager_floor_probe.json")
@@ -86,11 +92,22 @@ def main() -> None:
     if a.tiny:  # on the CPU the default policy runs dense: always-sparse exercises the sparse path
         preset, tokens, seq, reps, policies = "tiny", [8, 32, 64], 32, 2, ["default", "always-sparse"]
     bench = probe_model(preset, device, tokens, seq, policies)
+    warmup = a.warmup
+    if a.graphs:
+        first = bench.sets.sets["dense"][0]
+        shape = (first.gate_proj.in_features, first.gate_proj.out_features)
+        for pol in list(policies):
+            if not POLICIES[pol].eager_floor_tokens(shape):  # no floor: every call takes the tables, none is recorded
+                print(f"--graphs: '{pol}' sets no eager floor at {shape[0]} x {shape[1]}, so no graphed variant")
+                continue
+            bench.sets.add_converted(f"sparse:{pol}+graphs", pol, eager_graphs=a.graphs)
+            policies.append(f"{pol}+graphs")
+        warmup = max(warmup, 4)
     n_seqs = bench.tokens.shape[0]
     if device.type == "cuda":
         print(torch.cuda.get_device_name(device), "torch", torch.__version__, flush=True)
     print(f"{preset}: built in {bench.seconds['build_s']:.1f} s, calibrated on {n_seqs} x {seq} tokens in "
-          f"{bench.seconds['calibrate_s']:.1f} s; eager forwards, wall clock, {a.warmup} warm-up + {reps} reps",
+          f"{bench.seconds['calibrate_s']:.1f} s; eager forwards, wall clock, {warmup} warm-up + {reps} reps",
           flush=True)
     names = ["dense", *(f"sparse:{pol}" for pol in policies)]
     rows = []
@@ -98,7 +115,7 @@ def main() -> None:
         for n in tokens:
             call = forward_of(bench, n, seq)
             t = time_interleaved({name: (lambda name=name: call(name)) for name in names}, device=device,
-                                 warmup=a.warmup, reps=reps)
+                                 warmup=warmup, reps=reps)
             row: dict = {"tokens": n, "errors": t.errors}
             for name in names:
                 if t.samples.get(name):
@@ -107,14 +124,16 @@ def main() -> None:
                 name = f"sparse:{pol}"
                 layers = [m for m in bench.sets.sets[name] if isinstance(m, SparseGatedMLP)]
                 row[f"{name}_sparse_layers"] = sum(m._use_sparse(n, device.type, eager=True) for m in layers)
+                if pol.endswith("+graphs"):
+                    row[f"{name}_recorded_layers"] = sum(n in m._graphs.calls for m in layers)
                 if f"{name}_ms" in row and "dense_ms" in row:
                     row[f"{name}_speedup"] = row["dense_ms"] / row[f"{name}_ms"]
             rows.append(row)
             cells = " | ".join(f"{k.removesuffix('_ms')} {v:.3f} ms" for k, v in row.items() if k.endswith("_ms"))
             extra = " | ".join(f"{k} {v:.3f}x" if k.endswith("speedup") else f"{k} {v}"
-                               for k, v in row.items() if k.endswith(("speedup", "sparse_layers")))
+                               for k, v in row.items() if k.endswith(("speedup", "sparse_layers", "recorded_layers")))
             print(f"tokens={n:6d} | {cells} | {extra}" + (f" | errors {t.errors}" if t.errors else ""), flush=True)
-    result = {"preset": preset, "device": str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
+    result = {"graphs": a.graphs, "preset": preset, "device": str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "bar": a.bar, "rows": rows, "floors": {}}
     for pol in policies:
         pts = [{"tokens": r["tokens"], "speedup": r.get(f"sparse:{pol}_speedup")} for r in rows]

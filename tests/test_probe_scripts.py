@@ -49,10 +49,14 @@ PROBES = {
     "fp8_screen_probe.py": ((), "M=", ["margin est k=0.1:", "margin norms k=0.05:", "speed: not timed"]),
     # every up-kernel configuration built and the down kernel timed on both flag sets; none/real/all firing counts
     "batch_up_probe.py": ((), "d=", ["real(2048, 1, 4) ", "down_real ", "firing units none/real/all 0/"]),
-    # every token count timed for both variants, always-sparse's layers sparse, a floor printed for each
-    "eager_floor_probe.py": ((), "", ["tokens=    64 | dense ", "sparse:always-sparse_sparse_layers 2",
-                                      "eager floor for 'default' at bar 0.95: eager_min_tokens = ",
-                                      "eager floor for 'always-sparse' at bar 0.95"]),
+    # every token count timed for each variant, always-sparse's layers sparse, a floor printed for each; the default's
+    # graphed variant added (always-sparse sets no floor: none for it), nothing recorded off CUDA
+    "eager_floor_probe.py": (("--graphs", "4"), "", ["tokens=    64 | dense ", "sparse:always-sparse_sparse_layers 2",
+                                                     "sparse:default+graphs_recorded_layers 0",
+                                                     "eager floor for 'default' at bar 0.95: eager_min_tokens = ",
+                                                     "eager floor for 'always-sparse' at bar 0.95",
+                                                     "eager floor for 'default+graphs' at bar 0.95",
+                                                     "--graphs: 'always-sparse' sets no eager floor"]),
     # each token count's forwards timed interleaved and alone, and both sets profiled
     "eager_stall_probe.py": ((), "", ["tokens=    64 dense ", "(alone ", "sparse stalls: ", "dense stalls: "]),
     # per token count both sets' layers' host and GPU time, the wall clock with the refresh on and off, the launches;

@@ -144,16 +144,29 @@ class MlpSets:
         first = base[0]
         options = {"backend": first.backend, "tile": first.tile, "capacity": first.capacity,
                    "precision": first.precision}
+        self._model, self._options = model, options
         revert(model)
         self.sets: dict[str, list[nn.Module]] = {"dense": [layer.mlp for layer in self.layers]}
         for name in policies:
             if name == "default":
                 self.sets["sparse:default"] = base
                 continue
-            self.use("dense")
-            apply(model, policy=POLICIES[name], **options)
-            self.sets[f"sparse:{name}"] = [layer.mlp for layer in self.layers]
+            self.add_converted(f"sparse:{name}", name)
         self.use("dense")
+
+    def add_converted(self, name: str, policy: str, **mlp_kwargs: object) -> list[nn.Module]:
+        """Register set ``name``: :class:`SparseGatedMLP` layers sharing the weights, under ``POLICIES[policy]``,
+        with the base set's backend, tile, capacity and precision plus ``mlp_kwargs`` (``eager_graphs=4``); the
+        ``"dense"`` set is active after."""
+        if policy not in POLICIES:
+            raise ValueError(f"unknown dispatch policy {policy!r}; choose from {', '.join(POLICIES)}")
+        if name in self.sets:
+            raise ValueError(f"set {name!r} exists already")
+        self.use("dense")
+        apply(self._model, policy=POLICIES[policy], **self._options, **mlp_kwargs)
+        self.sets[name] = [layer.mlp for layer in self.layers]
+        self.use("dense")
+        return self.sets[name]
 
     def add(self, name: str, modules: list[nn.Module]) -> None:
         """Register another set (one module per layer, sharing the weights)."""

@@ -42,7 +42,7 @@ _PROJ = ("gate_proj", "up_proj", "down_proj")
 _ORIGINAL_ATTR = "_twell_original_mlp"
 #: Attribute on the converted model holding ``config.hidden_act`` as it was before ``allow_silu``.
 _ORIGINAL_ACT_ATTR = "_twell_original_hidden_act"
-_MLP_KWARGS = ("backend", "tile", "capacity", "precision", "policy", "l0_refresh_every")
+_MLP_KWARGS = ("backend", "tile", "capacity", "precision", "policy", "l0_refresh_every", "eager_graphs")
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ def apply(model: nn.Module, *, allow_silu: bool = False, **mlp_kwargs: Any) -> C
         allow_silu: also convert SiLU-gated MLPs (the model then computes with ReLU: for sparse
             fine-tuning, not for inference of the original model).
         **mlp_kwargs: :class:`SparseGatedMLP` options (``backend``, ``tile``, ``capacity``,
-            ``precision``, ``policy``, ``l0_refresh_every``).
+            ``precision``, ``policy``, ``l0_refresh_every``, ``eager_graphs``).
 
     Everything is checked before anything is changed: a refused model is left untouched.
     """

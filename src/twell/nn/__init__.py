@@ -25,6 +25,7 @@ from .dispatch import (
     envelope_table,
 )
 from .dispatch_file import load_policy, save_policy
+from .eager_graphs import graph_eager_calls
 from .mlp import DenseReluGatedMLP, SparseGatedMLP, static_dispatch
 from .norm import FusedRMSNorm, fuse_rms_norms, unfuse_rms_norms
 from .qkv import fuse_qkv, qkv_fused, unfuse_qkv
@@ -63,6 +64,7 @@ __all__ = [
     "fuse_residual_adds",
     "fuse_rms_norms",
     "fuse_rotary",
+    "graph_eager_calls",
     "load_policy",
     "load_train_policy",
     "prepare_static_weights",

@@ -75,6 +75,8 @@ from ..ops.hot_cold_training import (
 from ..ops.inference import PRECISIONS, TRITON_TILES, _check_triton_dtype
 from ..ops.training import twell_gated_ffn_l1
 from ..reference.training import dense_gated_ffn_l1, gated_ffn_l1
+from . import call_graphs
+from .call_graphs import GraphedCall, LayerGraphs
 from .dispatch import DEFAULT_POLICY, DispatchPolicy, density_of
 from .hot_cold_cache import HotColdCache
 from .train_dispatch import (
@@ -246,6 +248,13 @@ def _dense_ffn(
     return residual + F.linear(h, w_down), a
 
 
+def _check_eager_graphs(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"eager_graphs must be an int >= 0 (token counts whose eager calls are recorded in CUDA "
+                         f"graphs; 0: none), got {value!r}")
+    return value
+
+
 def _check_sizes(hidden_size: object, intermediate_size: object) -> None:
     check_positive_int(hidden_size, "hidden_size")
     check_positive_int(intermediate_size, "intermediate_size")
@@ -353,6 +362,16 @@ class SparseGatedMLP(nn.Module):
             weight: 1.09x with 256 hot units, 1.82x with 2304 at d=2048, F=5632, session 20's sets at
             0.5 % and 2 %).  Not used when the weights are inference tensors (created under
             ``torch.inference_mode``): they have no version counter, so a cached plan could go stale unseen.
+        eager_graphs: for eager inference calls below the policy's eager floor that its tables send to the hot/cold
+            split (on CUDA), record the call of each of the first this many token counts that come twice in a CUDA
+            graph and replay it on later calls of that count, so the host issues one graph launch and two copies
+            instead of the op's ~15 launches (:mod:`twell.nn.call_graphs`); 0 (the default): none, such calls run
+            dense.  The first call of a count runs as without graphs (dense), the second runs the split eagerly and
+            records it, l0 refresh calls run the split eagerly (they re-choose the hot units); a new hot set, weight
+            change, dtype or stream drops the recordings.  Each recorded count keeps a static input and output
+            shared by the layers of that shape, and the recordings share one memory pool per device and stream, so
+            replays must not run concurrently on two streams.  Set it on a whole model with
+            :func:`twell.nn.graph_eager_calls`.
         device, dtype: of the parameters, as for ``nn.Linear``.
 
     Attributes set by ``forward``: ``last_l0`` (float32 scalar tensor on the layer's device, no grad; the
@@ -377,6 +396,7 @@ class SparseGatedMLP(nn.Module):
         train_impl: str = "auto",
         train_policy: TrainDispatchPolicy | None = None,
         hot_cold: bool = True,
+        eager_graphs: int = 0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -403,6 +423,7 @@ class SparseGatedMLP(nn.Module):
         if not isinstance(policy, DispatchPolicy):
             raise TypeError(f"policy must be a twell.nn.DispatchPolicy or None, got {type(policy).__name__}")
         check_positive_int(l0_refresh_every, "l0_refresh_every")
+        _check_eager_graphs(eager_graphs)
         if train_policy is None:
             train_policy = DEFAULT_TRAIN_POLICY
         if not isinstance(train_policy, TrainDispatchPolicy):
@@ -448,6 +469,7 @@ class SparseGatedMLP(nn.Module):
         #: recomputed densely (int32 [1] on the device; slow when large: a hot set chosen on other tokens).
         self.last_spilled_tokens: torch.Tensor | None = None
         self._hot_cold = HotColdCache()
+        self._graphs = LayerGraphs(eager_graphs)  # the recorded eager calls (eager_graphs)
 
     # ------------------------------------------------------------------ construction from weights
     @classmethod
@@ -741,6 +763,17 @@ class SparseGatedMLP(nn.Module):
         self._state.set_l0(value)
 
     @property
+    def eager_graphs(self) -> int:
+        """Token counts whose eager calls below the eager floor are recorded in CUDA graphs (see the class docs)."""
+        return self._graphs.limit
+
+    @eager_graphs.setter
+    def eager_graphs(self, value: int) -> None:
+        _check_eager_graphs(value)
+        self._graphs.clear()
+        self._graphs.limit = value
+
+    @property
     def _l0_estimate(self) -> float | None:
         return self._state.estimate
 
@@ -780,6 +813,12 @@ class SparseGatedMLP(nn.Module):
             state.eager_floor = policy.eager_floor_tokens((self.hidden_size, self.intermediate_size))
             state.eager_floor_policy = policy
         eager = m < state.eager_floor and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+        if eager and self._graphs.limit:
+            out = self._ffn_graphed(x, m, weights, residual, refresh)
+            if out is not None:
+                if refresh or state.estimate is None:
+                    self._sync_l0_estimate()
+                return out
         if self._use_sparse(m, x.device, eager) and not self._needs_grad(x):
             state.refresh_now = refresh
             if x.dim() == 2:
@@ -793,6 +832,62 @@ class SparseGatedMLP(nn.Module):
                 self.last_l0 = self._measure_dense_l0(a)
         if refresh or state.estimate is None:
             self._sync_l0_estimate()
+        return out
+
+    def _ffn_graphed(self, x: torch.Tensor, m: int, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                     residual: torch.Tensor | None, refresh: bool) -> torch.Tensor | None:
+        """An eager call below the eager floor through the layer's recorded calls (``eager_graphs``): a replay, or the
+        split run eagerly (a count's second call, which records it after; l0 refresh calls, which re-choose the hot
+        units); None where the call runs as without recordings (a count's first call, another path in the tables, no
+        hot units, no room for another count)."""
+        graphs = self._graphs
+        device = x.device
+        recorder = call_graphs.RECORDER
+        if not recorder.supports(device) or self._path(m, device) != "sparse" or self._needs_grad(x):
+            return None
+        prep = self._prepare_sparse(*weights)
+        if not prep.hot_cold or graphs.first_call(m):
+            return None
+        x2 = x.reshape(m, self.hidden_size)
+        res2 = None if residual is None else residual.reshape(m, self.hidden_size)
+        state = self._state
+        if refresh:  # the split eagerly: it re-chooses the hot units and its counts give l0
+            state.refresh_now = True
+            return self._ffn_sparse(x2, res2).view(x.shape)
+        stream = recorder.stream_key(device)
+        chosen = self._hot_cold.chosen
+        plan = self._current_plan(x2, weights, prep) if chosen else None
+        if plan is not None:
+            call = graphs.get(m, (prep.generation, id(plan), x.dtype, stream), self._hot_cold.dense_rows(m))
+            if call is not None:
+                return call(x2, res2).view(x.shape)
+            if not graphs.has_room(m):
+                return None
+        elif chosen:  # an empty hot set: the plain TwELL op, not recorded
+            return None
+        # The split eagerly (it compiles the kernels of this size and chooses the hot units if none are; its output is
+        # this call's), then the same call recorded.
+        state.refresh_now = False
+        out = self._ffn_sparse(x2, res2).view(x.shape)
+        plan = self._current_plan(x2, weights, prep)
+        dense_rows = self._hot_cold.dense_rows(m)
+        if plan is None:
+            return out
+        graphs.get(m, (prep.generation, id(plan), x.dtype, stream), dense_rows)  # drops recordings of another state
+        if not graphs.has_room(m):
+            return out
+        w_gate, w_up, w_down = weights
+        w_down_t = self._buffers["_wd_unit_major"]  # current: _ffn_sparse's _prepare_sparse rebuilt it if Wd changed
+        static_x = call_graphs.static_buffer("x", (m, self.hidden_size), x.dtype, device, stream)
+        static_out = call_graphs.static_buffer("out", (m, self.hidden_size), x.dtype, device, stream)
+        tile, capacity = self.tile, prep.capacity
+
+        def launch() -> None:
+            launch_hot_cold_ffn(static_x, plan, w_gate, w_up, w_down_t, tile=tile, capacity=capacity,
+                                dense_rows=dense_rows, out=static_out)
+
+        replay = recorder.record(launch, device)
+        graphs.put(m, GraphedCall(dense_rows, replay, static_x, static_out, (plan, w_gate, w_up, w_down_t)), device)
         return out
 
     def choose_hot_units(self, x: torch.Tensor) -> None:
@@ -1064,6 +1159,7 @@ class SparseGatedMLP(nn.Module):
         state["_wd_key"] = None
         state["_sparse_prep"] = None
         state["last_l1"] = None
+        state["_graphs"] = LayerGraphs(self._graphs.limit)  # recordings hold device addresses
         return state
 
     # ------------------------------------------------------------------ statistics and repr
@@ -1081,4 +1177,5 @@ class SparseGatedMLP(nn.Module):
             f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, act=relu, "
             f"backend={self.backend!r}, tile={self.tile}, capacity={self.capacity}, precision={self.precision!r}, "
             f"l0_refresh_every={self.l0_refresh_every}"
+            + (f", eager_graphs={self.eager_graphs}" if self.eager_graphs else "")
         )

@@ -212,6 +212,7 @@ def launch_hot_cold_ffn(
     cold_format: str = "auto",
     dense_rows: int = 0,
     residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [M, d], counts [M, n_cold_tiles + n_hot_tiles]) for validated, contiguous inputs.
 
@@ -233,6 +234,9 @@ def launch_hot_cold_ffn(
     the input dtype (the FFN rounded, then the sum rounded).  The TwELL gather adds it as it writes each row
     (:data:`FUSE_RESIDUAL`), so the decoder layer's separate pass over the residual goes; the other paths add it
     after.
+
+    ``out`` ([M, d], x's dtype and device, contiguous; None: a fresh tensor): where the output is written, every
+    element of it (a CUDA graph of the call records a fixed address: ``twell.nn.call_graphs``).
 
     ``counts`` holds the non-zeros per (row, tile of cold columns) then per (row, tile of hot units):
     each row sums to its l0.
@@ -282,7 +286,11 @@ def launch_hot_cold_ffn(
             cold = launch_pack_bitmap(g_cold, tile)
         else:
             cold = launch_pack_twell(g_cold, tile, capacity, unit_map=plan.cold if unit_ids else None)
-    out = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    elif out.shape != (m, d) or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{m}, {d}] {x.dtype} tensor on {x.device}, got "
+                         f"{tuple(out.shape)} {out.dtype} on {out.device} (contiguous: {out.is_contiguous()})")
     taken = None
     if COLD_IN_DOWN_GEMM and cold_format == "twell" and n_cold and m and down_cold_supported(x, n_hot):
         # out written for the tokens with a cold list; the row kernel below does the others (an overflowing

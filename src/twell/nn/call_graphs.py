@@ -1,0 +1,194 @@
+"""CUDA graphs of a layer's eager hot/cold calls, one per repeated token count (``SparseGatedMLP(eager_graphs=N)``).
+
+Why: an eager hot/cold call costs its host 442-957 us of issuing on the GPU machines (session 40,
+``scripts/op_host_time.py``; the dense chain 76-119 us), so below the default policy's eager floor (8937 tokens at
+2048 x 5632, ``DispatchPolicy.eager_min_flops``) the 1.5B model's eager forward on the tables lost to dense: 0.438x /
+0.570x / 0.797x at 2048 / 4096 / 6144 tokens on an H100 in session 56 (``bench_results/h100/session56_runs.md``),
+although the same calls recorded in CUDA graphs (the whole backbone under ``static_dispatch``, session 49) ran 1.006x /
+1.122x / 1.181x of recorded dense at 2048 / 4096 / 8192.  A replay costs the host one graph launch and the input's copy
+(tens of us), whatever the kernels inside.
+
+What a layer records: the hot/cold op (``launch_hot_cold_ffn``) reading a static input and writing a static output,
+for one token count, dtype, stream, weight state, hot set and dense-row budget.  A replay copies the call's tokens in,
+launches the graph and returns a fresh tensor (the static output cloned, or added to the residual: the same bits as
+the fused add, ``launch_hot_cold_ffn``'s ``residual``), so nothing a caller holds is overwritten by a later replay.
+
+Memory: the graphs of one device and stream share one CUDA graph memory pool, and their static inputs and outputs of
+one shape are shared too (replays on one stream never overlap, and each call's output is copied out before the next
+replay), so N recorded counts cost about one call's intermediates plus an input and an output per count, not per layer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+__all__ = ["CudaGraphRecorder", "GraphedCall", "LayerGraphs", "Recorder", "RECORDER", "static_buffer"]
+
+#: Bound on the token counts whose calls a layer remembers having seen (the second call of a count records it).
+MAX_SEEN_COUNTS = 256
+
+
+class Recorder(Protocol):
+    """What records a call's launches and replays them (a CUDA graph on the GPU; tests substitute their own)."""
+
+    def supports(self, device: torch.device) -> bool:
+        """Whether calls on ``device`` can be recorded."""
+        ...
+
+    def stream_key(self, device: torch.device) -> Any:
+        """The current stream of ``device``, as a key: graphs and their buffers are kept per stream."""
+        ...
+
+    def record(self, launch: Callable[[], None], device: torch.device) -> Callable[[], None]:
+        """Record ``launch()``'s work on ``device`` and return what replays it on the current stream."""
+        ...
+
+    def synchronize(self, device: torch.device) -> None:
+        """Wait for the work queued on ``device``'s current stream (before a recording is dropped)."""
+        ...
+
+
+class CudaGraphRecorder:
+    """Records into ``torch.cuda.CUDAGraph``s captured on a side stream, one memory pool per device and stream.
+
+    Not ``torch.cuda.graph``: its entry synchronises the device, runs ``gc.collect()`` and empties the caching
+    allocator on every capture, which a model's 28 layers would each pay on their first recorded call.  Capture errors
+    are confined to this thread (``capture_error_mode="thread_local"``), so another thread's CUDA calls during the
+    capture do not invalidate it."""
+
+    def __init__(self) -> None:
+        self._pools: dict[Any, Any] = {}
+        self._side: dict[int, torch.cuda.Stream] = {}
+
+    def supports(self, device: torch.device) -> bool:
+        return device.type == "cuda"
+
+    def stream_key(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device).cuda_stream
+
+    def record(self, launch: Callable[[], None], device: torch.device) -> Callable[[], None]:
+        current = torch.cuda.current_stream(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        pool = self._pools.get((index, current.cuda_stream))
+        if pool is None:
+            pool = self._pools[(index, current.cuda_stream)] = torch.cuda.graph_pool_handle()
+        side = self._side.get(index)
+        if side is None:
+            side = self._side[index] = torch.cuda.Stream(device)
+        graph = torch.cuda.CUDAGraph()
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                launch()
+            except BaseException:
+                try:
+                    graph.capture_end()
+                except RuntimeError:
+                    pass  # the capture is invalid anyway: the launch's own error is the one to report
+                raise
+            graph.capture_end()
+        current.wait_stream(side)
+        return graph.replay
+
+    def synchronize(self, device: torch.device) -> None:
+        torch.cuda.current_stream(device).synchronize()
+
+
+#: The recorder every layer uses (``tests/test_nn_call_graphs.py`` substitutes one that runs on the CPU).
+RECORDER: Recorder = CudaGraphRecorder()
+
+_STATIC: weakref.WeakValueDictionary[tuple[Any, ...], torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def static_buffer(role: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                  stream: Any) -> torch.Tensor:
+    """The recorded calls' shared ``role`` buffer ("x" or "out") of this shape, dtype, device and stream; alive while a
+    recording holds it.  Built with inference mode off, so calls inside and outside ``torch.inference_mode`` can
+    copy into it."""
+    key = (role, shape, dtype, str(device), stream)
+    buf = _STATIC.get(key)
+    if buf is None:
+        with torch.inference_mode(False), torch.no_grad():
+            buf = torch.empty(shape, dtype=dtype, device=device)
+        _STATIC[key] = buf
+    return buf
+
+
+@dataclass
+class GraphedCall:
+    """One recorded call: ``replay()`` reads ``x`` and writes ``out``; ``key`` says which state it is valid for
+    (the dense-row budget); ``keep`` holds what the recording reads by address (weights, the plan's copies)."""
+
+    key: Any
+    replay: Callable[[], None]
+    x: torch.Tensor
+    out: torch.Tensor
+    keep: tuple[Any, ...]
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The recorded call on ``x`` (plus ``residual``): a fresh tensor."""
+        self.x.copy_(x)
+        self.replay()
+        return self.out.clone() if residual is None else torch.add(residual, self.out)
+
+
+class LayerGraphs:
+    """One layer's recorded calls: those of the first ``limit`` token counts that came twice, all for one state
+    (weights, hot set, dtype, stream: ``state``); a change of state drops them all (the hot set is re-chosen on l0
+    refresh calls, so the counts kept follow the workload).  Counts beyond ``limit`` are not recorded: evicting one
+    for another would record on every call of a workload that cycles through more counts, each recording an eager
+    sparse call plus a capture."""
+
+    __slots__ = ("calls", "device", "limit", "seen", "state")
+
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit
+        self.calls: dict[int, GraphedCall] = {}
+        self.seen: dict[int, int] = {}
+        self.state: Any = None
+        self.device: torch.device | None = None
+
+    def first_call(self, n_tokens: int) -> bool:
+        """Count a call of ``n_tokens`` tokens; True for the first one (the second of a count records it)."""
+        if n_tokens in self.seen:
+            return False
+        if len(self.seen) >= MAX_SEEN_COUNTS:
+            self.seen.pop(next(iter(self.seen)))
+        self.seen[n_tokens] = 1
+        return True
+
+    def get(self, n_tokens: int, state: Any, key: Any) -> GraphedCall | None:
+        """The recorded call of ``n_tokens`` tokens valid for ``state`` and ``key``, else None (a changed ``state``
+        drops every recording)."""
+        if state != self.state:
+            self.clear()
+            self.state = state
+            return None
+        call = self.calls.get(n_tokens)
+        return call if call is not None and call.key == key else None
+
+    def has_room(self, n_tokens: int) -> bool:
+        """Whether a call of ``n_tokens`` tokens may be recorded (its count kept already, or fewer than ``limit``)."""
+        return n_tokens in self.calls or len(self.calls) < self.limit
+
+    def put(self, n_tokens: int, call: GraphedCall, device: torch.device) -> None:
+        """Keep ``call`` for ``n_tokens`` tokens (replacing that count's recording; ``has_room`` said yes)."""
+        if not self.has_room(n_tokens):
+            raise RuntimeError(f"no room for another recorded token count: {len(self.calls)} of {self.limit} kept")
+        if self.calls.pop(n_tokens, None) is not None:
+            RECORDER.synchronize(device)  # a replay still queued keeps reading what the old recording frees
+        self.calls[n_tokens] = call
+        self.device = device
+
+    def clear(self) -> None:
+        """Drop every recording (after the queued work that may still replay them)."""
+        if self.calls and self.device is not None:
+            RECORDER.synchronize(self.device)
+        self.calls.clear()
+        self.state = None

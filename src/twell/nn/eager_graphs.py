@@ -1,0 +1,28 @@
+"""Recorded eager calls for every sparse layer of a model: ``SparseGatedMLP.eager_graphs`` set in one call."""
+
+from __future__ import annotations
+
+import torch
+
+from .mlp import SparseGatedMLP
+
+#: Token counts per layer that :func:`graph_eager_calls` records by default: a fixed prefill chunk or benchmark batch
+#: and a few more, each costing a static input and output per layer shape (64 MB at 8192 tokens, d=2048, bf16).
+DEFAULT_COUNTS = 4
+
+
+def graph_eager_calls(model: torch.nn.Module, counts: int = DEFAULT_COUNTS) -> int:
+    """Set ``eager_graphs = counts`` on every :class:`SparseGatedMLP` in ``model`` (itself included; 0 turns the
+    recordings off and drops them) and return how many layers that was.
+
+    Raises ``TypeError`` for anything but an ``nn.Module``, ``ValueError`` for a count that is not an int >= 0 or a
+    model holding no ``SparseGatedMLP`` (most likely not converted)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    layers = [m for m in model.modules() if isinstance(m, SparseGatedMLP)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} holds no SparseGatedMLP layer: convert its MLPs first "
+                         "(SparseGatedMLP.from_dense, or twell's Hugging Face models)")
+    for layer in layers:
+        layer.eager_graphs = counts
+    return len(layers)
