@@ -82,7 +82,7 @@ class CudaGraphRecorder:
             side = self._side[index] = torch.cuda.Stream(device)
         graph = torch.cuda.CUDAGraph()
         side.wait_stream(current)
-        with torch.cuda.stream(side):
+        with torch.cuda.device(index), torch.cuda.stream(side):
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
                 launch()
@@ -94,7 +94,17 @@ class CudaGraphRecorder:
                 raise
             graph.capture_end()
         current.wait_stream(side)
-        return graph.replay
+
+        def replay() -> None:
+            # a graph launches on the current device's stream: a layer on another GPU than the current one (a model
+            # spread over several by device_map) replays under its own
+            if torch.cuda.current_device() == index:
+                graph.replay()
+            else:
+                with torch.cuda.device(index):
+                    graph.replay()
+
+        return replay
 
     def synchronize(self, device: torch.device) -> None:
         torch.cuda.current_stream(device).synchronize()
