@@ -133,8 +133,8 @@ def main() -> None:
             extra = " | ".join(f"{k} {v:.3f}x" if k.endswith("speedup") else f"{k} {v}"
                                for k, v in row.items() if k.endswith(("speedup", "sparse_layers", "recorded_layers")))
             print(f"tokens={n:6d} | {cells} | {extra}" + (f" | errors {t.errors}" if t.errors else ""), flush=True)
-    result = {"graphs": a.graphs, "preset": preset, "device": str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "bar": a.bar, "rows": rows, "floors": {}}
+    result = {"preset": preset, "device": str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "bar": a.bar, "graphs": a.graphs, "rows": rows, "floors": {}}
     for pol in policies:
         pts = [{"tokens": r["tokens"], "speedup": r.get(f"sparse:{pol}_speedup")} for r in rows]
         floor = suggested_floor(pts, a.bar)

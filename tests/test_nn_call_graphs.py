@@ -53,8 +53,10 @@ class ReplayingRecorder:
 
 @pytest.fixture
 def recorder(monkeypatch) -> ReplayingRecorder:  # noqa: ANN001
+    """The CPU recorder, and no floor in work for recording (the test layer's calls are tiny)."""
     rec = ReplayingRecorder()
     monkeypatch.setattr(cg, "RECORDER", rec)
+    monkeypatch.setattr(cg, "RECORD_MIN_FLOPS", 0)
     return rec
 
 
@@ -249,6 +251,21 @@ def test_no_recording_without_the_split_or_where_the_recorder_cannot(recorder, m
         for _ in range(4):
             layer(_x(M, seed=4))
     assert recorder.records == 0 and not layer._hot_cold.chosen  # below the floor: dense, as without recordings
+
+
+def test_calls_under_the_recording_floor_in_work_run_as_without_recordings(recorder, monkeypatch):
+    monkeypatch.setattr(cg, "RECORD_MIN_FLOPS", 6 * M * D * F)  # 40 tokens of this layer: recorded; 32: not
+    layer = _layer()
+    with torch.no_grad():
+        for m in (M, 32) * 4:
+            out = layer(_x(m, seed=m))
+            assert rel_error(out, _want(layer, _x(m, seed=m))) <= REL_TOL[torch.float32]
+    assert recorder.records == 1 and list(layer._graphs.calls) == [M] and 32 not in layer._graphs.seen
+    assert cg.RECORD_MIN_FLOPS == 6 * M * D * F
+
+
+def test_the_shipped_recording_floor_is_4096_tokens_at_2048x5632():
+    assert cg.RECORD_MIN_FLOPS == 6 * 4096 * 2048 * 5632
 
 
 def test_tables_that_say_dense_are_followed(recorder):

@@ -32,6 +32,14 @@ __all__ = ["CudaGraphRecorder", "GraphedCall", "LayerGraphs", "Recorder", "RECOR
 #: Bound on the token counts whose calls a layer remembers having seen (the second call of a count records it).
 MAX_SEEN_COUNTS = 256
 
+#: The fewest floating-point operations (``6 * tokens * hidden_size * intermediate_size``, the dense FFN's three GEMMs)
+#: of a call that is recorded: 4096 tokens at 2048 x 5632.  Measured on an H100 80GB HBM3 (session 57, the 1.5B model's
+#: eager forward, ``bench_results/h100/session57_runs.md``): with every layer's calls recorded the forward ran 1.197x /
+#: 1.200x / 1.116x of dense at 4096 tokens in three runs and 1.18-1.22x at 6144-8192, but 0.981x / 0.916x / 0.972x at
+#: 2048 and 0.946x at 1024, where the dense forward is bound by the host's issuing too and the replay's input copy and
+#: output clone are extra GPU work.  Smaller calls run as without recordings (dense below the eager floor).
+RECORD_MIN_FLOPS = 6 * 4096 * 2048 * 5632
+
 
 class Recorder(Protocol):
     """What records a call's launches and replays them (a CUDA graph on the GPU; tests substitute their own)."""
@@ -62,7 +70,7 @@ class CudaGraphRecorder:
     capture do not invalidate it."""
 
     def __init__(self) -> None:
-        self._pools: dict[Any, Any] = {}
+        self._pools: dict[Any, weakref.ref] = {}  # (device index, stream) -> the last recording there
         self._side: dict[int, torch.cuda.Stream] = {}
 
     def supports(self, device: torch.device) -> bool:
@@ -74,9 +82,11 @@ class CudaGraphRecorder:
     def record(self, launch: Callable[[], None], device: torch.device) -> Callable[[], None]:
         current = torch.cuda.current_stream(device)
         index = device.index if device.index is not None else torch.cuda.current_device()
-        pool = self._pools.get((index, current.cuda_stream))
-        if pool is None:
-            pool = self._pools[(index, current.cuda_stream)] = torch.cuda.graph_pool_handle()
+        # The pool of a live recording of this device and stream: a pool whose graphs are all gone is released, and a
+        # capture into its stale handle fails an allocator assert (H100, torch 2.11, session 57)
+        live = self._pools.get((index, current.cuda_stream))
+        live = live() if live is not None else None
+        pool = live.pool() if live is not None else torch.cuda.graph_pool_handle()
         side = self._side.get(index)
         if side is None:
             side = self._side[index] = torch.cuda.Stream(device)
@@ -94,6 +104,7 @@ class CudaGraphRecorder:
                 raise
             graph.capture_end()
         current.wait_stream(side)
+        self._pools[(index, current.cuda_stream)] = weakref.ref(graph)
 
         def replay() -> None:
             # a graph launches on the current device's stream: a layer on another GPU than the current one (a model

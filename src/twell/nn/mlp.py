@@ -363,15 +363,16 @@ class SparseGatedMLP(nn.Module):
             0.5 % and 2 %).  Not used when the weights are inference tensors (created under
             ``torch.inference_mode``): they have no version counter, so a cached plan could go stale unseen.
         eager_graphs: for eager inference calls below the policy's eager floor that its tables send to the hot/cold
-            split (on CUDA), record the call of each of the first this many token counts that come twice in a CUDA
-            graph and replay it on later calls of that count, so the host issues one graph launch and two copies
-            instead of the op's ~15 launches (:mod:`twell.nn.call_graphs`); 0 (the default): none, such calls run
-            dense.  The first call of a count runs as without graphs (dense), the second runs the split eagerly and
-            records it, l0 refresh calls run the split eagerly (they re-choose the hot units); a new hot set, weight
-            change, dtype or stream drops the recordings.  Each recorded count keeps a static input and output
-            shared by the layers of that shape, and the recordings share one memory pool per device and stream, so
-            replays must not run concurrently on two streams.  Set it on a whole model with
-            :func:`twell.nn.graph_eager_calls`.
+            split (on CUDA; from :data:`twell.nn.call_graphs.RECORD_MIN_FLOPS` of work, 4096 tokens at 2048 x 5632),
+            record the call of each of the first this many token counts that come twice in a CUDA graph and replay
+            it on later calls of that count, so the host issues one graph launch and two copies instead of the
+            op's ~15 launches (:mod:`twell.nn.call_graphs`; the 1.5B model's eager forward 1.12-1.22x of dense at
+            4096-8192 tokens on an H100, session 57); 0 (the default): none, such calls run dense.  The first call
+            of a count runs as without graphs (dense), the second runs the split eagerly and records it, l0 refresh
+            calls run the split eagerly (they re-choose the hot units); a new hot set, weight change, dtype or
+            stream drops the recordings.  Each recorded count keeps a static input and output shared by the layers
+            of that shape, and the recordings share one memory pool per device and stream, so replays must not run
+            concurrently on two streams.  Set it on a whole model with :func:`twell.nn.graph_eager_calls`.
         device, dtype: of the parameters, as for ``nn.Linear``.
 
     Attributes set by ``forward``: ``last_l0`` (float32 scalar tensor on the layer's device, no grad; the
@@ -839,7 +840,9 @@ class SparseGatedMLP(nn.Module):
         """An eager call below the eager floor through the layer's recorded calls (``eager_graphs``): a replay, or the
         split run eagerly (a count's second call, which records it after; l0 refresh calls, which re-choose the hot
         units); None where the call runs as without recordings (a count's first call, another path in the tables, no
-        hot units, no room for another count)."""
+        hot units, no room for another count, fewer FLOPs than ``call_graphs.RECORD_MIN_FLOPS``)."""
+        if 6 * m * self.hidden_size * self.intermediate_size < call_graphs.RECORD_MIN_FLOPS:
+            return None
         graphs = self._graphs
         device = x.device
         recorder = call_graphs.RECORDER
