@@ -197,3 +197,25 @@ def flat_text(path: Path) -> str:
     """A file's text with line breaks, comment markers and runs of spaces as single spaces (the provenance tests'
     quotes span wrapped lines)."""
     return " ".join(Path(path).read_text().replace("#:", " ").split())
+
+
+def hot_cold_test_layer(policy, **kw):  # noqa: ANN001, ANN201 - twell.nn types imported here only
+    """A 32 x 256 fp32 ``SparseGatedMLP`` (Triton backend, tile 32) under ``policy`` whose inputs from
+    :func:`hot_cold_test_tokens` fire 64 frequent units and rare others: the hot/cold split's test layer."""
+    from twell.nn import SparseGatedMLP
+
+    d, f = 32, 256
+    gen = torch.Generator().manual_seed(0)
+    wg = torch.randn(f, d, generator=gen) / d**0.5
+    wg[:, 0] = -2.5  # x[:, 0] = 1: a bias channel, rare units ...
+    wg[:64, 0] = 1.0  # ... but 64 frequent ones
+    wu = torch.randn(f, d, generator=gen) / d**0.5
+    wd = torch.randn(d, f, generator=gen) / f**0.5
+    return SparseGatedMLP.from_weights(wg, wu, wd, backend="triton", tile=32, policy=policy, **kw).eval()
+
+
+def hot_cold_test_tokens(m: int, seed: int) -> torch.Tensor:
+    """``m`` tokens for :func:`hot_cold_test_layer` (channel 0 held at 1)."""
+    x = torch.randn(m, 32, generator=torch.Generator().manual_seed(seed))
+    x[:, 0] = 1.0
+    return x

@@ -12,6 +12,7 @@ import pickle
 
 import pytest
 import torch
+from _helpers import hot_cold_test_layer, hot_cold_test_tokens
 
 from twell.nn import DispatchPolicy, SparseGatedMLP, graph_eager_calls
 from twell.nn import call_graphs as cg
@@ -61,24 +62,14 @@ def recorder(monkeypatch) -> ReplayingRecorder:  # noqa: ANN001
 
 
 def _layer(eager_graphs: int = 2, *, policy: DispatchPolicy | None = None, **kw) -> SparseGatedMLP:
-    """A 32 x 256 layer with 64 frequent units whose tables say sparse at every count, eager calls under 64 tokens
-    below its floor (``policy``: another)."""
-    gen = torch.Generator().manual_seed(0)
-    wg = torch.randn(F, D, generator=gen) / D**0.5
-    wg[:, 0] = -2.5  # x[:, 0] = 1: a bias channel, rare units ...
-    wg[:64, 0] = 1.0  # ... but 64 frequent ones
-    wu = torch.randn(F, D, generator=gen) / D**0.5
-    wd = torch.randn(D, F, generator=gen) / F**0.5
+    """The split's 32 x 256 test layer (64 frequent units) whose tables say sparse at every count, eager calls under
+    64 tokens below its floor (``policy``: another)."""
     policy = policy or DispatchPolicy(table=((1, 1.0),), force=True, eager_min_tokens=FLOOR)
     kw.setdefault("l0_refresh_every", 1000)
-    return SparseGatedMLP.from_weights(wg, wu, wd, backend="triton", tile=32, policy=policy,
-                                       eager_graphs=eager_graphs, **kw).eval()
+    return hot_cold_test_layer(policy, eager_graphs=eager_graphs, **kw)
 
 
-def _x(m: int, seed: int) -> torch.Tensor:
-    x = torch.randn(m, D, generator=torch.Generator().manual_seed(seed))
-    x[:, 0] = 1.0
-    return x
+_x = hot_cold_test_tokens
 
 
 def _want(layer: SparseGatedMLP, x: torch.Tensor) -> torch.Tensor:

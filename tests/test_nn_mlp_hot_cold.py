@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import recording_backend
+from _helpers import hot_cold_test_layer, hot_cold_test_tokens, recording_backend
 
 from twell.nn import DispatchPolicy, SparseGatedMLP, static_dispatch
 from twell.reference.inference import dense_gated_ffn
@@ -12,22 +12,11 @@ from twell.tolerances import L0_ABS_TOL_FP32, REL_TOL, rel_error
 
 
 def _layer(policy: DispatchPolicy | None = None, **kw) -> SparseGatedMLP:
-    """A 32 x 256 layer with 64 frequent units, sparse on the CPU at every token count (``policy``: another)."""
-    d, f = 32, 256
-    gen = torch.Generator().manual_seed(0)
-    wg = torch.randn(f, d, generator=gen) / d**0.5
-    wg[:, 0] = -2.5  # x[:, 0] = 1: a bias channel, rare units ...
-    wg[:64, 0] = 1.0  # ... but 64 frequent ones
-    wu = torch.randn(f, d, generator=gen) / d**0.5
-    wd = torch.randn(d, f, generator=gen) / f**0.5
-    policy = policy or DispatchPolicy(table=((1, 1.0),), force=True)  # always sparse, on the CPU too
-    return SparseGatedMLP.from_weights(wg, wu, wd, backend="triton", tile=32, policy=policy, **kw).eval()
+    """The split's 32 x 256 test layer, sparse on the CPU at every token count (``policy``: another)."""
+    return hot_cold_test_layer(policy or DispatchPolicy(table=((1, 1.0),), force=True), **kw)
 
 
-def _x(m: int, seed: int) -> torch.Tensor:
-    x = torch.randn(m, 32, generator=torch.Generator().manual_seed(seed))
-    x[:, 0] = 1.0
-    return x
+_x = hot_cold_test_tokens
 
 
 def test_hot_units_chosen_on_refresh_and_output_exact():

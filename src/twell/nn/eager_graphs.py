@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .mlp import SparseGatedMLP
+from .mlp import _check_eager_graphs
+from .model_layers import sparse_layers
 
 #: Token counts per layer that :func:`graph_eager_calls` records by default: a fixed prefill chunk or benchmark batch
 #: and a few more, each costing a static input and output per layer shape (64 MB at 8192 tokens, d=2048, bf16).
@@ -17,12 +18,8 @@ def graph_eager_calls(model: torch.nn.Module, counts: int = DEFAULT_COUNTS) -> i
 
     Raises ``TypeError`` for anything but an ``nn.Module``, ``ValueError`` for a count that is not an int >= 0 or a
     model holding no ``SparseGatedMLP`` (most likely not converted)."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    layers = [m for m in model.modules() if isinstance(m, SparseGatedMLP)]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} holds no SparseGatedMLP layer: convert its MLPs first "
-                         "(SparseGatedMLP.from_dense, or twell's Hugging Face models)")
+    layers = sparse_layers(model)
+    _check_eager_graphs(counts)  # before any layer changes
     for layer in layers:
         layer.eager_graphs = counts
     return len(layers)

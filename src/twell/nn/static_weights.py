@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .mlp import SparseGatedMLP
+from .model_layers import sparse_layers
 
 
 def prepare_static_weights(model: torch.nn.Module) -> list[bool]:
@@ -19,10 +19,4 @@ def prepare_static_weights(model: torch.nn.Module) -> list[bool]:
 
     Raises ``TypeError`` for anything but an ``nn.Module`` and ``ValueError`` when ``model`` holds no
     ``SparseGatedMLP`` (nothing would read cached copies: most likely the model was not converted)."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    layers = [m for m in model.modules() if isinstance(m, SparseGatedMLP)]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} holds no SparseGatedMLP layer: convert its MLPs first "
-                         "(SparseGatedMLP.from_dense, or twell's Hugging Face models)")
-    return [m.prepare_static_weights() for m in layers]
+    return [m.prepare_static_weights() for m in sparse_layers(model)]
