@@ -7,9 +7,9 @@
 #   2. scripts/eager_floor_probe.py, dense / default / tables / default with eager_graphs=4, 2048-16,384 tokens, the
 #      1.5B model's eager forward by the wall clock; twice (the spread between runs at 8192 tokens, session 56).
 # Predictions: bench_results/<gpu>/session57_runs.md, written before the call.
-#   TWELL_COMMIT=<sha> bash scripts/gpu_session57_call1.sh
+#   TWELL_COMMIT=<sha> [CALL_NO=k] bash scripts/gpu_session57_call1.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
-call_begin session57 1
+call_begin session57 "${CALL_NO:-1}"
 nvidia-smi --query-gpu=name --format=csv,noheader
 stage gpu_tests_call_graphs "$(left 150)" "passed|failed|Error" python3 -m pytest -q -p no:cacheprovider \
   tests/test_nn_call_graphs.py -m "gpu or kernel" -rs
