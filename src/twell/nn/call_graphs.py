@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CudaGraphRecorder", "GraphedCall", "LayerGraphs", "Recorder", "RECORDER", "static_buffer"]
+__all__ = ["RECORDER", "RECORD_MIN_FLOPS", "CudaGraphRecorder", "GraphedCall", "LayerGraphs", "Recorder",
+           "static_buffer"]
 
 #: Bound on the token counts whose calls a layer remembers having seen (the second call of a count records it).
 MAX_SEEN_COUNTS = 256
