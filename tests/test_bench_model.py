@@ -174,6 +174,38 @@ def test_reduce_overhead_forward_warms_each_sparse_set_up_and_calls_inside_stati
     assert len(entered) == 9
 
 
+def test_a_graphed_forward_variant_has_its_layers_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--forward-policies always-sparse+graphs``: the policy's layers with ``eager_graphs`` on (the default count),
+    checked and timed beside the others; on the CPU nothing is recorded (no CUDA graphs: ``recorded_layers`` empty),
+    and the policy sets no eager floor anyway."""
+    from twell.bench import model_setup
+    from twell.nn.eager_graphs import DEFAULT_COUNTS
+
+    seen: list[int] = []
+    real = model_setup.MlpSets.add_converted
+
+    def spy(self, name: str, policy: str, **kw: object) -> list:  # noqa: ANN001
+        seen.append(int(kw.get("eager_graphs", 0)))
+        return real(self, name, policy, **kw)
+
+    monkeypatch.setattr(model_setup.MlpSets, "add_converted", spy)
+    data = _run_small_fp32(tmp_path, "forward", "--forward-policies", "always-sparse,always-sparse+graphs")
+    fwd = data["meta"]["parts"]["forward"]["result"]["variants"]
+    assert set(fwd) == {"dense", "sparse:always-sparse", "sparse:always-sparse+graphs"}
+    assert seen.count(DEFAULT_COUNTS) == 1 and seen[:2] == [0, DEFAULT_COUNTS]  # (then the decode part's "decode" set)
+    graphed = fwd["sparse:always-sparse+graphs"]
+    assert graphed["recorded_layers"] == [] and graphed["ms"] > 0
+    assert graphed["rel_err_vs_fp32"] <= 10 * fwd["sparse:always-sparse"]["rel_err_vs_fp32"] + 1e-6
+
+
+def test_set_policy_names_the_accepted_sets() -> None:
+    from twell.bench.model_setup import set_policy
+
+    assert set_policy("default+graphs") == "default" and set_policy("tables") == "tables"
+    with pytest.raises(ValueError, match="optionally with '\\+graphs'"):
+        set_policy("graphs")
+
+
 def test_reduce_overhead_forward_with_cached_weights_prepares_each_sparse_layer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--forward-cached-weights (on by default in reduce-overhead mode): after each sparse set's warm-up its layers
@@ -373,6 +405,8 @@ def test_bad_arguments_are_refused() -> None:
         bench_model.main(["--preset", "tiny", "--batch", "2", "--train-batch", "4", "--parts", "train"])
     with pytest.raises(SystemExit):
         bench_model.main(["--preset", "tiny", "--forward-policies", "fastest"])
+    with pytest.raises(SystemExit):
+        bench_model.main(["--preset", "tiny", "--forward-policies", "fastest+graphs"])
     with pytest.raises(SystemExit):
         bench_model.main(["--preset", "tiny", "--parts", "decode", "--decode-compile"])
     with pytest.raises(SystemExit):

@@ -55,7 +55,7 @@ from .model_decode import DecodeConfig, run_decode
 from .model_forward import COMPILE_MODES, ForwardConfig, run_forward
 from .model_measure import describe_error
 from .model_report import part_rows, plot_layers, summary_table
-from .model_setup import DEFAULT_L0, POLICIES, PRESETS, BenchModel, prepare
+from .model_setup import DEFAULT_L0, GRAPHED, POLICIES, PRESETS, BenchModel, prepare, set_policy
 from .model_sparsity import METHOD, SparsityTarget
 from .model_train import TrainConfig, run_train
 from .results import write_results
@@ -108,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--peak-ratio", type=float, default=3.0, help="densest / sparsest layer weight (layer_profiles)")
     g = p.add_argument_group("forward")
     g.add_argument("--forward-policies", type=_csv(str), default=("default", "always-sparse"),
-                   help=f"dispatch policies of the sparse variants ({', '.join(POLICIES)})")
+                   help=f"dispatch policies of the sparse variants ({', '.join(POLICIES)}); a name ending in "
+                        f"'{GRAPHED}' has the layers record their eager calls below the eager floor in CUDA graphs")
     g.add_argument("--warmup", type=int, default=2)
     g.add_argument("--reps", type=int, default=5)
     g.add_argument("--energy-seconds", type=float, default=3.0, help="energy window per variant (0: skip)")
@@ -173,9 +174,11 @@ def _check_args(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if bad or not a.parts:
         p.error(f"--parts takes {', '.join(PARTS)}; got {', '.join(bad)}")
     for flag, names in (("--forward-policies", a.forward_policies), ("--decode-policies", a.decode_policies)):
-        unknown = [x for x in names if x not in POLICIES]
-        if unknown:
-            p.error(f"{flag} takes {', '.join(POLICIES)}; got {', '.join(unknown)}")
+        for name in names:
+            try:
+                set_policy(name)
+            except ValueError as exc:
+                p.error(f"{flag}: {exc}")
     if "train" in a.parts and a.train_batch > a.batch:
         p.error(f"--train-batch {a.train_batch} > --batch {a.batch}: training uses sequences of the benchmark batch")
     for flag in ("batch", "seq", "train_batch", "prompt_len", "reps", "train_reps", "decode_reps"):

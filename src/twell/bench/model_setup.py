@@ -34,12 +34,14 @@ from ..nn import (
     fuse_rms_norms,
     fuse_rotary,
 )
+from ..nn.eager_graphs import DEFAULT_COUNTS
 from ..ops import DECODE_MAX_TOKENS
 from ..train.model import ModelSpec
 from .model_measure import synchronize
 from .model_sparsity import SparsityTarget, calibrate, install_bias_channel
 
-__all__ = ["DEFAULT_L0", "POLICIES", "PRESETS", "BenchModel", "MlpSets", "build_model", "make_tokens", "prepare"]
+__all__ = ["DEFAULT_L0", "GRAPHED", "POLICIES", "PRESETS", "BenchModel", "MlpSets", "build_model", "make_tokens",
+           "prepare", "set_policy"]
 
 #: Published shapes (paper table: 0.5B / 1B / 1.5B / 2B differ only in depth) and a CPU test model.
 PRESETS: dict[str, ModelSpec] = {
@@ -70,6 +72,21 @@ POLICIES: dict[str, DispatchPolicy] = {
     # (decode_probe_final_call6_session33.log)
     "decode-1": dataclasses.replace(DEFAULT_POLICY.without_eager_floor(), decode_max_tokens=1),
 }
+
+
+#: A set name's suffix for the policy's layers with ``eager_graphs`` on (``"default+graphs"``: the default policy, every
+#: layer recording its eager calls below the eager floor, :data:`twell.nn.eager_graphs.DEFAULT_COUNTS` token counts).
+GRAPHED = "+graphs"
+
+
+def set_policy(name: str) -> str:
+    """The dispatch policy of sparse set ``name`` (a :data:`POLICIES` key, optionally with the :data:`GRAPHED` suffix);
+    ``ValueError`` naming the accepted names for anything else."""
+    policy = name.removesuffix(GRAPHED)
+    if policy not in POLICIES:
+        raise ValueError(f"unknown dispatch policy {name!r}; choose from {', '.join(POLICIES)}, each optionally with "
+                         f"{GRAPHED!r} (eager calls recorded in CUDA graphs)")
+    return policy
 
 
 @contextlib.contextmanager
@@ -134,9 +151,8 @@ class MlpSets:
     """
 
     def __init__(self, model: nn.Module, policies: Sequence[str] = ("default",)) -> None:
-        unknown = sorted(set(policies) - set(POLICIES))
-        if unknown:
-            raise ValueError(f"unknown dispatch policies {unknown}; choose from {', '.join(POLICIES)}")
+        for name in policies:
+            set_policy(name)
         self.layers = model.model.layers
         base = [layer.mlp for layer in self.layers]
         if not all(isinstance(m, SparseGatedMLP) for m in base):
@@ -151,7 +167,8 @@ class MlpSets:
             if name == "default":
                 self.sets["sparse:default"] = base
                 continue
-            self.add_converted(f"sparse:{name}", name)
+            graphs = {"eager_graphs": DEFAULT_COUNTS} if name.endswith(GRAPHED) else {}
+            self.add_converted(f"sparse:{name}", set_policy(name), **graphs)
         self.use("dense")
 
     def add_converted(self, name: str, policy: str, **mlp_kwargs: object) -> list[nn.Module]:
