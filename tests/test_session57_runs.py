@@ -80,3 +80,31 @@ def test_gpu_suite_logs(group, passed):
     m = re.search(r"(\d+) passed, \d+ deselected", log)
     assert m and int(m.group(1)) == passed and "failed" not in log and " skipped" not in log
     assert 38 + 121 + 48 == 207 and "**207 passed**" in README and "**207 passed**" in RUNS
+
+
+A5, B5 = _rows("a_call5"), _rows("b_call5")
+
+
+def test_second_machine_as_quoted():
+    assert [_x(r[n], GRAPHS) for n in (4096, 6144, 8192) for r in (A5, B5)] == [
+        "1.217x", "0.996x", "1.214x", "1.151x", "1.238x", "1.228x"]
+    assert all(r[2048][f"{GRAPHS}_recorded_layers"] == 0 for r in (A5, B5))  # under the shipped recording floor
+    assert all(r[n][f"{GRAPHS}_recorded_layers"] == 28 for r in (A5, B5) for n in (4096, 6144, 8192))
+    quote = "1.217x / 0.996x at 4096, 1.214x / 1.151x at 6144, 1.238x / 1.228x at 8192"
+    assert quote in README
+    assert "1.217x / 0.996x at 4096 tokens, 1.214x / 1.151x at 6144, 1.238x / 1.228x at 8192" in PERFORMANCE
+    assert "| 4096 | 23.77 / 24.17 | 0.979x / 0.990x | 0.557x / 0.449x | **1.217x / 0.996x** | 1.197x / 1.200x |" in RUNS
+    tables = [r[n]["sparse:tables_speedup"] for r in (A5, B5) for n in (2048, 4096, 6144, 8192)]
+    assert f"{min(tables):.2f}" == "0.45" and f"{max(tables):.2f}" == "0.81"
+    assert "the unrecorded tables 0.45-0.81x" in README and "the unrecorded tables 0.45-0.81x up to 8192" in PERFORMANCE
+
+
+def test_bench_model_graphed_variant_as_quoted():
+    data = json.loads((H100 / "model_forward_b2_graphs_call5_session57.json").read_text())
+    variants = data["meta"]["parts"]["forward"]["result"]["variants"]
+    graphed = variants["sparse:default+graphs"]
+    assert f"{graphed['speedup']:.3f}x" == "1.034x" and graphed["recorded_layers"] == list(range(28))
+    assert f"{variants['dense']['ms']:.2f}" == "30.54" and f"{graphed['ms']:.2f}" == "29.54"
+    assert graphed["ok"] is True
+    assert "default,default+graphs --batch 2` 1.034x at 4096 tokens" in README
+    assert "**default+graphs 1.034x** (29.54 ms; all 28 layers recorded;" in RUNS
