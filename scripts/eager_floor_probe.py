@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from twell.bench.model_measure import time_interleaved
-from twell.bench.model_setup import DEFAULT_L0, POLICIES, BenchModel, prepare
+from twell.bench.model_setup import DEFAULT_L0, POLICIES, BenchModel, prepare, set_policy
 from twell.bench.model_sparsity import SparsityTarget
 from twell.nn import SparseGatedMLP
 from twell.nn.dispatch_tuning import derive_eager_floor
@@ -97,10 +97,10 @@ def main() -> None:
         first = bench.sets.sets["dense"][0]
         shape = (first.gate_proj.in_features, first.gate_proj.out_features)
         for pol in list(policies):
-            if not POLICIES[pol].eager_floor_tokens(shape):  # no floor: every call takes the tables, none is recorded
+            if not POLICIES[set_policy(pol)].eager_floor_tokens(shape):  # no floor: no call below it to record
                 print(f"--graphs: '{pol}' sets no eager floor at {shape[0]} x {shape[1]}, so no graphed variant")
                 continue
-            bench.sets.add_converted(f"sparse:{pol}+graphs", pol, eager_graphs=a.graphs)
+            bench.sets.add_converted(f"sparse:{pol}+graphs", set_policy(pol), eager_graphs=a.graphs)
             policies.append(f"{pol}+graphs")
         warmup = max(warmup, 4)
     n_seqs = bench.tokens.shape[0]

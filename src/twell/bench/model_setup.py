@@ -147,7 +147,8 @@ class MlpSets:
     Built from a model whose layers hold :class:`SparseGatedMLP` (the config's options, default policy):
     those become ``"sparse:default"``; :func:`twell.models.revert` gives ``"dense"``
     (:class:`~twell.nn.DenseReluGatedMLP`); :func:`twell.models.apply` with another policy gives
-    ``"sparse:<policy>"``.  The ``"dense"`` set is active when the constructor returns.
+    ``"sparse:<policy>"``, and a name with the :data:`GRAPHED` suffix that policy's layers with ``eager_graphs`` on
+    (``"sparse:default+graphs"``).  The ``"dense"`` set is active when the constructor returns.
     """
 
     def __init__(self, model: nn.Module, policies: Sequence[str] = ("default",)) -> None:
