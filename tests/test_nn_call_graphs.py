@@ -368,10 +368,12 @@ def test_static_buffers_are_shared_while_held_and_writable_in_inference_mode():
         assert cg.static_buffer("out", (4, 8), torch.float32, torch.device("cpu"), 0) is not a
         assert not a.is_inference()
     a.copy_(torch.ones(4, 8))  # outside inference mode too
-    ptr = a.data_ptr()
-    del a
+    key = ("x", (4, 8), torch.float32, "cpu", 0)
+    assert cg._STATIC.get(key) is a
+    del a  # no recording holds it: gone from the shared buffers
+    assert cg._STATIC.get(key) is None
     b = cg.static_buffer("x", (4, 8), torch.float32, torch.device("cpu"), 0)
-    assert isinstance(b, torch.Tensor) and b.shape == (4, 8) and ptr is not None
+    assert b.shape == (4, 8) and cg._STATIC.get(key) is b
 
 
 # ------------------------------------------------------------------ GPU: real CUDA graphs
