@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from twell.bench.model_measure import time_interleaved
-from twell.bench.model_setup import DEFAULT_L0, POLICIES, BenchModel, prepare, set_policy
+from twell.bench.model_setup import DEFAULT_L0, GRAPHED, POLICIES, BenchModel, prepare, set_policy
 from twell.bench.model_sparsity import SparsityTarget
 from twell.nn import SparseGatedMLP
 from twell.nn.dispatch_tuning import derive_eager_floor
@@ -100,8 +100,8 @@ def main() -> None:
             if not POLICIES[set_policy(pol)].eager_floor_tokens(shape):  # no floor: no call below it to record
                 print(f"--graphs: '{pol}' sets no eager floor at {shape[0]} x {shape[1]}, so no graphed variant")
                 continue
-            bench.sets.add_converted(f"sparse:{pol}+graphs", set_policy(pol), eager_graphs=a.graphs)
-            policies.append(f"{pol}+graphs")
+            bench.sets.add_converted(f"sparse:{pol}{GRAPHED}", set_policy(pol), eager_graphs=a.graphs)
+            policies.append(f"{pol}{GRAPHED}")
         warmup = max(warmup, 4)
     n_seqs = bench.tokens.shape[0]
     if device.type == "cuda":
@@ -124,7 +124,7 @@ def main() -> None:
                 name = f"sparse:{pol}"
                 layers = [m for m in bench.sets.sets[name] if isinstance(m, SparseGatedMLP)]
                 row[f"{name}_sparse_layers"] = sum(m._use_sparse(n, device.type, eager=True) for m in layers)
-                if pol.endswith("+graphs"):
+                if pol.endswith(GRAPHED):
                     row[f"{name}_recorded_layers"] = sum(n in m._graphs.calls for m in layers)
                 if f"{name}_ms" in row and "dense_ms" in row:
                     row[f"{name}_speedup"] = row["dense_ms"] / row[f"{name}_ms"]

@@ -27,19 +27,21 @@ from typing import Any, Protocol
 
 import torch
 
+from .dispatch import dense_ffn_flops
+
 __all__ = ["RECORDER", "RECORD_MIN_FLOPS", "CudaGraphRecorder", "GraphedCall", "LayerGraphs", "Recorder",
            "static_buffer"]
 
 #: Bound on the token counts whose calls a layer remembers having seen (the second call of a count records it).
 MAX_SEEN_COUNTS = 256
 
-#: The fewest floating-point operations (``6 * tokens * hidden_size * intermediate_size``, the dense FFN's three GEMMs)
-#: of a call that is recorded: 4096 tokens at 2048 x 5632.  Measured on an H100 80GB HBM3 (session 57, the 1.5B model's
+#: The fewest floating-point operations (``dispatch.dense_ffn_flops``, the dense FFN's three GEMMs) of a call that is
+#: recorded: 4096 tokens at 2048 x 5632.  Measured on an H100 80GB HBM3 (session 57, the 1.5B model's
 #: eager forward, ``bench_results/h100/session57_runs.md``): with every layer's calls recorded the forward ran 1.197x /
 #: 1.200x / 1.116x of dense at 4096 tokens in three runs and 1.18-1.22x at 6144-8192, but 0.981x / 0.916x / 0.972x at
 #: 2048 and 0.946x at 1024, where the dense forward is bound by the host's issuing too and the replay's input copy and
 #: output clone are extra GPU work.  Smaller calls run as without recordings (dense below the eager floor).
-RECORD_MIN_FLOPS = 6 * 4096 * 2048 * 5632
+RECORD_MIN_FLOPS = dense_ffn_flops(4096, (2048, 5632))
 
 
 class Recorder(Protocol):

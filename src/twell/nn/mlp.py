@@ -77,7 +77,7 @@ from ..ops.training import twell_gated_ffn_l1
 from ..reference.training import dense_gated_ffn_l1, gated_ffn_l1
 from . import call_graphs
 from .call_graphs import GraphedCall, LayerGraphs
-from .dispatch import DEFAULT_POLICY, DispatchPolicy, density_of
+from .dispatch import DEFAULT_POLICY, DispatchPolicy, dense_ffn_flops, density_of
 from .hot_cold_cache import HotColdCache
 from .train_dispatch import (
     DEFAULT_TRAIN_POLICY,
@@ -841,7 +841,7 @@ class SparseGatedMLP(nn.Module):
         split run eagerly (a count's second call, which records it after; l0 refresh calls, which re-choose the hot
         units); None where the call runs as without recordings (a count's first call, another path in the tables, no
         hot units, no room for another count, fewer FLOPs than ``call_graphs.RECORD_MIN_FLOPS``)."""
-        if 6 * m * self.hidden_size * self.intermediate_size < call_graphs.RECORD_MIN_FLOPS:
+        if dense_ffn_flops(m, (self.hidden_size, self.intermediate_size)) < call_graphs.RECORD_MIN_FLOPS:
             return None
         graphs = self._graphs
         device = x.device
@@ -858,10 +858,14 @@ class SparseGatedMLP(nn.Module):
             state.refresh_now = True
             return self._ffn_sparse(x2, res2).view(x.shape)
         stream = recorder.stream_key(device)
+
+        def state_of(plan: HotColdPlan) -> tuple[Any, ...]:  # what the recordings are valid for, but the budget
+            return (prep.generation, id(plan), x.dtype, stream)
+
         chosen = self._hot_cold.chosen
         plan = self._current_plan(x2, weights, prep) if chosen else None
         if plan is not None:
-            call = graphs.get(m, (prep.generation, id(plan), x.dtype, stream), self._hot_cold.dense_rows(m))
+            call = graphs.get(m, state_of(plan), self._hot_cold.dense_rows(m))
             if call is not None:
                 return call(x2, res2).view(x.shape)
             if not graphs.has_room(m):
@@ -876,7 +880,7 @@ class SparseGatedMLP(nn.Module):
         dense_rows = self._hot_cold.dense_rows(m)
         if plan is None:
             return out
-        graphs.get(m, (prep.generation, id(plan), x.dtype, stream), dense_rows)  # drops recordings of another state
+        graphs.get(m, state_of(plan), dense_rows)  # drops recordings of another state
         if not graphs.has_room(m):
             return out
         w_gate, w_up, w_down = weights
