@@ -32,7 +32,8 @@ import torch
 from twell.bench.model_measure import time_interleaved
 from twell.bench.model_setup import DEFAULT_L0, GRAPHED, POLICIES, BenchModel, prepare, set_policy
 from twell.bench.model_sparsity import SparsityTarget
-from twell.nn import SparseGatedMLP
+from twell.nn import SparseGatedMLP, call_graphs
+from twell.nn.dispatch import dense_ffn_flops
 from twell.nn.dispatch_tuning import derive_eager_floor
 
 TOKENS = (1024, 2048, 4096, 8192, 16384)
@@ -83,6 +84,9 @@ def main() -> None:
     p.add_argument("--bar", type=float, default=0.95, help="the speedup below which a point counts as a loss")
     p.add_argument("--graphs", type=int, default=0,
                    help="also each policy with eager_graphs=N (recorded eager calls below the floor; 0: not)")
+    p.add_argument("--record-max-tokens", type=int, default=None,
+                   help="with --graphs: also record calls at or above the eager floor up to this many tokens' work "
+                        "(sets twell.nn.call_graphs.RECORD_MAX_FLOPS for the model's FFN shape; default: as shipped)")
     p.add_argument("--device", default=None)
     p.add_argument("--tiny", action="store_true", help="the tiny preset, a few small token counts (interpreter test)")
     p.add_argument("--out", default=None, help="folder for eager_floor_probe.json")
@@ -96,8 +100,11 @@ def main() -> None:
     if a.graphs:
         first = bench.sets.sets["dense"][0]
         shape = (first.gate_proj.in_features, first.gate_proj.out_features)
+        if a.record_max_tokens is not None:
+            call_graphs.RECORD_MAX_FLOPS = dense_ffn_flops(a.record_max_tokens, shape)
         for pol in list(policies):
-            if not POLICIES[set_policy(pol)].eager_floor_tokens(shape):  # no floor: no call below it to record
+            if not (POLICIES[set_policy(pol)].eager_floor_tokens(shape) or call_graphs.RECORD_MAX_FLOPS):
+                # no floor and nothing recorded above one: no call to record
                 print(f"--graphs: '{pol}' sets no eager floor at {shape[0]} x {shape[1]}, so no graphed variant")
                 continue
             bench.sets.add_converted(f"sparse:{pol}{GRAPHED}", set_policy(pol), eager_graphs=a.graphs)
@@ -134,7 +141,8 @@ def main() -> None:
                                for k, v in row.items() if k.endswith(("speedup", "sparse_layers", "recorded_layers")))
             print(f"tokens={n:6d} | {cells} | {extra}" + (f" | errors {t.errors}" if t.errors else ""), flush=True)
     result = {"preset": preset, "device": str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "bar": a.bar, "graphs": a.graphs, "rows": rows, "floors": {}}
+              "torch": torch.__version__, "bar": a.bar, "graphs": a.graphs,
+              "record_max_flops": call_graphs.RECORD_MAX_FLOPS, "rows": rows, "floors": {}}
     for pol in policies:
         pts = [{"tokens": r["tokens"], "speedup": r.get(f"sparse:{pol}_speedup")} for r in rows]
         floor = suggested_floor(pts, a.bar)

@@ -54,10 +54,12 @@ class ReplayingRecorder:
 
 @pytest.fixture
 def recorder(monkeypatch) -> ReplayingRecorder:  # noqa: ANN001
-    """The CPU recorder, and no floor in work for recording (the test layer's calls are tiny)."""
+    """The CPU recorder, no floor in work for recording (the test layer's calls are tiny) and no recording at or above
+    the eager floor (tests that want it set ``RECORD_MAX_FLOPS``)."""
     rec = ReplayingRecorder()
     monkeypatch.setattr(cg, "RECORDER", rec)
     monkeypatch.setattr(cg, "RECORD_MIN_FLOPS", 0)
+    monkeypatch.setattr(cg, "RECORD_MAX_FLOPS", 0)
     return rec
 
 
@@ -228,6 +230,32 @@ def test_calls_at_or_above_the_floor_or_needing_grad_are_not_recorded(recorder):
     for _ in range(4):  # eval mode with grad: the dense path, whatever the policy says
         out = layer(x)
     assert recorder.records == 0 and out.requires_grad
+
+
+def test_calls_above_the_floor_are_recorded_up_to_the_bound_in_work(recorder, monkeypatch):
+    monkeypatch.setattr(cg, "RECORD_MAX_FLOPS", 6 * 96 * D * F)  # at or above the floor: 96 tokens recorded, 128 not
+    layer = _layer(eager_graphs=3)
+    eager = _spy_split(monkeypatch)
+    xs = {m: [_x(m, seed=m + i) for i in range(4)] for m in (FLOOR, 96, 128)}
+    with torch.no_grad():
+        outs = {m: [layer(x) for x in xs[m]] for m in xs}
+    # above the floor a count's first call runs the split eagerly already (as without recordings), the second records
+    assert eager == [FLOOR, FLOOR, 96, 96, 128, 128, 128, 128]
+    assert recorder.records == 2 and recorder.replays == 4
+    assert sorted(layer._graphs.calls) == [FLOOR, 96]
+    for m in xs:
+        for x, out in zip(xs[m], outs[m], strict=True):
+            assert torch.equal(out, _split(layer, x))
+
+
+def test_a_policy_without_an_eager_floor_records_up_to_the_bound(recorder, monkeypatch):
+    monkeypatch.setattr(cg, "RECORD_MAX_FLOPS", 6 * M * D * F)
+    layer = _layer(policy=DispatchPolicy(table=((1, 1.0),), force=True))
+    xs = [_x(M, seed=i) for i in range(4)]
+    with torch.no_grad():
+        outs = [layer(x) for x in xs]
+    assert recorder.records == 1 and recorder.replays == 2 and list(layer._graphs.calls) == [M]
+    assert all(torch.equal(out, _split(layer, x)) for x, out in zip(xs, outs, strict=True))
 
 
 def test_no_recording_without_the_split_or_where_the_recorder_cannot(recorder, monkeypatch):

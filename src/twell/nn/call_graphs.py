@@ -29,8 +29,8 @@ import torch
 
 from .dispatch import dense_ffn_flops
 
-__all__ = ["RECORDER", "RECORD_MIN_FLOPS", "CudaGraphRecorder", "GraphedCall", "LayerGraphs", "Recorder",
-           "static_buffer"]
+__all__ = ["RECORDER", "RECORD_MAX_FLOPS", "RECORD_MIN_FLOPS", "CudaGraphRecorder", "GraphedCall", "LayerGraphs",
+           "Recorder", "static_buffer"]
 
 #: Bound on the token counts whose calls a layer remembers having seen (the second call of a count records it).
 MAX_SEEN_COUNTS = 256
@@ -42,6 +42,10 @@ MAX_SEEN_COUNTS = 256
 #: 2048 and 0.946x at 1024, where the dense forward is bound by the host's issuing too and the replay's input copy and
 #: output clone are extra GPU work.  Smaller calls run as without recordings (dense below the eager floor).
 RECORD_MIN_FLOPS = dense_ffn_flops(4096, (2048, 5632))
+
+#: The most floating-point operations of a call at or above the policy's eager floor that is recorded (calls below the
+#: floor are recorded from RECORD_MIN_FLOPS up).  0: none at or above the floor, those run the split eagerly.
+RECORD_MAX_FLOPS = 0
 
 
 class Recorder(Protocol):

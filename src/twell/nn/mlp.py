@@ -813,8 +813,11 @@ class SparseGatedMLP(nn.Module):
         if state.eager_floor_policy is not policy:
             state.eager_floor = policy.eager_floor_tokens((self.hidden_size, self.intermediate_size))
             state.eager_floor_policy = policy
-        eager = m < state.eager_floor and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
-        if eager and self._graphs.limit:
+        below = m < state.eager_floor
+        graphed = self._graphs.limit and (below or self._records_above_floor(m))
+        capturing = (below or graphed) and x.is_cuda and torch.cuda.is_current_stream_capturing()
+        eager = below and not capturing
+        if graphed and not capturing:
             out = self._ffn_graphed(x, m, weights, residual, refresh)
             if out is not None:
                 if refresh or state.estimate is None:
@@ -835,12 +838,18 @@ class SparseGatedMLP(nn.Module):
             self._sync_l0_estimate()
         return out
 
+    def _records_above_floor(self, m: int) -> bool:
+        """Whether an eager call of ``m`` tokens at or above the eager floor may be recorded
+        (``call_graphs.RECORD_MAX_FLOPS``)."""
+        return dense_ffn_flops(m, (self.hidden_size, self.intermediate_size)) <= call_graphs.RECORD_MAX_FLOPS
+
     def _ffn_graphed(self, x: torch.Tensor, m: int, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                      residual: torch.Tensor | None, refresh: bool) -> torch.Tensor | None:
-        """An eager call below the eager floor through the layer's recorded calls (``eager_graphs``): a replay, or the
-        split run eagerly (a count's second call, which records it after; l0 refresh calls, which re-choose the hot
-        units); None where the call runs as without recordings (a count's first call, another path in the tables, no
-        hot units, no room for another count, fewer FLOPs than ``call_graphs.RECORD_MIN_FLOPS``)."""
+        """An eager call through the layer's recorded calls (``eager_graphs``; below the eager floor, or at or above it
+        up to ``call_graphs.RECORD_MAX_FLOPS``): a replay, or the split run eagerly (a count's second call, which
+        records it after; l0 refresh calls, which re-choose the hot units); None where the call runs as without
+        recordings (a count's first call, another path in the tables, no hot units, no room for another count, fewer
+        FLOPs than ``call_graphs.RECORD_MIN_FLOPS``)."""
         if dense_ffn_flops(m, (self.hidden_size, self.intermediate_size)) < call_graphs.RECORD_MIN_FLOPS:
             return None
         graphs = self._graphs
