@@ -363,7 +363,8 @@ class SparseGatedMLP(nn.Module):
             0.5 % and 2 %).  Not used when the weights are inference tensors (created under
             ``torch.inference_mode``): they have no version counter, so a cached plan could go stale unseen.
         eager_graphs: for eager inference calls below the policy's eager floor that its tables send to the hot/cold
-            split (on CUDA; from :data:`twell.nn.call_graphs.RECORD_MIN_FLOPS` of work, 4096 tokens at 2048 x 5632),
+            split (on CUDA; from :data:`twell.nn.call_graphs.RECORD_MIN_FLOPS` of work, 4096 tokens at 2048 x 5632;
+            and at or above the floor up to :data:`~twell.nn.call_graphs.RECORD_MAX_FLOPS`, 0: none),
             record the call of each of the first this many token counts that come twice in a CUDA graph and replay
             it on later calls of that count, so the host issues one graph launch and two copies instead of the
             op's ~15 launches (:mod:`twell.nn.call_graphs`; the 1.5B model's eager forward 1.12-1.22x of dense at
@@ -765,7 +766,8 @@ class SparseGatedMLP(nn.Module):
 
     @property
     def eager_graphs(self) -> int:
-        """Token counts whose eager calls below the eager floor are recorded in CUDA graphs (see the class docs)."""
+        """Token counts whose eager calls (below the eager floor, and above it up to ``call_graphs.RECORD_MAX_FLOPS``)
+        are recorded in CUDA graphs (see the class docs)."""
         return self._graphs.limit
 
     @eager_graphs.setter
