@@ -179,7 +179,7 @@ def test_a_graphed_forward_variant_has_its_layers_record(tmp_path: Path, monkeyp
     checked and timed beside the others; on the CPU nothing is recorded (no CUDA graphs: ``recorded_layers`` empty),
     and the policy sets no eager floor anyway."""
     from twell.bench import model_setup
-    from twell.nn.eager_graphs import DEFAULT_COUNTS
+    from twell.nn.call_graphs import DEFAULT_COUNTS
 
     seen: list[int] = []
     real = model_setup.MlpSets.add_converted
@@ -196,6 +196,19 @@ def test_a_graphed_forward_variant_has_its_layers_record(tmp_path: Path, monkeyp
     graphed = fwd["sparse:always-sparse+graphs"]
     assert graphed["recorded_layers"] == [] and graphed["ms"] > 0
     assert graphed["rel_err_vs_fp32"] <= 10 * fwd["sparse:always-sparse"]["rel_err_vs_fp32"] + 1e-6
+
+
+def test_mlp_sets_record_only_in_the_graphed_sets() -> None:
+    """A set's name says whether its layers record eager calls (``+graphs``: the layers' default count) or not
+    (``eager_graphs=0``, the model's own layers included), whatever the layer default."""
+    from twell.bench.model_setup import PRESETS, MlpSets, build_model
+    from twell.nn.call_graphs import DEFAULT_COUNTS
+
+    model = build_model(PRESETS["tiny"], device=torch.device("cpu"), dtype=torch.float32, seed=0)
+    assert {layer.mlp.eager_graphs for layer in model.model.layers} == {DEFAULT_COUNTS}
+    sets = MlpSets(model, ("default", "default+graphs", "tables"))
+    counts = {name: {m.eager_graphs for m in mods} for name, mods in sets.sets.items() if name != "dense"}
+    assert counts == {"sparse:default": {0}, "sparse:default+graphs": {DEFAULT_COUNTS}, "sparse:tables": {0}}
 
 
 def test_set_policy_names_the_accepted_sets() -> None:

@@ -296,12 +296,14 @@ def test_tables_that_say_dense_are_followed(recorder):
     assert recorder.records == 0 and not layer._hot_cold.chosen
 
 
-def test_off_by_default_and_setting_it_drops_the_recordings(recorder):
+def test_on_by_default_and_setting_it_drops_the_recordings(recorder):
+    default = hot_cold_test_layer(DispatchPolicy(table=((1, 1.0),), force=True, eager_min_tokens=FLOOR))
+    assert default.eager_graphs == cg.DEFAULT_COUNTS == 4 and "eager_graphs" not in repr(default)
     layer = _layer(eager_graphs=0)
     with torch.no_grad():
         for _ in range(4):
             layer(_x(M, seed=0))
-    assert recorder.records == 0 and layer.eager_graphs == 0 and "eager_graphs" not in repr(layer)
+    assert recorder.records == 0 and layer.eager_graphs == 0 and "eager_graphs=0" in repr(layer)
     layer.eager_graphs = 3
     assert "eager_graphs=3" in repr(layer)
     with torch.no_grad():
@@ -344,6 +346,9 @@ def test_conversion_passes_eager_graphs():
     model = torch.nn.Sequential(torch.nn.Identity(), DenseReluGatedMLP(D, F))
     apply(model, eager_graphs=5)
     assert isinstance(model[1], SparseGatedMLP) and model[1].eager_graphs == 5
+    model = torch.nn.Sequential(torch.nn.Identity(), DenseReluGatedMLP(D, F))
+    apply(model)
+    assert model[1].eager_graphs == cg.DEFAULT_COUNTS
 
 
 def test_pickle_and_deepcopy_keep_the_limit_not_the_recordings(recorder):

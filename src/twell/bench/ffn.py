@@ -135,7 +135,9 @@ def run_point(
     policy = (DEFAULT_POLICY.without_eager_floor() if cfg.dispatch_table is None
               else DispatchPolicy(table=cfg.dispatch_table, shapes=None))
     row["eager_floor_tokens"] = DEFAULT_POLICY.eager_floor_tokens((d, f))
-    mlp = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend, policy=policy).eval()
+    # No recorded calls (eager_graphs=0): the sweep times the policy's kernels, which a replay would hide behind its
+    # input and output copies.
+    mlp = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend, policy=policy, eager_graphs=0).eval()
     dense_mlp: DenseReluGatedMLP = mlp.to_dense().eval()
     with torch.no_grad():
         mlp(x)  # first call measures l0 on the dense path and sets the estimate
@@ -169,7 +171,7 @@ def run_point(
         # The module with the decode path switched on (off in the default policy until measured).
         policy = DispatchPolicy(table=DEFAULT_POLICY.table_for((d, f)), shapes=None,
                                 decode_max_tokens=ops.DECODE_MAX_TOKENS)
-        mlp_dec = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend, policy=policy).eval()
+        mlp_dec = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend, policy=policy, eager_graphs=0).eval()
         with torch.no_grad():
             mlp_dec(x)
             row["decode_module_ms"] = time_ms(lambda: mlp_dec(x), device=device, rep_ms=cfg.rep_ms)

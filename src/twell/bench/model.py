@@ -9,10 +9,12 @@ Parts (``--parts``, default all three; they always run in this order):
   Last, because the Triton training kernels are the least tested code here.
 
 Each sparse variant runs under a dispatch policy (``--forward-policies``, ``--decode-policies``):
-``default`` (what a :class:`~twell.nn.SparseGatedMLP` user gets: the measured H200 table, so dense where
-the table says dense, e.g. at decode token counts), ``decode`` (that table plus the small-batch kernels of
+``default`` (the default policy: the measured H200 table, so dense where the table says dense, e.g. at decode
+token counts, and below its eager floor), ``decode`` (that table plus the small-batch kernels of
 :mod:`twell.ops.decode` for calls of 1 to 64 tokens) and ``always-sparse`` (the TwELL kernels in every
-layer and call).
+layer and call).  A name ending in ``+graphs`` has the layers record their eager calls in CUDA graphs
+(``SparseGatedMLP(eager_graphs=4)``, :mod:`twell.nn.call_graphs`); without it the recordings are off, so
+``default+graphs`` is what a :class:`~twell.nn.SparseGatedMLP` user gets.
 
 The model (:mod:`twell.bench.model_setup`) is a randomly initialised TwellLlama of a published shape,
 given realistic activation sparsity by the calibration of :mod:`twell.bench.model_sparsity` (read its
@@ -107,9 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--tail-exponent", type=float, default=1.0, help="Zipf exponent of unit frequencies")
     g.add_argument("--peak-ratio", type=float, default=3.0, help="densest / sparsest layer weight (layer_profiles)")
     g = p.add_argument_group("forward")
-    g.add_argument("--forward-policies", type=_csv(str), default=("default", "always-sparse"),
+    g.add_argument("--forward-policies", type=_csv(str), default=("default", f"default{GRAPHED}", "always-sparse"),
                    help=f"dispatch policies of the sparse variants ({', '.join(POLICIES)}); a name ending in "
-                        f"'{GRAPHED}' has the layers record their eager calls below the eager floor in CUDA graphs")
+                        f"'{GRAPHED}' has the layers record their eager calls in CUDA graphs (as layers do by "
+                        "default), one without it has them off")
     g.add_argument("--warmup", type=int, default=2)
     g.add_argument("--reps", type=int, default=5)
     g.add_argument("--energy-seconds", type=float, default=3.0, help="energy window per variant (0: skip)")

@@ -34,7 +34,7 @@ from ..nn import (
     fuse_rms_norms,
     fuse_rotary,
 )
-from ..nn.eager_graphs import DEFAULT_COUNTS
+from ..nn.call_graphs import DEFAULT_COUNTS
 from ..ops import DECODE_MAX_TOKENS
 from ..train.model import ModelSpec
 from .model_measure import synchronize
@@ -75,7 +75,8 @@ POLICIES: dict[str, DispatchPolicy] = {
 
 
 #: A set name's suffix for the policy's layers with ``eager_graphs`` on (``"default+graphs"``: the default policy, every
-#: layer recording its eager calls below the eager floor, :data:`twell.nn.eager_graphs.DEFAULT_COUNTS` token counts).
+#: layer recording its eager calls, :data:`twell.nn.call_graphs.DEFAULT_COUNTS` token counts: what a model's layers do
+#: by default).  A set without it has the recordings off (``eager_graphs=0``), so that it times the policy's paths.
 GRAPHED = "+graphs"
 
 
@@ -148,7 +149,8 @@ class MlpSets:
     those become ``"sparse:default"``; :func:`twell.models.revert` gives ``"dense"``
     (:class:`~twell.nn.DenseReluGatedMLP`); :func:`twell.models.apply` with another policy gives
     ``"sparse:<policy>"``, and a name with the :data:`GRAPHED` suffix that policy's layers with ``eager_graphs`` on
-    (``"sparse:default+graphs"``).  The ``"dense"`` set is active when the constructor returns.
+    (``"sparse:default+graphs"``); the sets without it have ``eager_graphs=0``.  The ``"dense"`` set is active when
+    the constructor returns.
     """
 
     def __init__(self, model: nn.Module, policies: Sequence[str] = ("default",)) -> None:
@@ -166,16 +168,18 @@ class MlpSets:
         self.sets: dict[str, list[nn.Module]] = {"dense": [layer.mlp for layer in self.layers]}
         for name in policies:
             if name == "default":
+                for m in base:
+                    m.eager_graphs = 0
                 self.sets["sparse:default"] = base
                 continue
-            graphs = {"eager_graphs": DEFAULT_COUNTS} if name.endswith(GRAPHED) else {}
-            self.add_converted(f"sparse:{name}", set_policy(name), **graphs)
+            graphs = DEFAULT_COUNTS if name.endswith(GRAPHED) else 0
+            self.add_converted(f"sparse:{name}", set_policy(name), eager_graphs=graphs)
         self.use("dense")
 
     def add_converted(self, name: str, policy: str, **mlp_kwargs: object) -> list[nn.Module]:
         """Register set ``name``: :class:`SparseGatedMLP` layers sharing the weights, under ``POLICIES[policy]``,
-        with the base set's backend, tile, capacity and precision plus ``mlp_kwargs`` (``eager_graphs=4``); the
-        ``"dense"`` set is active after."""
+        with the base set's backend, tile, capacity and precision plus ``mlp_kwargs`` (``eager_graphs``: the layer
+        default unless given); the ``"dense"`` set is active after."""
         if policy not in POLICIES:
             raise ValueError(f"unknown dispatch policy {policy!r}; choose from {', '.join(POLICIES)}")
         if name in self.sets:

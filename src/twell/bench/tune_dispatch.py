@@ -93,7 +93,9 @@ def measure_point(problem: dict[str, torch.Tensor], x: torch.Tensor, density_pct
     """One point: the sparse and the dense module on ``x``, timed interleaved; the sparse output checked."""
     wg, wu, wd = problem["w_gate"], problem["w_up"], problem["w_down"]
     m = x.shape[0]
-    sparse = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend, policy=DispatchPolicy.always_sparse()).eval()
+    # eager_graphs=0: the tables are measured on the kernels, not on replays of recorded calls
+    sparse = SparseGatedMLP.from_weights(wg, wu, wd, backend=cfg.backend, policy=DispatchPolicy.always_sparse(),
+                                         eager_graphs=0).eval()
     dense = sparse.to_dense().eval()
     row: dict = {"d": cfg.d, "f": cfg.f, "m": m, "density_pct": density_pct}
     with torch.no_grad():

@@ -20,6 +20,7 @@ replay), so N recorded counts cost about one call's intermediates plus an input 
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,8 +30,8 @@ import torch
 
 from .dispatch import dense_ffn_flops
 
-__all__ = ["RECORDER", "RECORD_MAX_FLOPS", "RECORD_MIN_FLOPS", "CudaGraphRecorder", "GraphedCall", "LayerGraphs",
-           "Recorder", "static_buffer"]
+__all__ = ["DEFAULT_COUNTS", "RECORDER", "RECORD_MAX_FLOPS", "RECORD_MIN_FLOPS", "CudaGraphRecorder", "GraphedCall",
+           "LayerGraphs", "LOCK", "Recorder", "static_buffer"]
 
 #: Bound on the token counts whose calls a layer remembers having seen (the second call of a count records it).
 MAX_SEEN_COUNTS = 256
@@ -44,8 +45,22 @@ MAX_SEEN_COUNTS = 256
 RECORD_MIN_FLOPS = dense_ffn_flops(4096, (2048, 5632))
 
 #: The most floating-point operations of a call at or above the policy's eager floor that is recorded (calls below the
-#: floor are recorded from RECORD_MIN_FLOPS up).  0: none at or above the floor, those run the split eagerly.
-RECORD_MAX_FLOPS = 0
+#: floor are recorded from RECORD_MIN_FLOPS up; 0 would record none at or above it): 12,288 tokens at 2048 x 5632.
+#: Measured on an H200 (session 58, the 1.5B model's eager forward, ``bench_results/h200/session58_runs.md``): recorded,
+#: 1.351x / 1.367x of dense at 12,288 tokens where the unrecorded default ran 1.242x / 1.180x (its host issuing bounds
+#: it; 0.771x in a third run), but 1.355x / 1.365x at 16,384 against 1.378x / 1.400x, and 2.5-4.4 % below the default
+#: at 24,576-32,768: there the replay's input copy and output read cost more GPU time than the host issuing they hide.
+RECORD_MAX_FLOPS = dense_ffn_flops(12288, (2048, 5632))
+
+#: Token counts per layer whose eager calls are recorded by default (``SparseGatedMLP(eager_graphs=...)``,
+#: :func:`twell.nn.graph_eager_calls`): a fixed prefill chunk or benchmark batch and a few more, each costing a static
+#: input and output per layer shape and stream (96 MB at 12,288 tokens, d=2048, bf16).
+DEFAULT_COUNTS = 4
+
+#: Held while a call is recorded or replayed: the static input and output of one shape and stream are shared by layers
+#: (and by the threads that call them), so a copy in, replay and copy out must reach the stream as one block, and two
+#: captures into one memory pool must not interleave.
+LOCK = threading.RLock()
 
 
 class Recorder(Protocol):
@@ -161,9 +176,10 @@ class GraphedCall:
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """The recorded call on ``x`` (plus ``residual``): a fresh tensor."""
-        self.x.copy_(x)
-        self.replay()
-        return self.out.clone() if residual is None else torch.add(residual, self.out)
+        with LOCK:
+            self.x.copy_(x)
+            self.replay()
+            return self.out.clone() if residual is None else torch.add(residual, self.out)
 
 
 class LayerGraphs:

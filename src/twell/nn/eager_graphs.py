@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from .call_graphs import DEFAULT_COUNTS
 from .mlp import _check_eager_graphs
 from .model_layers import sparse_layers
 
-#: Token counts per layer that :func:`graph_eager_calls` records by default: a fixed prefill chunk or benchmark batch
-#: and a few more, each costing a static input and output per layer shape (64 MB at 8192 tokens, d=2048, bf16).
-DEFAULT_COUNTS = 4
+__all__ = ["DEFAULT_COUNTS", "graph_eager_calls"]
 
 
 def graph_eager_calls(model: torch.nn.Module, counts: int = DEFAULT_COUNTS) -> int:

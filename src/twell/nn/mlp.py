@@ -362,18 +362,23 @@ class SparseGatedMLP(nn.Module):
             weight: 1.09x with 256 hot units, 1.82x with 2304 at d=2048, F=5632, session 20's sets at
             0.5 % and 2 %).  Not used when the weights are inference tensors (created under
             ``torch.inference_mode``): they have no version counter, so a cached plan could go stale unseen.
-        eager_graphs: for eager inference calls below the policy's eager floor that its tables send to the hot/cold
-            split (on CUDA; from :data:`twell.nn.call_graphs.RECORD_MIN_FLOPS` of work, 4096 tokens at 2048 x 5632;
-            and at or above the floor up to :data:`~twell.nn.call_graphs.RECORD_MAX_FLOPS`, 0: none),
+        eager_graphs: for eager inference calls that the tables send to the hot/cold split (on CUDA), below the
+            policy's eager floor from :data:`twell.nn.call_graphs.RECORD_MIN_FLOPS` of work (4096 tokens at 2048 x
+            5632) and at or above it up to :data:`~twell.nn.call_graphs.RECORD_MAX_FLOPS` (12,288 tokens there),
             record the call of each of the first this many token counts that come twice in a CUDA graph and replay
             it on later calls of that count, so the host issues one graph launch and two copies instead of the
-            op's ~15 launches (:mod:`twell.nn.call_graphs`; the 1.5B model's eager forward 1.12-1.22x of dense at
-            4096-8192 tokens on an H100, session 57); 0 (the default): none, such calls run dense.  The first call
-            of a count runs as without graphs (dense), the second runs the split eagerly and records it, l0 refresh
-            calls run the split eagerly (they re-choose the hot units); a new hot set, weight change, dtype or
-            stream drops the recordings.  Each recorded count keeps a static input and output shared by the layers
-            of that shape, and the recordings share one memory pool per device and stream, so replays must not run
-            concurrently on two streams.  Set it on a whole model with :func:`twell.nn.graph_eager_calls`.
+            op's ~15 launches (:mod:`twell.nn.call_graphs`).  The 1.5B model's eager forward, recorded against
+            dense: 1.00-1.09x at 4096 tokens, 1.16-1.20x at 6144, 1.21-1.26x at 8192 and 1.25-1.37x at 12,288 on an
+            H200 (session 58; the unrecorded default 0.99-1.00x below its floor, 0.77-1.33x at 12,288), 1.00-1.22x
+            at 4096 and 1.15-1.24x at 6144-8192 on two H100 machines (session 57).  Default
+            :data:`~twell.nn.call_graphs.DEFAULT_COUNTS` (4); 0: none (below the floor such calls run dense).  The
+            first call of a count runs as without graphs, the second runs the split eagerly and records it, l0
+            refresh calls run the split eagerly (they re-choose the hot units); a new hot set, weight change, dtype
+            or stream drops the recordings.  Each recorded count keeps a static input and output per layer shape
+            and stream (96 MB at 12,288 tokens, d=2048, bf16), shared by the layers of that shape; the recordings
+            of a device and stream share one memory pool, and a lock (``call_graphs.LOCK``) keeps threads that
+            call on one stream from interleaving a replay's copies.  Set it on a whole model with
+            :func:`twell.nn.graph_eager_calls`.
         device, dtype: of the parameters, as for ``nn.Linear``.
 
     Attributes set by ``forward``: ``last_l0`` (float32 scalar tensor on the layer's device, no grad; the
@@ -398,7 +403,7 @@ class SparseGatedMLP(nn.Module):
         train_impl: str = "auto",
         train_policy: TrainDispatchPolicy | None = None,
         hot_cold: bool = True,
-        eager_graphs: int = 0,
+        eager_graphs: int = call_graphs.DEFAULT_COUNTS,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -816,7 +821,7 @@ class SparseGatedMLP(nn.Module):
             state.eager_floor = policy.eager_floor_tokens((self.hidden_size, self.intermediate_size))
             state.eager_floor_policy = policy
         below = m < state.eager_floor
-        graphed = self._graphs.limit and (below or self._records_above_floor(m))
+        graphed = self._graphs.limit and self._in_recording_window(m, below)
         capturing = (below or graphed) and x.is_cuda and torch.cuda.is_current_stream_capturing()
         eager = below and not capturing
         if graphed and not capturing:
@@ -840,20 +845,20 @@ class SparseGatedMLP(nn.Module):
             self._sync_l0_estimate()
         return out
 
-    def _records_above_floor(self, m: int) -> bool:
-        """Whether an eager call of ``m`` tokens at or above the eager floor may be recorded
-        (``call_graphs.RECORD_MAX_FLOPS``)."""
-        return dense_ffn_flops(m, (self.hidden_size, self.intermediate_size)) <= call_graphs.RECORD_MAX_FLOPS
+    def _in_recording_window(self, m: int, below_floor: bool) -> bool:
+        """Whether an eager call of ``m`` tokens may be recorded: from ``call_graphs.RECORD_MIN_FLOPS`` of work, and at
+        or above the eager floor (not ``below_floor``) up to ``call_graphs.RECORD_MAX_FLOPS``.  Checked before
+        anything else, so that calls outside it (decode steps) pay a few multiplications for the recordings."""
+        flops = dense_ffn_flops(m, (self.hidden_size, self.intermediate_size))
+        return flops >= call_graphs.RECORD_MIN_FLOPS and (below_floor or flops <= call_graphs.RECORD_MAX_FLOPS)
 
     def _ffn_graphed(self, x: torch.Tensor, m: int, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                      residual: torch.Tensor | None, refresh: bool) -> torch.Tensor | None:
         """An eager call through the layer's recorded calls (``eager_graphs``; below the eager floor, or at or above it
         up to ``call_graphs.RECORD_MAX_FLOPS``): a replay, or the split run eagerly (a count's second call, which
         records it after; l0 refresh calls, which re-choose the hot units); None where the call runs as without
-        recordings (a count's first call, another path in the tables, no hot units, no room for another count, fewer
-        FLOPs than ``call_graphs.RECORD_MIN_FLOPS``)."""
-        if dense_ffn_flops(m, (self.hidden_size, self.intermediate_size)) < call_graphs.RECORD_MIN_FLOPS:
-            return None
+        recordings (a count's first call, another path in the tables, no hot units, no room for another count); the
+        caller checked the recording window (:meth:`_in_recording_window`)."""
         graphs = self._graphs
         device = x.device
         recorder = call_graphs.RECORDER
@@ -904,7 +909,8 @@ class SparseGatedMLP(nn.Module):
             launch_hot_cold_ffn(static_x, plan, w_gate, w_up, w_down_t, tile=tile, capacity=capacity,
                                 dense_rows=dense_rows, out=static_out)
 
-        replay = recorder.record(launch, device)
+        with call_graphs.LOCK:
+            replay = recorder.record(launch, device)
         graphs.put(m, GraphedCall(dense_rows, replay, static_x, static_out, (plan, w_gate, w_up, w_down_t)), device)
         return out
 
@@ -1195,5 +1201,5 @@ class SparseGatedMLP(nn.Module):
             f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, act=relu, "
             f"backend={self.backend!r}, tile={self.tile}, capacity={self.capacity}, precision={self.precision!r}, "
             f"l0_refresh_every={self.l0_refresh_every}"
-            + (f", eager_graphs={self.eager_graphs}" if self.eager_graphs else "")
+            + (f", eager_graphs={self.eager_graphs}" if self.eager_graphs != call_graphs.DEFAULT_COUNTS else "")
         )
