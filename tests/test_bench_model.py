@@ -68,9 +68,10 @@ def test_all_parts_in_process_write_results(tmp_path: Path) -> None:
     assert set(parts) == {"forward", "decode", "train"}
     assert all(p["status"] == "ok" for p in parts.values()), parts
     fwd = parts["forward"]["result"]["variants"]
-    assert set(fwd) == {"dense", "sparse:default", "sparse:always-sparse"}
+    assert set(fwd) == {"dense", "sparse:default", "sparse:default+graphs", "sparse:always-sparse"}
     for name, v in fwd.items():
         assert v["tokens_per_ms"] > 0 and "error" not in v, name
+    assert fwd["sparse:default+graphs"]["recorded_layers"] == []  # the CPU records nothing
     # float32, torch reference sparse path: the same function up to summation order.
     assert fwd["sparse:always-sparse"]["rel_l2_vs_dense"] < REL_TOL[torch.float32]
     assert fwd["sparse:always-sparse"]["ok"] is True

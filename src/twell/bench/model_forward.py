@@ -56,7 +56,7 @@ class ForwardConfig:
     reps: int = 5
     energy_seconds: float = 3.0
     check_seqs: int = 2
-    policies: tuple[str, ...] = ("default", "always-sparse")
+    policies: tuple[str, ...] = ("default", "default+graphs", "always-sparse")
     profile: bool = False  # one more forward per variant under torch.profiler: its largest GPU kernels
     #: also time every variant's backbone under torch.compile (inductor, default mode: the elementwise
     #: work outside the FFN fused, the sparse FFN as its custom ops), one variant after another
