@@ -48,7 +48,7 @@ RECORD_MIN_FLOPS = dense_ffn_flops(4096, (2048, 5632))
 #: floor are recorded from RECORD_MIN_FLOPS up; 0 would record none at or above it): 12,288 tokens at 2048 x 5632.
 #: Measured on an H200 (session 58, the 1.5B model's eager forward, ``bench_results/h200/session58_runs.md``): recorded,
 #: 1.351x / 1.367x of dense at 12,288 tokens where the unrecorded default ran 1.242x / 1.180x (its host issuing bounds
-#: it; 0.771x in a third run), but 1.355x / 1.365x at 16,384 against 1.378x / 1.400x, and 2.5-4.4 % below the default
+#: it; 0.771x in a third run), but 1.355x / 1.365x at 16,384 against 1.378x / 1.400x, and 2.5-4.5 % below the default
 #: at 24,576-32,768: there the replay's input copy and output read cost more GPU time than the host issuing they hide.
 RECORD_MAX_FLOPS = dense_ffn_flops(12288, (2048, 5632))
 

@@ -369,7 +369,7 @@ class SparseGatedMLP(nn.Module):
             it on later calls of that count, so the host issues one graph launch and two copies instead of the
             op's ~15 launches (:mod:`twell.nn.call_graphs`).  The 1.5B model's eager forward, recorded against
             dense: 1.00-1.09x at 4096 tokens, 1.16-1.20x at 6144, 1.21-1.26x at 8192 and 1.25-1.37x at 12,288 on an
-            H200 (session 58; the unrecorded default 0.99-1.00x below its floor, 0.77-1.33x at 12,288), 1.00-1.22x
+            H200 (session 58; the unrecorded default 0.99-1.00x below its floor, 0.77-1.32x at 12,288), 1.00-1.22x
             at 4096 and 1.15-1.24x at 6144-8192 on two H100 machines (session 57).  Default
             :data:`~twell.nn.call_graphs.DEFAULT_COUNTS` (4); 0: none (below the floor such calls run dense).  The
             first call of a count runs as without graphs, the second runs the split eagerly and records it, l0
