@@ -258,6 +258,35 @@ def test_a_policy_without_an_eager_floor_records_up_to_the_bound(recorder, monke
     assert all(torch.equal(out, _split(layer, x)) for x, out in zip(xs, outs, strict=True))
 
 
+def test_threads_calling_one_layer_get_their_own_tokens_results(recorder):
+    """Replays share the static input and output: the lock keeps one thread's copy in, replay and copy out together
+    (the CPU stand-in replays synchronously, so an interleaved copy would show as another thread's result)."""
+    import threading
+
+    layer = _layer()
+    with torch.no_grad():
+        for i in range(2):
+            layer(_x(M, seed=100 + i))  # the count's first call, then the recording
+    assert recorder.records == 1
+    xs = [_x(M, seed=i) for i in range(6)]
+    with torch.no_grad():
+        wants = [_split(layer, x) for x in xs]
+    bad: list[int] = []
+
+    def work(k: int) -> None:
+        with torch.no_grad():
+            for _ in range(5):
+                if not torch.equal(layer(xs[k]), wants[k]):
+                    bad.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == [] and recorder.replays == 5 * len(xs) and recorder.records == 1
+
+
 def test_no_recording_without_the_split_or_where_the_recorder_cannot(recorder, monkeypatch):
     plain = _layer(hot_cold=False)
     with torch.no_grad():
