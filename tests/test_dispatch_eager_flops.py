@@ -84,7 +84,9 @@ def test_the_summary_tells_the_work_floor_and_its_tokens():
     text = inference_summary(DEFAULT_POLICY, "cuda", (9, 0))
     assert text.endswith("; eager calls (also those compiled outside static_dispatch) whose dense FFN would take fewer "
                          "than 6.18e+11 FLOPs (eager_min_flops; in "
-                         "tokens 2048x5632: 8937, 4096x14336: 1756, 1024x3072: 32768) run dense")
+                         "tokens 2048x5632: 8937, 4096x14336: 1756, 1024x3072: 32768) run dense, but for those a "
+                         "layer records in CUDA graphs (SparseGatedMLP eager_graphs, on by default: from 4096 tokens' "
+                         "work at 2048x5632 below the floor, up to 12288 above it; twell.nn.call_graphs)")
     both = inference_summary(DispatchPolicy(eager_min_tokens=16, eager_min_flops=float(work(8192, (2048, 5632)))),
                              "cuda", (9, 0))
     assert ("; eager calls (also those compiled outside static_dispatch) of fewer than 16 tokens "

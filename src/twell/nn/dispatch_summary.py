@@ -9,7 +9,8 @@ and what to run to measure their own GPU; these summaries say it without timing 
 from __future__ import annotations
 
 from ..ops.decode import DECODE_MAX_TOKENS
-from .dispatch import DispatchPolicy, capability_allowed
+from .call_graphs import RECORD_MAX_FLOPS, RECORD_MIN_FLOPS
+from .dispatch import DispatchPolicy, capability_allowed, dense_ffn_flops
 from .train_dispatch import TrainDispatchPolicy
 
 
@@ -71,7 +72,10 @@ def _eager_floor_text(policy: DispatchPolicy) -> str:
                      f"in tokens {floors})")
     if not parts:
         return ""
-    return f"; eager calls (also those compiled outside static_dispatch) {' or '.join(parts)} run dense"
+    lo, hi = (int(flops // dense_ffn_flops(1, (2048, 5632))) for flops in (RECORD_MIN_FLOPS, RECORD_MAX_FLOPS))
+    return (f"; eager calls (also those compiled outside static_dispatch) {' or '.join(parts)} run dense, but for "
+            f"those a layer records in CUDA graphs (SparseGatedMLP eager_graphs, on by default: from {lo} tokens' work "
+            f"at 2048x5632 below the floor, up to {hi} above it; twell.nn.call_graphs)")
 
 
 #: Layer shapes whose eager floor in tokens the summary names: the paper's, a 7-8B model's and a 0.6B model's.
