@@ -63,7 +63,8 @@ def profile_point(m: int, l0: float, d: int, f: int, dev: torch.device, calls: i
     profile = SparsityProfile(mean_l0=l0, early_boost=boost, early_decay=decay)
     p = synthetic_ffn_problem(m, d, f, profile, generator=gen, device=dev)
     x, wg, wu, wd = p["x"], p["w_gate"], p["w_up"], p["w_down"]
-    mlp = SparseGatedMLP.from_weights(wg, wu, wd, policy=POLICIES[policy]()).eval()
+    # eager_graphs=0: the profile is of the kernels an unrecorded call launches, not of a replay
+    mlp = SparseGatedMLP.from_weights(wg, wu, wd, policy=POLICIES[policy](), eager_graphs=0).eval()
     print(f"M={m} l0={l0}: sequence head early_boost={boost:g} early_decay={decay:g}, policy {policy}", flush=True)
     wd_t = wd.t().contiguous().t()
     with torch.no_grad():

@@ -141,6 +141,7 @@ def _warm_layer(m: int, l0: float, d: int, f: int, dev: torch.device, **kw: obje
     gen = torch.Generator(device=dev).manual_seed(0)
     p = synthetic_ffn_problem(m, d, f, SparsityProfile(mean_l0=l0), generator=gen, device=dev)
     p["w_down_t"] = p["w_down"].t().contiguous().t()
+    kw.setdefault("eager_graphs", 0)  # the host time of the unrecorded call (a replay issues one graph launch)
     mlp = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"], **kw).eval()
     with torch.no_grad():
         for _ in range(2):

@@ -39,7 +39,7 @@ def probe_point(m: int, dens: float, d: int, f: int, dev: torch.device, rep_ms: 
     wd_t = wd.t().contiguous().t()
     hot = ops.choose_hot_units(ops.unit_frequency(x, wg))
     plan = ops.build_hot_cold_plan(wg, wu, wd, hot, fused_tile=fused_gate_tile(128, x.dtype, d, x.device))
-    mlp = SparseGatedMLP.from_weights(wg, wu, wd).eval()
+    mlp = SparseGatedMLP.from_weights(wg, wu, wd, eager_graphs=0).eval()  # the kernels, not a replay
     dense_mlp = mlp.to_dense().eval()
     with torch.no_grad():
         mlp(x)

@@ -221,7 +221,9 @@ def _warm_sparse_layer(seed: int, n_inputs: int, *, choose: bool) -> tuple[Spars
     assert DEFAULT_POLICY.eager_floor_tokens((d, f)) > m
     gen = torch.Generator(device="cuda").manual_seed(seed)
     p = synthetic_ffn_problem(n_inputs * m, d, f, SparsityProfile(mean_l0=28.0), generator=gen, device="cuda")
-    layer = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"]).eval()
+    # eager_graphs=0: the recipes are for layers whose eager calls run dense (a layer that records its own calls, the
+    # default, chooses its hot units on the second eager call and replays from the third: tests/test_nn_call_graphs.py)
+    layer = SparseGatedMLP.from_weights(p["w_gate"], p["w_up"], p["w_down"], eager_graphs=0).eval()
     xs = [p["x"][i * m:(i + 1) * m].clone() for i in range(n_inputs)]
     with torch.no_grad():
         for _ in range(3):
