@@ -104,7 +104,7 @@ def main() -> None:
             call_graphs.RECORD_MAX_FLOPS = dense_ffn_flops(a.record_max_tokens, shape)
         for pol in list(policies):
             if not (POLICIES[set_policy(pol)].eager_floor_tokens(shape) or call_graphs.RECORD_MAX_FLOPS):
-                # no floor and nothing recorded above one: no call to record
+                # no floor and nothing recorded above one (RECORD_MAX_FLOPS 0): no call to record
                 print(f"--graphs: '{pol}' sets no eager floor at {shape[0]} x {shape[1]}, so no graphed variant")
                 continue
             bench.sets.add_converted(f"sparse:{pol}{GRAPHED}", set_policy(pol), eager_graphs=a.graphs)
@@ -133,6 +133,8 @@ def main() -> None:
                 row[f"{name}_sparse_layers"] = sum(m._use_sparse(n, device.type, eager=True) for m in layers)
                 if pol.endswith(GRAPHED):
                     row[f"{name}_recorded_layers"] = sum(n in m._graphs.calls for m in layers)
+                # each layer's hot-set size after the count's calls (None: none chosen), to tell sets apart
+                row[f"{name}_n_hot"] = [m._hot_cold.n_hot for m in layers]
                 if f"{name}_ms" in row and "dense_ms" in row:
                     row[f"{name}_speedup"] = row["dense_ms"] / row[f"{name}_ms"]
             rows.append(row)

@@ -56,7 +56,8 @@ PROBES = {
                                                      "eager floor for 'default' at bar 0.95: eager_min_tokens = ",
                                                      "eager floor for 'always-sparse' at bar 0.95",
                                                      "eager floor for 'default+graphs' at bar 0.95",
-                                                     "--graphs: 'always-sparse' sets no eager floor"]),
+                                                     # no floor, but calls above it up to RECORD_MAX_FLOPS record
+                                                     "eager floor for 'always-sparse+graphs' at bar 0.95"]),
     # each token count's forwards timed interleaved and alone, and both sets profiled
     "eager_stall_probe.py": ((), "", ["tokens=    64 dense ", "(alone ", "sparse stalls: ", "dense stalls: "]),
     # per token count both sets' layers' host and GPU time, the wall clock with the refresh on and off, the launches;

@@ -69,6 +69,14 @@ def test_the_loss_at_12288_and_the_unrecorded_default_there():
     assert "0.77-1.32x at 12,288" in MLP and "1.25-1.37x at 12,288" in MLP
     assert "1.25-1.37x at 12,288" in README and "0.77-1.32x at 12,288" in README
     assert _x(F[12288], DEFAULT) == "0.771x" and f"{F[12288][f'{DEFAULT}_ms']:.2f}" == "81.56"
+    # the recorded forward's time by where its layers chose their hot units: at 12,288 tokens (a, b) or before (d-f)
+    chosen_here = [r[12288][f"{GRAPHS}_ms"] for r in (A, B)]
+    chosen_before = [r[12288][f"{GRAPHS}_ms"] for r in (D, E, F)]
+    assert f"{min(chosen_here):.1f}-{max(chosen_here):.1f}" == "47.1-47.6"
+    assert f"{min(chosen_before):.1f}-{max(chosen_before):.1f}" == "49.4-50.6"
+    assert "ran 47.1-47.6 ms where its layers chose at 12,288 and 49.4-50.6 ms" in PERFORMANCE
+    assert [f"{v:.2f}" for v in chosen_here + chosen_before] == ["47.57", "47.08", "49.55", "50.57", "49.35"]
+    assert "took 49.55 ms here against 47.57 / 47.08 in runs a and b" in RUNS and "50.57 / 49.35 in call 4's" in RUNS
 
 
 def test_recordings_below_the_floor_as_quoted():
