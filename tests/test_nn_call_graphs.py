@@ -380,6 +380,17 @@ def test_conversion_passes_eager_graphs():
     assert model[1].eager_graphs == cg.DEFAULT_COUNTS
 
 
+@pytest.mark.parametrize("arch", ["builtin", "hf"])
+def test_models_built_for_training_record_nothing(arch):
+    """Their weights change between evaluations: recordings would be re-made on each and held through training."""
+    from twell.train.model import PRESETS, build_model
+
+    model = build_model(PRESETS["tiny"], arch=arch)
+    layers = [m for m in model.modules() if isinstance(m, SparseGatedMLP)]
+    assert layers and {m.eager_graphs for m in layers} == {0}
+    assert graph_eager_calls(model) == len(layers) and {m.eager_graphs for m in layers} == {cg.DEFAULT_COUNTS}
+
+
 def test_pickle_and_deepcopy_keep_the_limit_not_the_recordings(recorder):
     layer = _layer(eager_graphs=3)
     with torch.no_grad():

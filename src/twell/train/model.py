@@ -129,6 +129,11 @@ class TinyLlama(nn.Module):
             raise ValueError(f"hidden_size {spec.hidden_size} must split into {spec.n_heads} heads of even size")
         self.spec = spec
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        # No recorded eager calls unless asked for (twell.nn.graph_eager_calls turns them on for a trained model that
+        # serves): the weights change between two evaluations, so each evaluation would record its counts again (an
+        # eager split and a capture per count and layer), and the recordings' static buffers and graph pool would stay
+        # allocated through the training steps, for calls whose host time matters little.
+        mlp_kwargs.setdefault("eager_graphs", 0)
         self.layers = nn.ModuleList(_Block(spec, mlp_kwargs) for _ in range(spec.n_layers))
         self.norm = _RMSNorm(spec.hidden_size)
         hd = spec.hidden_size // spec.n_heads
@@ -199,7 +204,11 @@ def build_model(spec: ModelSpec, *, arch: str = "auto", tile: int | None = None,
         }
         if tile is not None:
             kw["twell_tile"] = tile
-        return model_cls(cfg_cls(**kw))
+        model = model_cls(cfg_cls(**kw))
+        for module in model.modules():  # as TinyLlama's: no recorded eager calls in a model being trained
+            if isinstance(module, SparseGatedMLP):
+                module.eager_graphs = 0
+        return model
     return TinyLlama(spec, **({"tile": tile} if tile is not None else {}))
 
 
