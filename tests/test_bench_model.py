@@ -212,6 +212,18 @@ def test_mlp_sets_record_only_in_the_graphed_sets() -> None:
     assert counts == {"sparse:default": {0}, "sparse:default+graphs": {DEFAULT_COUNTS}, "sparse:tables": {0}}
 
 
+def test_the_table_says_how_many_layers_a_graphed_set_recorded() -> None:
+    from twell.bench.model_report import summary_table
+
+    variants = {"dense": {"ms": 2.0, "speedup": 1.0, "rel_err_vs_fp32": 1e-2},
+                "sparse:default+graphs": {"ms": 1.0, "speedup": 2.0, "rel_err_vs_fp32": 1e-2, "ok": True,
+                                          "recorded_layers": [0, 1, 2]}}
+    parts = {"forward": {"status": "ok", "result": {"batch": 2, "tokens": 64, "variants": variants}}}
+    table = summary_table(parts, "tiny", "cpu")
+    assert "| forward | sparse:default+graphs | 2 |" in table and "err 1.0e-02 vs fp32 ok, 3 layers recorded |" in table
+    assert "| forward | dense | 2 |" in table and "err 1.0e-02 vs fp32 |" in table
+
+
 def test_set_policy_names_the_accepted_sets() -> None:
     from twell.bench.model_setup import set_policy
 

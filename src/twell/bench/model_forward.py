@@ -299,6 +299,7 @@ def forward_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             "ms": v.get("ms"), "tokens_per_ms": v.get("tokens_per_ms"), "speedup": v.get("speedup"),
             "peak_gb": mem.get("peak_gb"), "mJ_per_token": energy.get("mJ_per_token"), "l0_mean": l0,
             "sparse_layers": None if "sparse_layers" not in v else len(v["sparse_layers"]),
+            "recorded_layers": None if "recorded_layers" not in v else len(v["recorded_layers"]),
             "rel_err_vs_fp32": v.get("rel_err_vs_fp32"), "rel_l2_vs_dense": v.get("rel_l2_vs_dense"),
             "max_rel_vs_dense": v.get("max_rel_vs_dense"),
             "compiled_ms": v.get("compiled_ms"), "compiled_speedup": v.get("compiled_speedup"),

@@ -71,7 +71,11 @@ def _check(row: dict[str, Any]) -> str:
         return "ERROR " + str(row["error"])[:60]
     if row["part"] == "forward" and row.get("rel_err_vs_fp32") is not None:
         verdict = {True: "ok", False: "WRONG", None: ""}[row.get("ok")]
-        return f"err {row['rel_err_vs_fp32']:.1e} vs fp32 {verdict}".strip()
+        text = f"err {row['rel_err_vs_fp32']:.1e} vs fp32 {verdict}".strip()
+        if row.get("recorded_layers") is not None:
+            # session 58: a +graphs set that recorded nothing timed as the unrecorded one, unseen in the table
+            text += f", {row['recorded_layers']} layers recorded"
+        return text
     if row["part"] == "decode" and row.get("identical_fraction") is not None:
         return _decode_check(row)
     if row["part"] == "train":
