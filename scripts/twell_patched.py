@@ -5,6 +5,8 @@ variant of a shipped constant (a hot-set bound, a switch) without a commit of it
 
 Each ``--set MODULE.NAME=VALUE`` imports MODULE and sets its existing attribute NAME to VALUE (a Python literal).
 A name the module does not have is an error: a typo would otherwise time the shipped constant under a new label.
+So is ``bench model`` without ``--isolation none``: its parts run in child processes, which the settings do not reach
+(session 58's call 3 timed a patched ``RECORD_MAX_FLOPS`` that way and measured the shipped one).
 """
 
 from __future__ import annotations
@@ -30,12 +32,29 @@ def apply_setting(text: str) -> None:
         raise ValueError(f"the value of {target.strip()} must be a Python literal, got {value!r}") from None
 
 
+def check_in_process(cli: list[str]) -> None:
+    """ValueError for a CLI command that would run in child processes the settings do not reach: ``bench model``
+    unless ``--isolation none`` (its ``auto`` isolates the parts on CUDA)."""
+    if cli[:2] != ["bench", "model"]:
+        return
+    isolation = None
+    for i, arg in enumerate(cli):
+        if arg == "--isolation" and i + 1 < len(cli):
+            isolation = cli[i + 1]
+        elif arg.startswith("--isolation="):
+            isolation = arg.partition("=")[2]
+    if isolation != "none":
+        raise ValueError("bench model runs its parts in child processes, which --set does not reach: pass "
+                         "--isolation none")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", dest="settings", action="append", default=[], metavar="MODULE.NAME=VALUE")
     ap.add_argument("cli", nargs=argparse.REMAINDER, help="-- then the twell CLI's arguments")
     a = ap.parse_args(argv)
     cli = a.cli[1:] if a.cli[:1] == ["--"] else a.cli
+    check_in_process(cli)
     for text in a.settings:
         apply_setting(text)
     from twell.cli import main as twell_main

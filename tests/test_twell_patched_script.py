@@ -49,3 +49,22 @@ def test_the_cli_runs_after_the_settings(monkeypatch, capsys):
     setting = "twell.ops.hot_cold_plan.HOT_DENSE_DENSITY=0.5"
     assert patched.main(["--set", setting, "--", "tune-dispatch", "--ms", "8"]) == 0
     assert seen == [(["tune-dispatch", "--ms", "8"], 0.5)]
+
+
+@pytest.mark.parametrize("cli, ok", [
+    (["bench", "model", "--preset", "1.5b"], False),  # parts in child processes on CUDA: the settings lost
+    (["bench", "model", "--isolation", "process"], False),
+    (["bench", "model", "--isolation", "none"], True),
+    (["bench", "model", "--isolation=none"], True),
+    (["bench", "ffn", "--ms", "8"], True),
+])
+def test_bench_model_must_run_in_process(cli, ok, monkeypatch):
+    patched = _load()
+    import twell.cli
+
+    monkeypatch.setattr(twell.cli, "main", lambda argv: 0)
+    if ok:
+        assert patched.main(["--", *cli]) == 0
+    else:
+        with pytest.raises(ValueError, match="--isolation none"):
+            patched.main(["--", *cli])
