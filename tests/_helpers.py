@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import torch
@@ -219,3 +220,12 @@ def hot_cold_test_tokens(m: int, seed: int) -> torch.Tensor:
     x = torch.randn(m, 32, generator=torch.Generator().manual_seed(seed))
     x[:, 0] = 1.0
     return x
+
+
+def clean_gpu_suite_passed(log: Path) -> int:
+    """How many tests a ``-m gpu`` pytest log (one of ``scripts/gpu_kernel_tests.sh``'s processes) says passed; fails
+    the test where the log names a failure or a skip, or has no summary line."""
+    text = Path(log).read_text()
+    m = re.search(r"(\d+) passed, \d+ deselected", text)
+    assert m and "failed" not in text and " skipped" not in text, f"{log}: not a clean run"
+    return int(m.group(1))
