@@ -106,5 +106,5 @@ def test_bench_model_at_4096_tokens():
 @pytest.mark.parametrize("group,passed", [(0, 93), (1, 58), (2, 56)])
 def test_gpu_suite_logs(group, passed):
     assert clean_gpu_suite_passed(H200 / f"pytest_gpu_gpu_g{group}_callgpus_session58.log") == passed
-    assert 93 + 58 + 56 == 207 and "In session 58 on the H200 (27796ba): **207 passed**" in README
+    assert 93 + 58 + 56 == 207 and "**207 passed** at 27796ba in session 58, on the H200" in README
     assert "**207 passed** (93 + 58 + 56)" in RUNS
