@@ -161,6 +161,30 @@ def test_counts_beyond_the_limit_run_as_without_recordings(recorder, monkeypatch
     assert list(layer._graphs.calls) == [M]
 
 
+def test_a_stale_count_gives_its_place_to_a_new_one(recorder, monkeypatch):
+    monkeypatch.setattr(cg, "STALE_CALLS", 4)
+    layer = _layer(eager_graphs=1)
+    eager = _spy_split(monkeypatch)
+    with torch.no_grad():
+        for m in (M, M, M, 48, 48, 48, 48, 48, M, M):
+            out = layer(_x(m, seed=m))
+            assert rel_error(out, _want(layer, _x(m, seed=m))) <= REL_TOL[torch.float32]
+    # calls 1-3 (40): dense, recorded, replayed (last used at call 3); 48's calls 4-6 find no room (40 used 1-3 calls
+    # ago) and run dense; call 7 finds 40 unused for 4 calls: the split eagerly, recorded in 40's place; call 8 replays;
+    # 40's calls 9-10 find no room (48 used 1-2 calls ago) and run dense
+    assert eager == [M, 48] and recorder.records == 2 and recorder.replays == 2
+    assert list(layer._graphs.calls) == [48] and recorder.syncs >= 1
+
+
+def test_counts_cycling_within_the_stale_bound_evict_nothing(recorder, monkeypatch):
+    monkeypatch.setattr(cg, "STALE_CALLS", 4)
+    layer = _layer(eager_graphs=1)
+    with torch.no_grad():
+        for m in (M, M) + (M, 48, 48) * 4:  # 40 comes back every third call: never stale
+            layer(_x(m, seed=m))
+    assert recorder.records == 1 and list(layer._graphs.calls) == [M]
+
+
 def test_two_counts_recorded_share_nothing_but_the_pool(recorder):
     layer = _layer(eager_graphs=2)
     with torch.no_grad():
@@ -418,17 +442,23 @@ def test_a_launch_that_fails_while_recording_raises_and_records_nothing(recorder
 
 def test_layer_graphs_bookkeeping(recorder):
     graphs = cg.LayerGraphs(limit=1)
+    cpu = torch.device("cpu")
     assert graphs.first_call(8) and not graphs.first_call(8)
     call = cg.GraphedCall(0, lambda: None, torch.zeros(1), torch.zeros(1), ())
     assert graphs.get(8, "state", 0) is None and graphs.has_room(8)
-    graphs.put(8, call, torch.device("cpu"))
+    graphs.put(8, call, cpu)
     assert graphs.get(8, "state", 0) is call and graphs.get(8, "state", 1) is None
     assert graphs.has_room(8) and not graphs.has_room(9)
     with pytest.raises(RuntimeError, match="no room"):
-        graphs.put(9, call, torch.device("cpu"))
-    graphs.put(8, call, torch.device("cpu"))  # replaces: after the queued work
+        graphs.put(9, call, cpu)
+    graphs.put(8, call, cpu)  # replaces: after the queued work
     assert recorder.syncs == 1
-    assert graphs.get(8, "other state", 0) is None and not graphs.calls and recorder.syncs == 2
+    graphs.clock += cg.STALE_CALLS  # 8 unused that long: 9 may take its place, after the queued work
+    assert graphs.has_room(9)
+    graphs.put(9, call, cpu)
+    assert list(graphs.calls) == [9] and recorder.syncs == 2
+    assert not graphs.has_room(8)  # 9 just recorded: not stale
+    assert graphs.get(9, "other state", 0) is None and not graphs.calls and recorder.syncs == 3
     for m in range(cg.MAX_SEEN_COUNTS + 5):
         graphs.first_call(1000 + m)
     assert len(graphs.seen) == cg.MAX_SEEN_COUNTS

@@ -30,11 +30,17 @@ import torch
 
 from .dispatch import dense_ffn_flops
 
-__all__ = ["DEFAULT_COUNTS", "RECORDER", "RECORD_MAX_FLOPS", "RECORD_MIN_FLOPS", "CudaGraphRecorder", "GraphedCall",
-           "LayerGraphs", "LOCK", "Recorder", "static_buffer"]
+__all__ = ["DEFAULT_COUNTS", "RECORDER", "RECORD_MAX_FLOPS", "RECORD_MIN_FLOPS", "STALE_CALLS", "CudaGraphRecorder",
+           "GraphedCall", "LayerGraphs", "LOCK", "Recorder", "static_buffer"]
 
 #: Bound on the token counts whose calls a layer remembers having seen (the second call of a count records it).
 MAX_SEEN_COUNTS = 256
+
+#: A recorded count that none of a layer's last this many calls in the recording window used gives its place to a new
+#: count when all ``eager_graphs`` places are taken: a workload that moved on (warm-up sizes, then a serving size) gets
+#: its new counts recorded, while one that cycles through more counts than places, each at least once in this many
+#: calls, evicts nothing (evicting there would record on every call: an eager split and a capture each time).
+STALE_CALLS = 256
 
 #: The fewest floating-point operations (``dispatch.dense_ffn_flops``, the dense FFN's three GEMMs) of a call that is
 #: recorded: 4096 tokens at 2048 x 5632.  Measured on an H100 80GB HBM3 (session 57, the 1.5B model's
@@ -185,21 +191,23 @@ class GraphedCall:
 class LayerGraphs:
     """One layer's recorded calls: those of the first ``limit`` token counts that came twice, all for one state
     (weights, hot set, dtype, stream: ``state``); a change of state drops them all (the hot set is re-chosen on l0
-    refresh calls, so the counts kept follow the workload).  Counts beyond ``limit`` are not recorded: evicting one
-    for another would record on every call of a workload that cycles through more counts, each recording an eager
-    sparse call plus a capture."""
+    refresh calls, so the counts kept follow the workload).  With every place taken, a new count is recorded only in
+    the place of one that :data:`STALE_CALLS` calls have not used; otherwise it runs as without recordings."""
 
-    __slots__ = ("calls", "device", "limit", "seen", "state")
+    __slots__ = ("calls", "clock", "device", "limit", "seen", "state", "used")
 
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit
         self.calls: dict[int, GraphedCall] = {}
         self.seen: dict[int, int] = {}
+        self.used: dict[int, int] = {}  # recorded count -> the clock at its last recording or replay
+        self.clock = 0  # calls counted by first_call
         self.state: Any = None
         self.device: torch.device | None = None
 
     def first_call(self, n_tokens: int) -> bool:
         """Count a call of ``n_tokens`` tokens; True for the first one (the second of a count records it)."""
+        self.clock += 1
         if n_tokens in self.seen:
             return False
         if len(self.seen) >= MAX_SEEN_COUNTS:
@@ -215,19 +223,36 @@ class LayerGraphs:
             self.state = state
             return None
         call = self.calls.get(n_tokens)
-        return call if call is not None and call.key == key else None
+        if call is None or call.key != key:
+            return None
+        self.used[n_tokens] = self.clock
+        return call
+
+    def _stale(self) -> int | None:
+        """The recorded count used longest ago, if :data:`STALE_CALLS` calls have passed since; else None."""
+        if not self.used:
+            return None
+        count = min(self.used, key=self.used.__getitem__)
+        return count if self.clock - self.used[count] >= STALE_CALLS else None
 
     def has_room(self, n_tokens: int) -> bool:
-        """Whether a call of ``n_tokens`` tokens may be recorded (its count kept already, or fewer than ``limit``)."""
-        return n_tokens in self.calls or len(self.calls) < self.limit
+        """Whether a call of ``n_tokens`` tokens may be recorded (its count kept already, fewer than ``limit`` kept,
+        or a stale one to replace)."""
+        return n_tokens in self.calls or len(self.calls) < self.limit or self._stale() is not None
 
     def put(self, n_tokens: int, call: GraphedCall, device: torch.device) -> None:
-        """Keep ``call`` for ``n_tokens`` tokens (replacing that count's recording; ``has_room`` said yes)."""
+        """Keep ``call`` for ``n_tokens`` tokens (replacing that count's recording, or a stale count's where every
+        place is taken; ``has_room`` said yes)."""
         if not self.has_room(n_tokens):
-            raise RuntimeError(f"no room for another recorded token count: {len(self.calls)} of {self.limit} kept")
-        if self.calls.pop(n_tokens, None) is not None:
+            raise RuntimeError(f"no room for another recorded token count: {len(self.calls)} of {self.limit} kept, "
+                               f"none unused for {STALE_CALLS} calls")
+        drop = n_tokens if n_tokens in self.calls else (self._stale() if len(self.calls) >= self.limit else None)
+        if drop is not None:
             RECORDER.synchronize(device)  # a replay still queued keeps reading what the old recording frees
+            del self.calls[drop]
+            del self.used[drop]
         self.calls[n_tokens] = call
+        self.used[n_tokens] = self.clock
         self.device = device
 
     def clear(self) -> None:
@@ -235,4 +260,5 @@ class LayerGraphs:
         if self.calls and self.device is not None:
             RECORDER.synchronize(self.device)
         self.calls.clear()
+        self.used.clear()
         self.state = None

@@ -366,7 +366,8 @@ class SparseGatedMLP(nn.Module):
             policy's eager floor from :data:`twell.nn.call_graphs.RECORD_MIN_FLOPS` of work (4096 tokens at 2048 x
             5632) and at or above it up to :data:`~twell.nn.call_graphs.RECORD_MAX_FLOPS` (12,288 tokens there),
             record the call of each of the first this many token counts that come twice in a CUDA graph and replay
-            it on later calls of that count, so the host issues one graph launch and two copies instead of the
+            it on later calls of that count (a count that :data:`~twell.nn.call_graphs.STALE_CALLS` calls have not
+            used gives its place to a new one), so the host issues one graph launch and two copies instead of the
             op's ~15 launches (:mod:`twell.nn.call_graphs`).  The 1.5B model's eager forward, recorded against
             dense: 1.00-1.09x at 4096 tokens, 1.16-1.20x at 6144, 1.21-1.26x at 8192 and 1.25-1.37x at 12,288 on an
             H200 (session 58; the unrecorded default 0.99-1.00x below its floor, 0.77-1.32x at 12,288), 1.00-1.22x
