@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..nn.eager_graphs import graph_eager_calls
 from ..nn.mlp import SparseGatedMLP
 
 __all__ = ["PRESETS", "ModelSpec", "TinyLlama", "build_model", "count_parameters", "flops_per_token", "lm_loss"]
@@ -205,9 +206,7 @@ def build_model(spec: ModelSpec, *, arch: str = "auto", tile: int | None = None,
         if tile is not None:
             kw["twell_tile"] = tile
         model = model_cls(cfg_cls(**kw))
-        for module in model.modules():  # as TinyLlama's: no recorded eager calls in a model being trained
-            if isinstance(module, SparseGatedMLP):
-                module.eager_graphs = 0
+        graph_eager_calls(model, 0)  # as TinyLlama's: no recorded eager calls in a model being trained
         return model
     return TinyLlama(spec, **({"tile": tile} if tile is not None else {}))
 
