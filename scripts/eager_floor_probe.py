@@ -32,7 +32,7 @@ import torch
 from twell.bench.model_measure import time_interleaved
 from twell.bench.model_setup import DEFAULT_L0, GRAPHED, POLICIES, BenchModel, prepare, set_policy
 from twell.bench.model_sparsity import SparsityTarget
-from twell.nn import SparseGatedMLP, call_graphs
+from twell.nn import SparseGatedMLP, call_graphs, hot_cold_cache
 from twell.nn.dispatch import dense_ffn_flops
 from twell.nn.dispatch_tuning import derive_eager_floor
 
@@ -87,6 +87,9 @@ def main() -> None:
     p.add_argument("--record-max-tokens", type=int, default=None,
                    help="with --graphs: also record calls at or above the eager floor up to this many tokens' work "
                         "(sets twell.nn.call_graphs.RECORD_MAX_FLOPS for the model's FFN shape; default: as shipped)")
+    p.add_argument("--hot-sets", type=int, default=None,
+                   help="how many size classes keep a hot set per layer (sets twell.nn.hot_cold_cache.MAX_HOT_SETS "
+                        "before the model is built; 1: one set for every call size; default: as shipped)")
     p.add_argument("--device", default=None)
     p.add_argument("--tiny", action="store_true", help="the tiny preset, a few small token counts (interpreter test)")
     p.add_argument("--out", default=None, help="folder for eager_floor_probe.json")
@@ -95,6 +98,10 @@ def main() -> None:
     preset, tokens, seq, reps, policies = a.preset, sorted(set(a.tokens)), a.seq, a.reps, a.policies
     if a.tiny:  # on the CPU the default policy runs dense: always-sparse exercises the sparse path
         preset, tokens, seq, reps, policies = "tiny", [8, 32, 64], 32, 2, ["default", "always-sparse"]
+    if a.hot_sets is not None:
+        if a.hot_sets < 1:
+            raise SystemExit(f"--hot-sets must be >= 1, got {a.hot_sets}")
+        hot_cold_cache.MAX_HOT_SETS = a.hot_sets  # read when each layer's cache is made
     bench = probe_model(preset, device, tokens, seq, policies)
     warmup = a.warmup
     if a.graphs:
@@ -135,6 +142,7 @@ def main() -> None:
                     row[f"{name}_recorded_layers"] = sum(n in m._graphs.calls for m in layers)
                 # each layer's hot-set size after the count's calls (None: none chosen), to tell sets apart
                 row[f"{name}_n_hot"] = [m._hot_cold.n_hot for m in layers]
+                row[f"{name}_hot_classes"] = [len(m._hot_cold.classes) for m in layers]
                 if f"{name}_ms" in row and "dense_ms" in row:
                     row[f"{name}_speedup"] = row["dense_ms"] / row[f"{name}_ms"]
             rows.append(row)
@@ -144,7 +152,8 @@ def main() -> None:
             print(f"tokens={n:6d} | {cells} | {extra}" + (f" | errors {t.errors}" if t.errors else ""), flush=True)
     result = {"preset": preset, "device": str(torch.cuda.get_device_name(device)) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "bar": a.bar, "graphs": a.graphs,
-              "record_max_flops": call_graphs.RECORD_MAX_FLOPS, "rows": rows, "floors": {}}
+              "record_max_flops": call_graphs.RECORD_MAX_FLOPS, "max_hot_sets": hot_cold_cache.MAX_HOT_SETS,
+              "rows": rows, "floors": {}}
     for pol in policies:
         pts = [{"tokens": r["tokens"], "speedup": r.get(f"sparse:{pol}_speedup")} for r in rows]
         floor = suggested_floor(pts, a.bar)

@@ -155,12 +155,12 @@ def run_point(
     # what the module's sparse path ran with (its own hot set and dense-row budget, from its last refresh call),
     # against the hot/cold column's: at 16384 tokens / 2 % the module read 1.34x where that column read 1.45x
     # (bench_results/h200/ffn_sweep_session27.json; 1.32x / 1.42x in session 22), the cause not yet known
-    cache = mlp._hot_cold
-    sparse_ran = row["dispatch_sparse"] and cache.chosen
-    row["dispatch_n_hot"] = cache.n_hot if sparse_ran else None
-    row["dispatch_dense_rows"] = cache.dense_rows(m) if sparse_ran else 0
-    row["dispatch_overflow_row_frac"] = cache.overflow_fraction if sparse_ran else 0.0
-    row["dispatch_severe_overflow_row_frac"] = cache.severe_overflow_fraction if sparse_ran else 0.0
+    hot_set = mlp._hot_cold.set_for(m, fallback=False)
+    sparse_ran = row["dispatch_sparse"] and hot_set is not None
+    row["dispatch_n_hot"] = hot_set.n_hot if sparse_ran else None
+    row["dispatch_dense_rows"] = hot_set.dense_rows(m) if sparse_ran else 0
+    row["dispatch_overflow_row_frac"] = hot_set.overflow_fraction if sparse_ran else 0.0
+    row["dispatch_severe_overflow_row_frac"] = hot_set.severe_overflow_fraction if sparse_ran else 0.0
     row["hotcold_speedup"] = row["dense_ms"] / row["hotcold_ms"]
     row["dispatch_speedup"] = row["dense_ms"] / row["dispatch_ms"]
     row["dispatch_vs_dense_module"] = row["dense_module_ms"] / row["dispatch_ms"]

@@ -279,7 +279,7 @@ def run_forward(bench: BenchModel, cfg: ForwardConfig, log: Callable[[str], None
             ]
             # each layer's hot set and the dense-row budget it gives a call of this size (None: no hot set chosen):
             # what decides the row kernel's tail (session 46, bench_results/h100/session46_runs.md)
-            caches = [m._hot_cold if isinstance(m, SparseGatedMLP) and m._hot_cold.chosen else None
+            caches = [m._hot_cold.set_for(n_tokens, fallback=False) if isinstance(m, SparseGatedMLP) else None
                       for m in bench.sets.sets[name]]
             entry["layer_hot_units"] = [None if c is None else c.n_hot for c in caches]
             entry["layer_dense_rows"] = [None if c is None else c.dense_rows(n_tokens) for c in caches]

@@ -1,10 +1,17 @@
-"""A layer's hot/cold plan (``twell.ops.hot_cold``), kept current by ``SparseGatedMLP``.
+"""A layer's hot/cold plans (``twell.ops.hot_cold``), kept current by ``SparseGatedMLP``.
 
 The hot units are re-chosen from a sample of the call's tokens on the layer's l0-refresh calls (the
 only calls that may synchronise with the host: the hot count sets tensor sizes; a new set that
 differs from the current one in under 10 % of its units is ignored); the plan's weight
 copies are rebuilt when a parameter changes (its version counter or storage moves), so an optimizer
 step or a ``load_state_dict`` between inference calls never leaves stale copies in use.
+
+The hot set depends on the call's size (``hot_cold_plan.default_max_cold_l0``: at most 3 cold pairs per token under
+8192 tokens, 10 (6 on dense layers) up to 131,071, 13 from there), so the cache keeps one set per size class -- the
+class is the call's cold-pairs bound -- up to :data:`MAX_HOT_SETS`, and a call uses its own class's set.  With one
+set (``max_sets=1``, the behaviour until session 59) a set chosen on a small call served every call size until the
+next refresh: at the 1.5B model's 2048x5632 layers (l0 29) the bound-3 set holds ~1792 hot units against ~320 at
+bound 10 and ~256 at 13 (the synthetic generator's frequencies).
 
 Everything the cache holds is built with inference mode off (and grad mode off): a refresh or a
 rebuild that happens inside ``torch.inference_mode()`` would otherwise store inference tensors, which
@@ -29,8 +36,9 @@ from ..ops.hot_cold_plan import (
     active_frequency,
     build_hot_cold_plan,
     check_max_cold_l0,
+    choose_hot_units,
+    cold_l0_bound,
     default_max_cold_l0,
-    hot_units_for_call,
     overflow_row_fractions,
     sample_active,
 )
@@ -130,31 +138,26 @@ def _weights_key(*weights: torch.Tensor) -> tuple:
     return tuple((w.data_ptr(), w._version, tuple(w.shape), w.dtype, w.device) for w in weights)
 
 
-class HotColdCache:
-    """Holds the current plan of one layer (None: no unit fires often enough to be worth a dense pass)."""
+#: How many hot sets (size classes) a layer keeps at most; the class used longest ago gives its place to a new one.
+#: Three: the default bound rule has three classes on a layer of steady density (under 8192 tokens, to 131,071, from
+#: 131,072).  Each set holds its plan's weight copies (the fused gate layout of Wg and the hot Wu rows, the hot Wd^T
+#: rows: (F + 2 H) x d elements), ~25-38 MB a set at 2048x5632 in bf16 for H = 256-1792.  1: one set for every call
+#: size, re-chosen by whichever call refreshes.
+MAX_HOT_SETS = 3
 
-    def __init__(
-        self,
-        min_frequency: float = HOT_MIN_FREQUENCY,
-        max_cold_l0: float | None | Callable[[int, float], float | None] = default_max_cold_l0,
-    ) -> None:
-        """``min_frequency`` and ``max_cold_l0``: :func:`twell.ops.choose_hot_units`'s (None: no bound).
-        ``max_cold_l0`` may also be a function of the refresh call's token count and its sample's density (active
-        units per token over F; two positional arguments); the default,
-        :func:`twell.ops.hot_cold_plan.default_max_cold_l0`, allows more cold pairs on the largest calls and fewer on
-        small calls and dense layers."""
-        if not 0.0 < min_frequency <= 1.0:
-            raise ValueError(f"min_frequency must be in (0, 1], got {min_frequency}")
-        if callable(max_cold_l0):
-            _check_takes_two(max_cold_l0)
-        else:
-            check_max_cold_l0(max_cold_l0)
-        self.min_frequency = min_frequency
-        self.max_cold_l0 = max_cold_l0
-        self._hot: torch.Tensor | None = None
-        self._plan: HotColdPlan | None = None
-        self._key: Any = None
-        #: fraction of the last refresh sample's rows with an overflowing cold tile under the current hot set
+_NO_CLASS = object()  # the size class of a cache that has chosen nothing
+
+
+class HotSet:
+    """One size class's hot units, its plan and what its refresh sample measured under them."""
+
+    __slots__ = ("hot", "plan", "key", "overflow_fraction", "severe_overflow_fraction", "heavy_row_fractions")
+
+    def __init__(self) -> None:
+        self.hot: torch.Tensor | None = None
+        self.plan: HotColdPlan | None = None
+        self.key: Any = None
+        #: fraction of the last refresh sample's rows with an overflowing cold tile under this hot set
         self.overflow_fraction = 0.0
         #: ... with at least ``DENSE_ROWS_SEVERE_TILES`` of them or more than ``DENSE_ROWS_SEVERE_PAIRS`` cold pairs
         #: (0.0 with both rules off)
@@ -164,50 +167,12 @@ class HotColdCache:
         self.heavy_row_fractions: dict[int, float] = {}
 
     @property
-    def chosen(self) -> bool:
-        """Whether the hot units have been chosen at least once (since the last :meth:`clear`)."""
-        return self._hot is not None
-
-    @property
     def n_hot(self) -> int | None:
-        """How many hot units the current set holds (None: not chosen since the last :meth:`clear`)."""
-        return None if self._hot is None else int(self._hot.numel())
-
-    def refresh(self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *,
-                tile: int = DEFAULT_TILE, capacity: int | None = None) -> None:
-        """Re-choose the hot units from (a sample of) the tokens ``x``, and measure on the same sample the
-        fraction of rows whose cold tiles (of ``tile`` units, ``capacity`` slots; None: the default) overflow
-        (:attr:`overflow_fraction`, for :meth:`dense_rows`); synchronises with the host twice."""
-        with torch.inference_mode(False), torch.no_grad():
-            active = sample_active(x, w_gate)
-            frequency = active_frequency(active)
-            hot = hot_units_for_call(frequency, x.shape[0], min_frequency=self.min_frequency,
-                                     max_cold_l0=self.max_cold_l0)
-            if not (self._hot is not None and self._hot.device == hot.device and self._close_enough(self._hot, hot)):
-                self._hot = hot
-                self._plan = None
-                self._key = None
-            cap = default_capacity(tile) if capacity is None else capacity
-            self.overflow_fraction = self.severe_overflow_fraction = 0.0
-            self.heavy_row_fractions = {}
-            if self._hot.numel():
-                # every bound a call may use (they differ by the call's size), so the sample serves calls of any size
-                bounds = hot_cold_dense_rows.heavy_row_bounds() if DENSE_ROWS_COUNT_HEAVY else ()
-                # the long rows last (0.0 with both of their tests off)
-                read = overflow_row_fractions(active, self._hot, tile, cap, (1,), bounds,  # one host read
-                                              long_rows=(DENSE_ROWS_SEVERE_TILES, DENSE_ROWS_SEVERE_PAIRS))
-                self.overflow_fraction = read[0]
-                self.severe_overflow_fraction = read[-1]
-                self.heavy_row_fractions = dict(zip(bounds, read[1:1 + len(bounds)], strict=True))
+        """How many hot units the set holds (None: not chosen)."""
+        return None if self.hot is None else int(self.hot.numel())
 
     def dense_rows(self, n_tokens: int) -> int:
-        """The dense-row budget of a call of ``n_tokens`` (``hot_cold_gated_ffn``'s ``dense_rows``): 0 with
-        :data:`DENSE_OVERFLOW_ROWS` off, or where the last refresh sample's overflowing rows predict fewer than
-        :data:`DENSE_ROWS_MIN_EXPECTED` in the call and (below :data:`DENSE_ROWS_SEVERE_MAX_TOKENS` tokens) its rows
-        with :data:`DENSE_ROWS_SEVERE_TILES` or more overflowing tiles or more than :data:`DENSE_ROWS_SEVERE_PAIRS` cold
-        pairs (the long rows) fewer than :data:`DENSE_ROWS_MIN_SEVERE`.  With
-        :data:`DENSE_ROWS_COUNT_HEAVY`, in calls under ``HEAVY_ROWS_MAX_TOKENS`` tokens, the sample's heavy rows count
-        as overflowing ones."""
+        """See :meth:`HotColdCache.dense_rows`."""
         if not DENSE_OVERFLOW_ROWS:
             return 0
         fraction = self.overflow_fraction
@@ -220,6 +185,182 @@ class HotColdCache:
                                 severe_fraction=self.severe_overflow_fraction
                                 if n_tokens < DENSE_ROWS_SEVERE_MAX_TOKENS else 0.0,
                                 min_expected_severe=DENSE_ROWS_MIN_SEVERE)
+
+    def build_plan(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, key: Any,
+                   fused_tile: int) -> HotColdPlan | None:
+        """See :meth:`HotColdCache.plan` (``key`` computed)."""
+        if self.hot is None or self.hot.numel() == 0:
+            return None
+        if self.plan is None or key != self.key or self.plan.fused_tile != fused_tile:
+            with torch.inference_mode(False), torch.no_grad():
+                self.plan = build_hot_cold_plan(w_gate.detach(), w_up.detach(), w_down.detach(), self.hot,
+                                                fused_tile=fused_tile)
+            self.key = key
+        return self.plan
+
+
+class HotColdCache:
+    """Holds one layer's hot sets and plans, one per size class of its calls (None plan: no unit fires often enough
+    to be worth a dense pass).  The attributes of one set (``_hot``, ``_plan``, the overflow fractions) and
+    :meth:`plan`, :meth:`dense_rows`, :attr:`chosen`, :attr:`n_hot` are those of the active set: the class of the last
+    :meth:`select` or :meth:`refresh`."""
+
+    def __init__(
+        self,
+        min_frequency: float = HOT_MIN_FREQUENCY,
+        max_cold_l0: float | None | Callable[[int, float], float | None] = default_max_cold_l0,
+        max_sets: int | None = None,
+    ) -> None:
+        """``min_frequency`` and ``max_cold_l0``: :func:`twell.ops.choose_hot_units`'s (None: no bound).
+        ``max_cold_l0`` may also be a function of the refresh call's token count and its sample's density (active
+        units per token over F; two positional arguments); the default,
+        :func:`twell.ops.hot_cold_plan.default_max_cold_l0`, allows more cold pairs on the largest calls and fewer on
+        small calls and dense layers.  ``max_sets``: how many size classes keep a set (None: :data:`MAX_HOT_SETS`;
+        a fixed ``max_cold_l0`` makes one class)."""
+        if not 0.0 < min_frequency <= 1.0:
+            raise ValueError(f"min_frequency must be in (0, 1], got {min_frequency}")
+        if callable(max_cold_l0):
+            _check_takes_two(max_cold_l0)
+        else:
+            check_max_cold_l0(max_cold_l0)
+        max_sets = MAX_HOT_SETS if max_sets is None else max_sets
+        if isinstance(max_sets, bool) or not isinstance(max_sets, int) or max_sets < 1:
+            raise ValueError(f"max_sets must be an int >= 1 (how many size classes keep a hot set), got {max_sets!r}")
+        self.min_frequency = min_frequency
+        self.max_cold_l0 = max_cold_l0
+        self.max_sets = max_sets
+        #: active units per token over F in the last refresh sample (None: none yet): the size class's density
+        self.density: float | None = None
+        self._active = HotSet()
+        self._class: Any = _NO_CLASS
+        self._others: dict[Any, HotSet] = {}  # the other classes' sets, the one used longest ago first
+
+    # the active set's fields, under the names the cache had when it held one set (read by scripts and tests)
+    @property
+    def _hot(self) -> torch.Tensor | None:
+        return self._active.hot
+
+    @property
+    def _plan(self) -> HotColdPlan | None:
+        return self._active.plan
+
+    @property
+    def overflow_fraction(self) -> float:
+        """Fraction of the active set's refresh sample rows with an overflowing cold tile."""
+        return self._active.overflow_fraction
+
+    @property
+    def severe_overflow_fraction(self) -> float:
+        """... with several overflowing tiles or more than ``DENSE_ROWS_SEVERE_PAIRS`` cold pairs."""
+        return self._active.severe_overflow_fraction
+
+    @property
+    def heavy_row_fractions(self) -> dict[int, float]:
+        """... without an overflowing tile but with more than K cold pairs, per heavy-row bound K."""
+        return self._active.heavy_row_fractions
+
+    @property
+    def chosen(self) -> bool:
+        """Whether the active set's hot units have been chosen (since the last :meth:`clear`)."""
+        return self._active.hot is not None
+
+    @property
+    def n_hot(self) -> int | None:
+        """How many hot units the active set holds (None: not chosen since the last :meth:`clear`)."""
+        return self._active.n_hot
+
+    @property
+    def classes(self) -> list[Any]:
+        """The size classes (cold-pairs bounds) holding a chosen set, the one used longest ago first."""
+        active = [self._class] if self._active.hot is not None else []
+        return [*self._others, *active]
+
+    def size_class(self, n_tokens: int) -> Any:
+        """The size class of a call of ``n_tokens`` tokens: its cold-pairs bound at the last sample's density."""
+        return cold_l0_bound(self.max_cold_l0, n_tokens, self.density)
+
+    def select(self, n_tokens: int) -> bool:
+        """Make the set of ``n_tokens``' size class the active one (an empty one, which the caller's refresh fills,
+        where the class has none yet); returns whether it has been chosen.  Nothing moves before the first refresh
+        or with one set."""
+        if self._class is _NO_CLASS or self.max_sets == 1:
+            return self._active.hot is not None
+        self._switch(self.size_class(n_tokens))
+        return self._active.hot is not None
+
+    def set_for(self, n_tokens: int, fallback: bool = True) -> HotSet | None:
+        """The set a call of ``n_tokens`` tokens uses, without changing the active one (for calls that may not
+        synchronise, traced or recorded): its class's chosen set, else (``fallback``) the active one if chosen, else
+        None.  With one set, the set whatever the class."""
+        if self._class is not _NO_CLASS and self.max_sets > 1:
+            key = self.size_class(n_tokens)
+            found = self._active if key == self._class else self._others.get(key)
+            if found is not None and found.hot is not None:
+                return found
+            if not fallback:
+                return None
+        return self._active if self._active.hot is not None else None
+
+    def sets(self) -> list[HotSet]:
+        """Every chosen set, the active one last."""
+        return [*(s for s in self._others.values() if s.hot is not None),
+                *([self._active] if self._active.hot is not None else [])]
+
+    def _switch(self, key: Any) -> None:
+        """Make ``key``'s set the active one (a new empty set where it has none), keeping the active set among the
+        others where chosen; the class used longest ago gives its place beyond ``max_sets``."""
+        if key == self._class:
+            return
+        if self.max_sets == 1:  # one set, relabelled
+            self._class = key
+            return
+        if self._active.hot is not None and self._class is not _NO_CLASS:
+            self._others[self._class] = self._active
+        self._active = self._others.pop(key, None) or HotSet()
+        self._class = key
+        while len(self._others) > self.max_sets - 1:
+            self._others.pop(next(iter(self._others)))
+
+    def refresh(self, x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *,
+                tile: int = DEFAULT_TILE, capacity: int | None = None) -> None:
+        """Re-choose the hot units of the size class of ``x``'s call (its token count and the sample's density) from
+        (a sample of) the tokens ``x``, which makes that class's set the active one, and measure on the same sample
+        the fraction of rows whose cold tiles (of ``tile`` units, ``capacity`` slots; None: the default) overflow
+        (for :meth:`dense_rows`); synchronises with the host twice."""
+        with torch.inference_mode(False), torch.no_grad():
+            active = sample_active(x, w_gate)
+            frequency = active_frequency(active)
+            self.density = float(frequency.mean()) if frequency.numel() else 0.0
+            bound = cold_l0_bound(self.max_cold_l0, x.shape[0], self.density)
+            self._switch(bound)
+            hot = choose_hot_units(frequency, min_frequency=self.min_frequency, max_cold_l0=bound)
+            s = self._active
+            if not (s.hot is not None and s.hot.device == hot.device and self._close_enough(s.hot, hot)):
+                s.hot = hot
+                s.plan = None
+                s.key = None
+            cap = default_capacity(tile) if capacity is None else capacity
+            s.overflow_fraction = s.severe_overflow_fraction = 0.0
+            s.heavy_row_fractions = {}
+            if s.hot.numel():
+                # every bound a call may use (they differ by the call's size), so the sample serves calls of any size
+                bounds = hot_cold_dense_rows.heavy_row_bounds() if DENSE_ROWS_COUNT_HEAVY else ()
+                # the long rows last (0.0 with both of their tests off)
+                read = overflow_row_fractions(active, s.hot, tile, cap, (1,), bounds,  # one host read
+                                              long_rows=(DENSE_ROWS_SEVERE_TILES, DENSE_ROWS_SEVERE_PAIRS))
+                s.overflow_fraction = read[0]
+                s.severe_overflow_fraction = read[-1]
+                s.heavy_row_fractions = dict(zip(bounds, read[1:1 + len(bounds)], strict=True))
+
+    def dense_rows(self, n_tokens: int) -> int:
+        """The dense-row budget of a call of ``n_tokens`` under the active set (``hot_cold_gated_ffn``'s
+        ``dense_rows``): 0 with :data:`DENSE_OVERFLOW_ROWS` off, or where the last refresh sample's overflowing rows
+        predict fewer than :data:`DENSE_ROWS_MIN_EXPECTED` in the call and (below :data:`DENSE_ROWS_SEVERE_MAX_TOKENS`
+        tokens) its rows with :data:`DENSE_ROWS_SEVERE_TILES` or more overflowing tiles or more than
+        :data:`DENSE_ROWS_SEVERE_PAIRS` cold pairs (the long rows) fewer than :data:`DENSE_ROWS_MIN_SEVERE`.  With
+        :data:`DENSE_ROWS_COUNT_HEAVY`, in calls under ``HEAVY_ROWS_MAX_TOKENS`` tokens, the sample's heavy rows count
+        as overflowing ones."""
+        return self._active.dense_rows(n_tokens)
 
     #: A re-chosen hot set that shares at least this fraction of units with the current one (and has the
     #: same size) is ignored: units near the frequency threshold flip in and out of a 4096-token sample,
@@ -238,7 +379,7 @@ class HotColdCache:
         self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, key: Any = None,
         fused_tile: int = 0,
     ) -> HotColdPlan | None:
-        """The plan for the current weights (rebuilt if they changed), or None when there is no hot unit.
+        """The active set's plan for the current weights (rebuilt if they changed), or None when it has no hot unit.
 
         ``key``: a fingerprint of the three weights that the caller has already computed (anything
         that compares equal exactly while the weights are unchanged; ``SparseGatedMLP`` passes its
@@ -246,21 +387,15 @@ class HotColdCache:
         (storage pointer, version, shape, dtype, device of each weight).  ``fused_tile``: the plan's
         gate weight layout (see ``HotColdPlan``); a change rebuilds the plan.
         """
-        if self._hot is None or self._hot.numel() == 0:
+        if self._active.hot is None or self._active.hot.numel() == 0:
             return None
         if key is None:
             key = _weights_key(w_gate, w_up, w_down)
-        if self._plan is None or key != self._key or self._plan.fused_tile != fused_tile:
-            with torch.inference_mode(False), torch.no_grad():
-                self._plan = build_hot_cold_plan(w_gate.detach(), w_up.detach(), w_down.detach(), self._hot,
-                                                 fused_tile=fused_tile)
-            self._key = key
-        return self._plan
+        return self._active.build_plan(w_gate, w_up, w_down, key, fused_tile)
 
     def clear(self) -> None:
-        self._hot = None
-        self._plan = None
-        self._key = None
-        self.overflow_fraction = 0.0
-        self.severe_overflow_fraction = 0.0
-        self.heavy_row_fractions = {}
+        """Forget every set (the next call chooses afresh)."""
+        self._active = HotSet()
+        self._class = _NO_CLASS
+        self._others = {}
+        self.density = None

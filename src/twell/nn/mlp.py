@@ -624,18 +624,23 @@ class SparseGatedMLP(nn.Module):
             return out.view(x.shape) if residual is None else residual + out.view(x.shape)
         if policy.use_sparse(m, density, device_type=device_type, shape=shape, capability=capability, eager=eager):
             capacity = self.capacity or default_capacity(self.tile)
-            plan = self._hot_cold._plan
             split = self.hot_cold and self.precision == "match" and backend == "triton"
-            if split and not self._hot_cold.chosen:
-                # No call has chosen the hot units (eager calls below the policy's eager floor run dense and choose
-                # none).  A static_dispatch call outside a CUDA graph capture and outside torch.compile may synchronise,
-                # so it chooses them as an eager sparse call would (the recorded-call recipe's warm-up call); else
-                # dense: the tables were measured on the split, and the plain TwELL op it would fall back to ran 0.54x
-                # of dense at 2048 tokens / 0.5 % (ffn_sweep_session30.json).
+            hot_set = self._hot_cold.set_for(m, fallback=False)
+            if split and hot_set is None:
+                # No call of this size class has chosen its hot units (eager calls below the policy's eager floor run
+                # dense and choose none).  A static_dispatch call outside a CUDA graph capture and outside
+                # torch.compile may synchronise, so it chooses them as an eager sparse call would (the recorded-call
+                # recipe's warm-up call); else another class's set, and without one dense: the tables were measured
+                # on the split, and the plain TwELL op it would fall back to ran 0.54x of dense at 2048 tokens / 0.5 %
+                # (ffn_sweep_session30.json).
                 if torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
-                    return _dense_ffn(x, *weights, residual)[0]
-                self._choose_hot_set(x2.contiguous(), weights)
-                plan = self._hot_cold._plan
+                    hot_set = self._hot_cold.set_for(m)
+                    if hot_set is None:
+                        return _dense_ffn(x, *weights, residual)[0]
+                else:
+                    self._choose_hot_set(x2.contiguous(), weights)
+                    hot_set = self._hot_cold.set_for(m)
+            plan = None if hot_set is None else hot_set.plan
             cached_wd = self._buffers["_wd_unit_major"] if _STATIC_DISPATCH.cached_weights else None
             w_down_t = cached_wd if cached_wd is not None else w_down.t().contiguous()
             if split and plan is not None:
@@ -649,7 +654,7 @@ class SparseGatedMLP(nn.Module):
                 res2 = None if residual is None else residual.reshape(m, self.hidden_size).contiguous()
                 out, _ = torch.ops.twell.hot_cold_gated_ffn_unchecked(
                     x2.contiguous(), w_gate, w_up, w_down_t, plan.hot, plan.cold, w_gemm,
-                    w_down_hot_t, self.tile, capacity, backend, fused_tile, self._hot_cold.dense_rows(m), res2)
+                    w_down_hot_t, self.tile, capacity, backend, fused_tile, hot_set.dense_rows(m), res2)
                 return out.view(x.shape)
             out, _ = torch.ops.twell.sparse_gated_ffn_unchecked(
                 x2.contiguous(), w_gate, w_up, w_down_t, self.tile, capacity, self.precision, backend)
@@ -876,13 +881,14 @@ class SparseGatedMLP(nn.Module):
             return self._ffn_sparse(x2, res2).view(x.shape)
         stream = recorder.stream_key(device)
 
-        def state_of(plan: HotColdPlan) -> tuple[Any, ...]:  # what the recordings are valid for, but the budget
-            return (prep.generation, id(plan), x.dtype, stream)
+        # What every recording is valid for (a change drops them all), and what one count's is valid for: its size
+        # class's plan (the hot set: other counts may take other classes' plans) and its dense-row budget.
+        valid_for = (prep.generation, x.dtype, stream)
 
-        chosen = self._hot_cold.chosen
+        chosen = self._hot_cold.select(m)
         plan = self._current_plan(x2, weights, prep) if chosen else None
         if plan is not None:
-            call = graphs.get(m, state_of(plan), self._hot_cold.dense_rows(m))
+            call = graphs.get(m, valid_for, (id(plan), self._hot_cold.dense_rows(m)))
             if call is not None:
                 return call(x2, res2).view(x.shape)
             if not graphs.has_room(m):
@@ -897,7 +903,8 @@ class SparseGatedMLP(nn.Module):
         dense_rows = self._hot_cold.dense_rows(m)
         if plan is None:
             return out
-        graphs.get(m, state_of(plan), dense_rows)  # drops recordings of another state
+        key = (id(plan), dense_rows)  # the recording keeps the plan alive (GraphedCall.keep): its id is not reused
+        graphs.get(m, valid_for, key)  # drops recordings of another state
         if not graphs.has_room(m):
             return out
         w_gate, w_up, w_down = weights
@@ -912,7 +919,7 @@ class SparseGatedMLP(nn.Module):
 
         with call_graphs.LOCK:
             replay = recorder.record(launch, device)
-        graphs.put(m, GraphedCall(dense_rows, replay, static_x, static_out, (plan, w_gate, w_up, w_down_t)), device)
+        graphs.put(m, GraphedCall(key, replay, static_x, static_out, (plan, w_gate, w_up, w_down_t)), device)
         return out
 
     def choose_hot_units(self, x: torch.Tensor) -> None:
@@ -959,14 +966,16 @@ class SparseGatedMLP(nn.Module):
             wd_t = self.w_down_unit_major()
             if wd_t is self._buffers["_wd_unit_major"]:  # cached (not an inference-tensor weight's fresh copy)
                 mark_static_address(wd_t)
-            if not (prep.hot_cold and self._hot_cold.chosen):
+            if not prep.hot_cold:
                 return False
-            plan = self._current_plan(w, weights, prep)  # calls come in the weights' dtype, on their device
-            if plan is None:
-                return False
-            for t in (plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t):
-                mark_static_address(t)
-        return True
+            # every size class's plan (calls come in the weights' dtype, on their device)
+            fused_tile = fused_gate_tile(self.tile, w.dtype, self.hidden_size, w.device)
+            plans = [s.build_plan(*weights, prep.generation, fused_tile) for s in self._hot_cold.sets()]
+            plans = [p for p in plans if p is not None]
+            for plan in plans:
+                for t in (plan.hot, plan.cold, plan.w_gemm, plan.w_down_hot_t):
+                    mark_static_address(t)
+        return bool(plans)
 
     def _choose_hot_set(self, x: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         """The hot units chosen from ``x`` [M, d] and the plan built (what a sparse call does on a refresh call), where
@@ -1036,8 +1045,9 @@ class SparseGatedMLP(nn.Module):
         decode = self._path(x.shape[0], x.device) == "decode"
         plan = None
         if prep.hot_cold and not decode:
-            # Hot units re-chosen on refresh calls only (the choice synchronises with the host).
-            if self._state.refresh_now or not self._hot_cold.chosen:
+            # Hot units re-chosen on refresh calls only (the choice synchronises with the host), and on the first call
+            # of a size class (its own set: hot_cold_cache.MAX_HOT_SETS).
+            if self._state.refresh_now or not self._hot_cold.select(x.shape[0]):
                 self._hot_cold.refresh(x, w_gate, w_up, w_down, tile=self.tile, capacity=prep.capacity)
             plan = self._current_plan(x, (w_gate, w_up, w_down), prep)
         w_down_t = self._buffers["_wd_unit_major"]  # current: _prepare_sparse rebuilt it if Wd changed

@@ -308,9 +308,17 @@ def hot_units_for_call(
     callable ``max_cold_l0`` is first asked for the bound with the call's token count and the sample's density (its
     mean frequency, active units per token over F).  The one rule of ``SparseGatedMLP``'s cache and of
     ``twell bench ffn``."""
-    if callable(max_cold_l0):
-        max_cold_l0 = max_cold_l0(n_tokens, float(frequency.mean()) if frequency.numel() else 0.0)
-    return choose_hot_units(frequency, min_frequency=min_frequency, max_cold_l0=max_cold_l0)
+    bound = cold_l0_bound(max_cold_l0, n_tokens, float(frequency.mean()) if frequency.numel() else 0.0)
+    return choose_hot_units(frequency, min_frequency=min_frequency, max_cold_l0=bound)
+
+
+def cold_l0_bound(max_cold_l0: float | None | Callable[[int, float | None], float | None], n_tokens: int,
+                  density: float | None) -> float | None:
+    """The cold-pairs bound of a call of ``n_tokens`` tokens at ``density`` (active units per token over F; None: not
+    known yet): ``max_cold_l0`` itself, or its answer where it is a rule of the two (as
+    :func:`default_max_cold_l0`).  The bound is also a call's size class in ``SparseGatedMLP``'s hot sets
+    (``twell.nn.hot_cold_cache``)."""
+    return max_cold_l0(n_tokens, density) if callable(max_cold_l0) else max_cold_l0
 
 
 def build_hot_cold_plan(
