@@ -93,20 +93,17 @@ def set_rule(mlps: list[torch.nn.Module], rule: Rule) -> None:
 
 
 def save_states(mlps: list[torch.nn.Module]) -> list[tuple]:
-    """Each layer's hot/cold cache state (hot set, plan, its weights key, dense-row fractions)."""
-    return [(c._hot, c._plan, c._key, c.overflow_fraction, c.severe_overflow_fraction, dict(c.heavy_row_fractions))
-            for c in (m._hot_cold for m in mlps)]
+    """Each layer's hot/cold cache state (its hot sets, their plans, weights keys and dense-row fractions)."""
+    return [m._hot_cold.snapshot() for m in mlps]
 
 
 def restore_states(mlps: list[torch.nn.Module], rule: Rule, states: list[tuple]) -> None:
     """Put back the states :func:`save_states` kept under ``rule`` (set too, so that a refresh call in between
     re-chooses the same set: a set within ``KEEP_OVERLAP`` of the current one is ignored)."""
-    for mlp, (hot, plan, key, frac, severe, heavy) in zip(mlps, states, strict=True):
+    for mlp, state in zip(mlps, states, strict=True):
         cache = mlp._hot_cold
         cache.min_frequency, cache.max_cold_l0 = rule
-        cache._hot, cache._plan, cache._key = hot, plan, key
-        cache.overflow_fraction, cache.severe_overflow_fraction = frac, severe
-        cache.heavy_row_fractions = dict(heavy)
+        cache.restore(state)
 
 
 def main() -> None:

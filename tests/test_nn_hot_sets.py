@@ -144,3 +144,21 @@ def test_recordings_of_two_classes_keep_their_own_plans(two_classes, monkeypatch
     plans = {m: layer._graphs.calls[m].keep[0] for m in (SMALL, LARGE)}
     assert plans[SMALL] is layer._hot_cold.set_for(SMALL).plan and plans[LARGE] is layer._hot_cold.set_for(LARGE).plan
     assert plans[SMALL].n_hot > plans[LARGE].n_hot
+
+
+def test_snapshot_and_restore_keep_every_set_apart_from_later_refreshes():
+    wg, wu, wd = (torch.randn(64, 8, generator=torch.Generator().manual_seed(s)) for s in (0, 1, 2))
+    wd = wd.T.contiguous()
+    cache = HotColdCache(min_frequency=0.5, max_cold_l0=lambda n, density: float(n))
+    x = torch.randn(24, 8, generator=torch.Generator().manual_seed(3))
+    cache.refresh(x[:8], wg, wu, wd)
+    cache.refresh(x[:16], wg, wu, wd)
+    kept = cache.snapshot()
+    hot16 = cache._hot
+    cache.clear()
+    cache.refresh(x, wg, wu, wd)
+    assert cache.classes == [24.0]
+    cache.restore(kept)
+    assert cache.classes == [8.0, 16.0] and cache._hot is hot16 and cache.density == kept[3]
+    cache.set_for(16).overflow_fraction = 0.5  # the restored sets are copies: the snapshot stays as taken
+    assert kept[1].overflow_fraction != 0.5

@@ -21,6 +21,7 @@ cannot be saved for backward").
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -392,6 +393,17 @@ class HotColdCache:
         if key is None:
             key = _weights_key(w_gate, w_up, w_down)
         return self._active.build_plan(w_gate, w_up, w_down, key, fused_tile)
+
+    def snapshot(self) -> tuple[Any, ...]:
+        """Every set and which is active, for :meth:`restore` (copies of the sets: later refreshes leave it as is)."""
+        return (self._class, copy.copy(self._active), {k: copy.copy(v) for k, v in self._others.items()},
+                self.density)
+
+    def restore(self, snapshot: tuple[Any, ...]) -> None:
+        """Put back what :meth:`snapshot` kept (the rule and the number of places stay the cache's own)."""
+        self._class, active, others, self.density = snapshot
+        self._active = copy.copy(active)
+        self._others = {k: copy.copy(v) for k, v in others.items()}
 
     def clear(self) -> None:
         """Forget every set (the next call chooses afresh)."""
