@@ -51,13 +51,16 @@ PROBES = {
     "batch_up_probe.py": ((), "d=", ["real(2048, 1, 4) ", "down_real ", "firing units none/real/all 0/"]),
     # every token count timed for each variant, always-sparse's layers sparse, a floor printed for each; the default's
     # graphed variant added (always-sparse sets no floor: none for it), nothing recorded off CUDA
-    "eager_floor_probe.py": (("--graphs", "4"), "", ["tokens=    64 | dense ", "sparse:always-sparse_sparse_layers 2",
+    "eager_floor_probe.py": (("--graphs", "4", "--hot-sets", "1"), "",
+                             ["tokens=    64 | dense ", "sparse:always-sparse_sparse_layers 2",
                                                      "sparse:default+graphs_recorded_layers 0",
                                                      "eager floor for 'default' at bar 0.95: eager_min_tokens = ",
                                                      "eager floor for 'always-sparse' at bar 0.95",
                                                      "eager floor for 'default+graphs' at bar 0.95",
                                                      # no floor, but calls above it up to RECORD_MAX_FLOPS record
                                                      "eager floor for 'always-sparse+graphs' at bar 0.95"]),
+    # one layer per number of hot sets, each exact, its hot units named (the tiny layer's two classes take equal sets)
+    "hot_sets_probe.py": ((), "tokens=", ["tokens=     40 | dense ", "| sets1 ", "| sets3 ", " hot, err ", "ok True"]),
     # each token count's forwards timed interleaved and alone, and both sets profiled
     "eager_stall_probe.py": ((), "", ["tokens=    64 dense ", "(alone ", "sparse stalls: ", "dense stalls: "]),
     # per token count both sets' layers' host and GPU time, the wall clock with the refresh on and off, the launches;
