@@ -162,3 +162,26 @@ def test_snapshot_and_restore_keep_every_set_apart_from_later_refreshes():
     assert cache.classes == [8.0, 16.0] and cache._hot is hot16 and cache.density == kept[3]
     cache.set_for(16).overflow_fraction = 0.5  # the restored sets are copies: the snapshot stays as taken
     assert kept[1].overflow_fraction != 0.5
+
+
+def test_copies_and_pickles_keep_the_sets_and_the_empty_class(two_classes):
+    import copy
+    import pickle
+
+    fresh = _layer()
+    for clone in (copy.deepcopy(fresh), pickle.loads(pickle.dumps(fresh))):
+        assert clone._hot_cold._class is hot_cold_cache._NO_CLASS and not clone._hot_cold.select(SMALL)
+    layer = _layer()
+    with torch.no_grad():
+        for i, m in enumerate((SMALL, LARGE)):
+            layer(hot_cold_test_tokens(m, seed=i))
+    for clone in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        cache = clone._hot_cold
+        assert cache.classes == layer._hot_cold.classes
+        assert [s.n_hot for s in cache.sets()] == [s.n_hot for s in layer._hot_cold.sets()]
+        refreshes = _count_refreshes(clone)
+        with torch.no_grad():
+            for i, m in enumerate((SMALL, LARGE)):
+                x = hot_cold_test_tokens(m, seed=10 + i)
+                _check_exact(clone, x, clone(x))
+        assert refreshes == []  # both classes' sets came along

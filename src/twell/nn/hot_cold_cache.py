@@ -146,7 +146,18 @@ def _weights_key(*weights: torch.Tensor) -> tuple:
 #: size, re-chosen by whichever call refreshes.
 MAX_HOT_SETS = 3
 
-_NO_CLASS = object()  # the size class of a cache that has chosen nothing
+class _NoClass:
+    """The size class of a cache that has chosen nothing: one object, kept by copies and pickles (a plain object()
+    would come back as another one and read as a class)."""
+
+    def __reduce__(self) -> str:
+        return "_NO_CLASS"
+
+    def __repr__(self) -> str:
+        return "_NO_CLASS"
+
+
+_NO_CLASS = _NoClass()
 
 
 class HotSet:
