@@ -1,16 +1,10 @@
 #!/usr/bin/env bash
-# Session 59, GPU call 2:
-#   1. scripts/hot_sets_probe.py: the synthetic 2048x5632 layer (l0 28) whose first call (4096 tokens) chose the set,
-#      then 16,384 and 131,072-token calls, one hot set per layer (the behaviour until session 59) against a set per
-#      size class (shipped), timed interleaved with dense, the GPU held;
-#   2. `twell bench model --parts forward --batch 6` (12,288 tokens) with its default forward policies (default,
-#      default+graphs, always-sparse): the 28 layers' recordings at the top of the window.
+# Session 59, GPU call 2: `twell bench model --parts forward --batch 6` (12,288 tokens) with its default forward
+# policies (default, default+graphs, always-sparse): the 28 layers' recordings at the top of the window.
 # Predictions: bench_results/<gpu>/session59_runs.md, written before the call.
 #   TWELL_COMMIT=<sha> [CALL_NO=k] bash scripts/gpu_session59_call2.sh
 . "$(dirname "$0")/gpu_call_lib.sh"
 call_begin session59 "${CALL_NO:-2}"
-stage hot_sets_probe 150 "tokens=|Error|error" python3 scripts/hot_sets_probe.py --out "$R"
-[ -f "$R/hot_sets_probe.json" ] && mv "$R/hot_sets_probe.json" "$R/hot_sets_probe_call${CALL}_$S.json"
 stage model_forward_b6 240 "^\| forward|^total|Error" python3 -m twell.cli bench model --preset 1.5b \
   --parts forward --batch 6 --fused-norms --fused-residual --energy-seconds 0 --out "$R" \
   --stem "model_forward_b6_call${CALL}_${S}"
