@@ -190,8 +190,9 @@ class GraphedCall:
 
 class LayerGraphs:
     """One layer's recorded calls: those of the first ``limit`` token counts that came twice, all for one state
-    (weights, hot set, dtype, stream: ``state``); a change of state drops them all (the hot set is re-chosen on l0
-    refresh calls, so the counts kept follow the workload).  With every place taken, a new count is recorded only in
+    (weights, dtype, stream: ``state``); a change of state drops them all.  Each count's recording also has a ``key``
+    (its size class's hot-set plan and its dense-row budget): a call whose key moved (its class's hot set re-chosen on
+    an l0 refresh call) records again in the count's place.  With every place taken, a new count is recorded only in
     the place of one that :data:`STALE_CALLS` calls have not used; otherwise it runs as without recordings."""
 
     __slots__ = ("calls", "clock", "device", "limit", "seen", "state", "used")

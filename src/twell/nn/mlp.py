@@ -947,7 +947,8 @@ class SparseGatedMLP(nn.Module):
         """Build the weight copies that calls inside ``static_dispatch(cached_weights=True)`` read, for the current
         weights, and mark them as static addresses for CUDA graphs (``torch._dynamo.mark_static_address``, so a
         recorded graph reads them in place instead of copying them in on every replay): the unit-major Wd^T and,
-        where the layer runs the hot/cold split and has chosen its hot units, the plan's gate layout and hot Wd^T.
+        where the layer runs the hot/cold split and has chosen hot units, each size class's plan's gate layout and hot
+        Wd^T (``hot_cold_cache.MAX_HOT_SETS``).
 
         Call it on every layer after the last weight change (an optimizer step, ``load_state_dict``) and before
         tracing or recording inside that context; nothing checks the copies there.  Returns whether the split's
