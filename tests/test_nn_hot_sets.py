@@ -185,3 +185,17 @@ def test_copies_and_pickles_keep_the_sets_and_the_empty_class(two_classes):
                 x = hot_cold_test_tokens(m, seed=10 + i)
                 _check_exact(clone, x, clone(x))
         assert refreshes == []  # both classes' sets came along
+
+
+def test_prepare_static_weights_builds_every_class_plan(two_classes):
+    layer = _layer()
+    with torch.no_grad():
+        for i, m in enumerate((SMALL, LARGE)):
+            layer(hot_cold_test_tokens(m, seed=i))
+        old = [s.plan for s in layer._hot_cold.sets()]
+        layer.up_proj.weight.mul_(2.0)  # both plans' copies are stale now
+        assert layer.prepare_static_weights()
+    new = [s.plan for s in layer._hot_cold.sets()]
+    assert len(new) == 2 and all(n is not None and n is not o for n, o in zip(new, old, strict=True))
+    for plan in new:
+        assert torch.equal(plan.w_gemm[-plan.n_hot:], layer.up_proj.weight[plan.hot])
