@@ -10,8 +10,9 @@ The hot set depends on the call's size (``hot_cold_plan.default_max_cold_l0``: a
 8192 tokens, 10 (6 on dense layers) up to 131,071, 13 from there), so the cache keeps one set per size class -- the
 class is the call's cold-pairs bound -- up to :data:`MAX_HOT_SETS`, and a call uses its own class's set.  With one
 set (``max_sets=1``, the behaviour until session 59) a set chosen on a small call served every call size until the
-next refresh: at the 1.5B model's 2048x5632 layers (l0 29) the bound-3 set holds ~1792 hot units against ~320 at
-bound 10 and ~256 at 13 (the synthetic generator's frequencies).
+next refresh: on the synthetic 2048x5632 layer (l0 29) the bound-3 set holds 1792 hot units against 320 at bound 10
+and 256 at 13 (bench_results/cpu_counts/session59_synthetic_hot_units.log); on the 1.5B benchmark model's layers at
+4096 tokens 768-2432 against 128-768 at bound 10 (session59_hot_units_by_bound_4096.log, fp32 on the CPU).
 
 Everything the cache holds is built with inference mode off (and grad mode off): a refresh or a
 rebuild that happens inside ``torch.inference_mode()`` would otherwise store inference tensors, which
@@ -142,8 +143,9 @@ def _weights_key(*weights: torch.Tensor) -> tuple:
 #: How many hot sets (size classes) a layer keeps at most; the class used longest ago gives its place to a new one.
 #: Three: the default bound rule has three classes on a layer of steady density (under 8192 tokens, to 131,071, from
 #: 131,072).  Each set holds its plan's weight copies (the fused gate layout of Wg and the hot Wu rows, the hot Wd^T
-#: rows: (F + 2 H) x d elements), ~25-38 MB a set at 2048x5632 in bf16 for H = 256-1792.  1: one set for every call
-#: size, re-chosen by whichever call refreshes.
+#: rows: (F + 2 H) x d elements), 25.2-37.8 MB a set at 2048x5632 in bf16 for H = 256-1792
+#: (bench_results/cpu_counts/session59_synthetic_hot_units.log).  1: one set for every call size, re-chosen by
+#: whichever call refreshes.
 MAX_HOT_SETS = 3
 
 class _NoClass:
