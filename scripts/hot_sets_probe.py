@@ -17,12 +17,12 @@ call, ms, speedup against dense, relative error against an fp32 reference; JSON 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 
+from twell._io import write_json_atomic
 from twell.bench.probe import probe_device, probe_parser
 from twell.bench.shape_arg import parse_shape
 from twell.bench.timing import time_ms_interleaved
@@ -101,13 +101,12 @@ def main() -> None:
             print(f"tokens={m:7d} | {cells}", flush=True)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "shape": [d, f], "l0": l0, "small": small, "hot_sets": a.hot_sets,
-              "rows": rows}
     if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "hot_sets_probe.json").write_text(json.dumps(result, indent=1) + "\n")
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(Path(a.out) / "hot_sets_probe.json", {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "shape": [d, f], "l0": l0, "small": small, "hot_sets": a.hot_sets,
+            "rows": rows})
 
 
 if __name__ == "__main__":
