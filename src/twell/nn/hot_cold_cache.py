@@ -148,6 +148,7 @@ def _weights_key(*weights: torch.Tensor) -> tuple:
 #: whichever call refreshes.
 MAX_HOT_SETS = 3
 
+
 class _NoClass:
     """The size class of a cache that has chosen nothing: one object, kept by copies and pickles (a plain object()
     would come back as another one and read as a class)."""
